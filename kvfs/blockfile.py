@@ -1,0 +1,119 @@
+"""The self-describing block file format of the persistent tiers (see docs/block-format.md).
+
+A block file is a 4 KiB-aligned header followed by the payload, padded with zeros to a
+multiple of 4 KiB so the whole file can be read with direct I/O or GDS::
+
+    offset  size  field
+    0       8     magic  b"KVFSBLK\\x01"
+    8       2     format version (1)
+    10      2     flags (0)
+    12      4     header length H (a multiple of 4096; 4096 unless the name is long)
+    16      8     payload length
+    24      8     payload checksum: xxh3-64 of the payload
+    32      4     name length N
+    36      N     name (UTF-8, the block's path in the namespace)
+    36+N    8     header checksum: xxh3-64 of bytes 0 .. 36+N
+    ...           zeros up to H
+    H             payload
+    H+len         zeros up to a multiple of 4096
+
+All integers are little-endian. A header that fails its own checksum, or a payload that
+fails the payload checksum, is corrupt: the tier raises BlockCorrupt and the store drops it.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import xxhash
+
+from .errors import BlockCorrupt
+
+__all__ = [
+    "ALIGN",
+    "MAGIC",
+    "VERSION",
+    "BlockHeader",
+    "checksum",
+    "header_length",
+    "file_length",
+    "encode_header",
+    "decode_header",
+    "align_up",
+    "verify",
+]
+
+ALIGN = 4096
+MAGIC = b"KVFSBLK\x01"
+VERSION = 1
+_FIXED = struct.Struct("<8sHHIQQI")  # magic, version, flags, header len, payload len, checksum, name len
+
+
+def checksum(data) -> int:
+    """The payload checksum: xxh3-64 of the bytes (any buffer)."""
+    return xxhash.xxh3_64_intdigest(data)
+
+
+def align_up(n: int, a: int = ALIGN) -> int:
+    return (n + a - 1) // a * a
+
+
+def header_length(name: str) -> int:
+    """Bytes the header of *name* takes on disk (a multiple of 4096)."""
+    return align_up(_FIXED.size + len(name.encode()) + 8)
+
+
+def file_length(name: str, size: int) -> int:
+    """Bytes a block file of *size* payload bytes takes on disk: its footprint."""
+    return header_length(name) + align_up(size)
+
+
+@dataclass(frozen=True, slots=True)
+class BlockHeader:
+    name: str
+    length: int
+    checksum: int
+    header_length: int
+
+
+def encode_header(name: str, length: int, payload_checksum: int) -> bytes:
+    """The header bytes of a block, padded to its header length."""
+    raw_name = name.encode()
+    hlen = header_length(name)
+    head = _FIXED.pack(MAGIC, VERSION, 0, hlen, length, payload_checksum, len(raw_name)) + raw_name
+    head += struct.pack("<Q", xxhash.xxh3_64_intdigest(head))
+    return head + bytes(hlen - len(head))
+
+
+def decode_header(buf) -> BlockHeader:
+    """Parse and check a header from the start of *buf* (at least the first 4096 bytes).
+
+    Raises :class:`BlockCorrupt` when the magic, version, lengths or header checksum are
+    wrong, or when *buf* is shorter than the header says.
+    """
+    mv = memoryview(buf)
+    if len(mv) < _FIXED.size:
+        raise BlockCorrupt("block file is shorter than its header")
+    magic, version, _flags, hlen, length, csum, nlen = _FIXED.unpack_from(mv, 0)
+    if magic != MAGIC:
+        raise BlockCorrupt("not a kvfs block file (bad magic)")
+    if version != VERSION:
+        raise BlockCorrupt(f"unsupported block format version {version}")
+    end = _FIXED.size + nlen
+    if hlen % ALIGN or end + 8 > hlen or len(mv) < end + 8:
+        raise BlockCorrupt("block header lengths are inconsistent")
+    (hcsum,) = struct.unpack_from("<Q", mv, end)
+    if xxhash.xxh3_64_intdigest(mv[:end]) != hcsum:
+        raise BlockCorrupt("block header checksum mismatch")
+    try:
+        name = bytes(mv[_FIXED.size : end]).decode()
+    except UnicodeDecodeError as exc:  # pragma: no cover - the header checksum catches flips
+        raise BlockCorrupt("block name is not UTF-8") from exc
+    return BlockHeader(name=name, length=length, checksum=csum, header_length=hlen)
+
+
+def verify(data, expected: int, what: str) -> None:
+    """Raise :class:`BlockCorrupt` unless the xxh3-64 of *data* is *expected*."""
+    if xxhash.xxh3_64_intdigest(data) != expected:
+        raise BlockCorrupt(f"{what}: payload checksum mismatch")

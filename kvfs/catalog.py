@@ -1,0 +1,181 @@
+"""The catalog: what exists. Block records, the directory tree, per-tier usage. No I/O.
+
+Not thread-safe on its own: the store owns it and serializes access under its lock.
+Directories are implicit (every parent of a block exists) or explicit (``mkdir``); an
+empty explicit directory lives in memory only and is gone after a restart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from .errors import BlockExists, DirectoryNotEmpty, IsADirectory, NotADirectory, BlockNotFound
+from .names import ROOT, parent_of, split
+
+__all__ = ["BlockRecord", "Catalog"]
+
+
+@dataclass(slots=True, eq=False)
+class BlockRecord:
+    """One block. ``tiers`` is a bitmask over the store's tier indexes (bit 0 = hottest).
+
+    Records are compared by identity: a replaced block gets a new record, so work queued
+    for the old one (write-through) can tell it is stale.
+    """
+
+    name: str
+    size: int
+    checksum: int
+    tiers: int = 0
+    pinned: bool = False
+    hits: int = 0
+    created: float = 0.0
+    accessed: float = 0.0
+    parent: str | None = None
+
+    def tier_indexes(self) -> Iterator[int]:
+        """Indexes of the tiers holding a copy, hottest first."""
+        mask, i = self.tiers, 0
+        while mask:
+            if mask & 1:
+                yield i
+            mask >>= 1
+            i += 1
+
+
+class Catalog:
+    """Name → :class:`BlockRecord`, plus the directory tree and per-tier byte counts."""
+
+    def __init__(self, ntiers: int) -> None:
+        self.blocks: dict[str, BlockRecord] = {}
+        # directory -> {child basename: True if the child is a directory}
+        self.dirs: dict[str, dict[str, bool]] = {ROOT: {}}
+        self.used = [0] * ntiers
+        self.counts = [0] * ntiers
+
+    def __len__(self) -> int:
+        return len(self.blocks)
+
+    def get(self, name: str) -> BlockRecord | None:
+        return self.blocks.get(name)
+
+    def require(self, name: str) -> BlockRecord:
+        rec = self.blocks.get(name)
+        if rec is None:
+            if name in self.dirs:
+                raise IsADirectory(f"{name!r} is a directory")
+            raise BlockNotFound(name)
+        return rec
+
+    # -- directories ---------------------------------------------------------------
+
+    def is_dir(self, name: str) -> bool:
+        return name in self.dirs
+
+    def _ensure_dir(self, name: str) -> None:
+        """Create *name* and its parents as directories; fail if a block is in the way."""
+        missing = []
+        d = name
+        while d not in self.dirs:
+            if d in self.blocks:
+                raise NotADirectory(f"{d!r} is a block, not a directory")
+            missing.append(d)
+            d = parent_of(d)
+        for d in reversed(missing):
+            parent, base = split(d)
+            self.dirs[d] = {}
+            self.dirs[parent][base] = True
+
+    def mkdir(self, name: str, *, exist_ok: bool = False) -> None:
+        if name in self.dirs:
+            if exist_ok or name == ROOT:
+                return
+            raise BlockExists(f"{name!r} exists")
+        if name in self.blocks:
+            raise BlockExists(f"{name!r} is a block")
+        parent = parent_of(name)
+        if parent not in self.dirs:
+            if parent in self.blocks:
+                raise NotADirectory(f"{parent!r} is a block, not a directory")
+            raise BlockNotFound(f"{parent!r} does not exist")
+        self._ensure_dir(name)
+
+    def rmdir(self, name: str) -> None:
+        if name == ROOT:
+            raise DirectoryNotEmpty("the root directory cannot be removed")
+        children = self.dirs.get(name)
+        if children is None:
+            if name in self.blocks:
+                raise NotADirectory(f"{name!r} is a block")
+            raise BlockNotFound(name)
+        if children:
+            raise DirectoryNotEmpty(f"{name!r} is not empty")
+        del self.dirs[name]
+        parent, base = split(name)
+        self.dirs[parent].pop(base, None)
+
+    def listdir(self, name: str) -> dict[str, bool]:
+        """``{basename: is_dir}`` of a directory (a live view: copy before releasing the lock)."""
+        children = self.dirs.get(name)
+        if children is None:
+            if name in self.blocks:
+                raise NotADirectory(f"{name!r} is a block")
+            raise BlockNotFound(name)
+        return children
+
+    # -- blocks --------------------------------------------------------------------
+
+    def add(self, rec: BlockRecord) -> None:
+        """Insert a new record (its name must be free: :meth:`discard` a replaced one first)."""
+        if rec.name in self.dirs:
+            raise IsADirectory(f"{rec.name!r} is a directory")
+        if rec.name in self.blocks:
+            raise BlockExists(rec.name)
+        parent, base = split(rec.name)
+        self._ensure_dir(parent)
+        self.blocks[rec.name] = rec
+        self.dirs[parent][base] = False
+
+    def discard(self, rec: BlockRecord) -> None:
+        """Remove *rec* (if it is still the record under its name); the parent dir stays."""
+        if self.blocks.get(rec.name) is rec:
+            del self.blocks[rec.name]
+            parent, base = split(rec.name)
+            self.dirs[parent].pop(base, None)
+
+    def rename(self, rec: BlockRecord, new: str) -> None:
+        """Move *rec* to *new*; *new* must be free (the store discards a replaced record)."""
+        self.discard(rec)
+        rec.name = new
+        self.add(rec)
+
+    def count_in(self, tier: int, footprint: int) -> None:
+        self.used[tier] += footprint
+        self.counts[tier] += 1
+
+    def count_out(self, tier: int, footprint: int) -> None:
+        self.used[tier] -= footprint
+        self.counts[tier] -= 1
+
+    def under(self, directory: str) -> Iterator[BlockRecord]:
+        """Every block at or below *directory* (walks the subtree, not the whole catalog)."""
+        if directory in self.blocks:
+            yield self.blocks[directory]
+            return
+        stack = [directory]
+        while stack:
+            d = stack.pop()
+            for base, is_dir in list(self.dirs.get(d, {}).items()):
+                child = f"{d}/{base}" if d else base
+                if is_dir:
+                    stack.append(child)
+                else:
+                    rec = self.blocks.get(child)
+                    if rec is not None:
+                        yield rec
+
+    def names(self) -> Iterator[str]:
+        return iter(self.blocks)
+
+

@@ -1,0 +1,344 @@
+"""Configuration: frozen, keyword-only classes parsed once from TOML (or built in code).
+
+A config is a stack of tiers, hottest first, a policy table and a mount table::
+
+    [policy]
+    eviction = "lru"          # see kvfs.policies.POLICIES
+    promote = "always"        # always | second-hit | never
+
+    [[tiers]]
+    kind = "dram"             # dram | disk | posix | s3
+    name = "dram"
+    capacity = "4GiB"
+
+    [[tiers]]
+    kind = "disk"
+    name = "nvme"
+    capacity = "200GiB"
+    path = "/var/cache/kvfs"
+
+Every error names the field (``tiers[1].capacity``) and says what is wrong.
+``default_config()`` is the embedded default used when no file is given.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import os
+import shutil
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+from .names import TierName
+from .policies import POLICIES, DEFAULT_POLICY
+from .units import parse_duration, parse_size
+
+__all__ = [
+    "TierKind",
+    "WriteMode",
+    "PromoteMode",
+    "TierConfig",
+    "DramConfig",
+    "DiskConfig",
+    "PosixConfig",
+    "S3Config",
+    "PolicyConfig",
+    "MountConfig",
+    "Config",
+    "load_config",
+    "parse_config",
+    "default_config",
+]
+
+
+class TierKind(enum.Enum):
+    DRAM = "dram"
+    DISK = "disk"
+    POSIX = "posix"
+    S3 = "s3"
+
+
+class WriteMode(enum.Enum):
+    """When a block sealed above reaches this tier.
+
+    ``BACK``: only when it is evicted from the tier above (demotion). ``THROUGH``: soon
+    after it is sealed, copied in the background, so other nodes see it.
+    """
+
+    BACK = "back"
+    THROUGH = "through"
+
+
+class PromoteMode(enum.Enum):
+    """Whether a read served from a colder tier copies the block into the hottest tier."""
+
+    ALWAYS = "always"
+    SECOND_HIT = "second-hit"
+    NEVER = "never"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TierConfig:
+    """Fields every tier has. ``capacity`` is bytes; ``None`` means unbounded (s3 only)."""
+
+    name: TierName
+    capacity: int | None
+    write: WriteMode = WriteMode.BACK
+    timeout: float = 30.0
+    """Seconds an operation on this tier may take before the tier is marked unhealthy."""
+    concurrency: int = 4
+    """Operations on this tier that may run at once (its limiter)."""
+
+    kind: TierKind = field(init=False)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DramConfig(TierConfig):
+    """A shared-memory arena. ``path`` is the arena file (under /dev/shm); ``None`` picks
+    a private name per daemon. ``mlock`` pins the pages where the limit allows."""
+
+    kind = TierKind.DRAM
+    path: Path | None = None
+    mlock: bool = True
+    prefault: bool = True
+
+
+@dataclass(frozen=True, kw_only=True)
+class DiskConfig(TierConfig):
+    """Local NVMe: one block file per block under ``path``. ``direct_io``: ``None`` uses
+    O_DIRECT where the filesystem supports it."""
+
+    kind = TierKind.DISK
+    path: Path
+    direct_io: bool | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class PosixConfig(TierConfig):
+    """A directory every node mounts (Lustre, NFS): the way nodes share blocks."""
+
+    kind = TierKind.POSIX
+    path: Path
+    write: WriteMode = WriteMode.THROUGH
+    timeout: float = 10.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class S3Config(TierConfig):
+    """A bucket and prefix on any S3-compatible endpoint; credentials from boto3's chain."""
+
+    kind = TierKind.S3
+    bucket: str
+    prefix: str = ""
+    endpoint_url: str | None = None
+    region: str | None = None
+    write: WriteMode = WriteMode.THROUGH
+    timeout: float = 10.0
+    max_attempts: int = 5
+    multipart_threshold: int = 64 << 20
+    concurrency: int = 8
+
+
+@dataclass(frozen=True, kw_only=True)
+class PolicyConfig:
+    eviction: str = DEFAULT_POLICY
+    promote: PromoteMode = PromoteMode.ALWAYS
+
+
+@dataclass(frozen=True, kw_only=True)
+class MountConfig:
+    """Mount options. ``negative_ttl``: how long a miss on the shared tiers is remembered;
+    ``listing_ttl``: how long a directory listing of the shared tiers is reused."""
+
+    allow_other: bool = False
+    metrics_port: int | None = None
+    negative_ttl: float = 2.0
+    listing_ttl: float = 5.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Config:
+    tiers: tuple[TierConfig, ...]
+    policy: PolicyConfig = PolicyConfig()
+    mount: MountConfig = MountConfig()
+
+    def tier(self, name: str) -> TierConfig:
+        for t in self.tiers:
+            if t.name == name:
+                return t
+        raise KeyError(name)
+
+
+_KIND_CLASSES: dict[str, type[TierConfig]] = {
+    "dram": DramConfig,
+    "disk": DiskConfig,
+    "posix": PosixConfig,
+    "s3": S3Config,
+}
+
+
+def _convert(where: str, f: dataclasses.Field, value: Any) -> Any:
+    """Turn one TOML value into the field's type, or raise ConfigError naming *where*."""
+    name = f.name
+    try:
+        if name == "capacity":
+            if value in ("unlimited", "unbounded"):
+                return None
+            return parse_size(value)
+        if name in ("timeout", "negative_ttl", "listing_ttl"):
+            return parse_duration(value)
+        if name == "multipart_threshold":
+            return parse_size(value)
+        if name == "write":
+            return WriteMode(value)
+        if name == "promote":
+            return PromoteMode(value)
+        if name == "path":
+            if not isinstance(value, str) or not value:
+                raise ValueError("expected a non-empty path string")
+            return Path(os.path.expanduser(value))
+        if name in ("mlock", "prefault", "allow_other", "direct_io"):
+            if not isinstance(value, bool):
+                raise ValueError("expected true or false")
+            return value
+        if name in ("concurrency", "max_attempts", "metrics_port"):
+            if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "metrics_port" else 1):
+                raise ValueError("expected a positive whole number")
+            return value
+        if name in ("name", "bucket", "prefix", "endpoint_url", "region", "eviction"):
+            if not isinstance(value, str):
+                raise ValueError("expected a string")
+            return value
+    except ValueError as exc:
+        msg = str(exc)
+        if "is not a valid" in msg:  # enum lookup
+            enum_cls = {"write": WriteMode, "promote": PromoteMode}[name]
+            msg = f"{value!r} is not one of {', '.join(repr(m.value) for m in enum_cls)}"
+        raise ConfigError(where, msg) from None
+    raise ConfigError(where, "unsupported field")  # pragma: no cover - every field is handled
+
+
+def _build(cls: type, where: str, table: Any, skip: tuple[str, ...] = ()) -> Any:
+    if not isinstance(table, dict):
+        raise ConfigError(where, f"expected a table, got {type(table).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init and f.name not in skip}
+    unknown = sorted(set(table) - set(fields) - set(skip))
+    if unknown:
+        raise ConfigError(
+            f"{where}.{unknown[0]}" if where else unknown[0],
+            f"unknown key; known keys are {', '.join(sorted(fields))}",
+        )
+    kwargs = {}
+    for key, value in table.items():
+        if key in skip:
+            continue
+        kwargs[key] = _convert(f"{where}.{key}" if where else key, fields[key], value)
+    missing = [
+        n for n, f in fields.items()
+        if n not in kwargs and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]
+    if missing:
+        raise ConfigError(f"{where}.{missing[0]}" if where else missing[0], "missing required key")
+    return cls(**kwargs)
+
+
+def parse_config(data: dict[str, Any]) -> Config:
+    """Build a :class:`Config` from a parsed TOML document; raises :class:`ConfigError`."""
+    unknown = sorted(set(data) - {"tiers", "policy", "mount"})
+    if unknown:
+        raise ConfigError(unknown[0], "unknown top-level key; expected [[tiers]], [policy] and [mount]")
+    raw_tiers = data.get("tiers")
+    if not raw_tiers:
+        raise ConfigError("tiers", "at least one [[tiers]] entry is required")
+    if not isinstance(raw_tiers, list):
+        raise ConfigError("tiers", "write tiers as [[tiers]] entries (an array of tables)")
+    tiers: list[TierConfig] = []
+    seen: set[str] = set()
+    for i, raw in enumerate(raw_tiers):
+        where = f"tiers[{i}]"
+        if not isinstance(raw, dict):
+            raise ConfigError(where, "expected a table")
+        kind = raw.get("kind")
+        if kind is None:
+            raise ConfigError(f"{where}.kind", f"missing; one of {', '.join(_KIND_CLASSES)}")
+        if kind not in _KIND_CLASSES:
+            raise ConfigError(f"{where}.kind", f"{kind!r} is not one of {', '.join(_KIND_CLASSES)}")
+        raw = dict(raw)
+        raw.setdefault("name", kind)
+        cls = _KIND_CLASSES[kind]
+        if cls is not S3Config and "capacity" not in raw:
+            raise ConfigError(f"{where}.capacity", "missing required key (e.g. capacity = \"4GiB\")")
+        raw.setdefault("capacity", "unlimited")
+        tier = _build(cls, where, raw, skip=("kind",))
+        if tier.capacity is None and cls is not S3Config:
+            raise ConfigError(f"{where}.capacity", "only s3 tiers may be unlimited; give a size like \"100GiB\"")
+        if tier.capacity == 0:
+            raise ConfigError(f"{where}.capacity", "must be larger than zero")
+        if not tier.name or "/" in tier.name or not tier.name.isprintable():
+            raise ConfigError(f"{where}.name", f"{tier.name!r} is not a usable tier name (letters, digits, - and _)")
+        if tier.name in seen:
+            raise ConfigError(f"{where}.name", f"tier name {tier.name!r} is used twice")
+        seen.add(tier.name)
+        if isinstance(tier, S3Config) and len(tier.bucket) < 3:
+            raise ConfigError(f"{where}.bucket", "S3 bucket names are at least 3 characters long")
+        tiers.append(tier)
+    for i, tier in enumerate(tiers):
+        if isinstance(tier, DramConfig) and i != 0:
+            raise ConfigError(f"tiers[{i}].kind", "a dram tier must be the first (hottest) tier")
+    policy = _build(PolicyConfig, "policy", data.get("policy", {}))
+    if policy.eviction not in POLICIES:
+        raise ConfigError("policy.eviction", f"{policy.eviction!r} is not one of {', '.join(POLICIES)}")
+    mount = _build(MountConfig, "mount", data.get("mount", {}))
+    if mount.metrics_port is not None and not 0 <= mount.metrics_port <= 65535:
+        raise ConfigError("mount.metrics_port", "must be a TCP port number (0-65535)")
+    return Config(tiers=tuple(tiers), policy=policy, mount=mount)
+
+
+def load_config(path: str | os.PathLike) -> Config:
+    """Read and parse a TOML config file; every failure is a :class:`ConfigError`."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise ConfigError(str(p), f"cannot read the config file: {exc.strerror}") from exc
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(str(p), f"not valid TOML: {exc}") from exc
+    return parse_config(data)
+
+
+def _memory_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):  # pragma: no cover - every Linux has these
+        return 8 << 30
+
+
+def default_cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/kvfs`` or ``~/.cache/kvfs``."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return Path(base) / "kvfs"
+
+
+def default_config() -> Config:
+    """The embedded default: a DRAM tier of 1/16 of memory (256 MiB to 8 GiB) over a
+    disk tier in the user's cache directory of a quarter of its free space (up to 64 GiB).
+    """
+    dram = min(max(_memory_bytes() // 16, 256 << 20), 8 << 30)
+    disk_dir = default_cache_dir() / "disk"
+    probe = disk_dir
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    disk = max(min(free // 4, 64 << 30), 256 << 20)
+    return Config(
+        tiers=(
+            DramConfig(name=TierName("dram"), capacity=dram & ~0xFFFFF),
+            DiskConfig(name=TierName("disk"), capacity=disk & ~0xFFFFF, path=disk_dir),
+        )
+    )

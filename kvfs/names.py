@@ -1,0 +1,66 @@
+"""Identities: block names, directory names and tier names.
+
+A block's name is its path inside the kvfs namespace: a relative, ``/``-separated path
+with no empty, ``.`` or ``..`` components, e.g. ``llama-1a2b3c4d5e6f/ab/ab12…``. The root
+directory is the empty string.
+"""
+
+from __future__ import annotations
+
+from typing import NewType
+
+from .errors import InvalidName
+
+__all__ = ["BlockName", "TierName", "ROOT", "normalize", "parent_of", "basename", "split", "is_under"]
+
+BlockName = NewType("BlockName", str)
+"""A normalized path inside the namespace (a block or a directory)."""
+
+TierName = NewType("TierName", str)
+"""The configured name of a tier (``dram``, ``nvme0``, ``lustre``, …)."""
+
+ROOT = BlockName("")
+
+_MAX_COMPONENT = 255
+_MAX_PATH = 3800  # leaves room for the block file header (4 KiB) and the tier's own prefix
+
+
+def normalize(path: str) -> BlockName:
+    """Return *path* as a normalized name; leading and repeated slashes are dropped.
+
+    Raises :class:`InvalidName` for ``.``/``..`` components, NUL bytes, components longer
+    than 255 bytes or paths longer than 3800 bytes.
+    """
+    if "\0" in path:
+        raise InvalidName(f"{path!r}: names cannot contain NUL bytes")
+    parts = [p for p in path.split("/") if p]
+    for part in parts:
+        if part in (".", ".."):
+            raise InvalidName(f"{path!r}: '.' and '..' are not allowed in kvfs names")
+        if len(part.encode()) > _MAX_COMPONENT:
+            raise InvalidName(f"{path!r}: a path component is longer than {_MAX_COMPONENT} bytes")
+    name = "/".join(parts)
+    if len(name.encode()) > _MAX_PATH:
+        raise InvalidName(f"{path[:60]!r}…: the path is longer than {_MAX_PATH} bytes")
+    return BlockName(name)
+
+
+def parent_of(name: str) -> BlockName:
+    """The directory holding *name* (``ROOT`` for a top-level entry)."""
+    i = name.rfind("/")
+    return BlockName(name[:i] if i >= 0 else "")
+
+
+def basename(name: str) -> str:
+    """The last component of *name*."""
+    return name[name.rfind("/") + 1 :]
+
+
+def split(name: str) -> tuple[BlockName, str]:
+    """``(parent, basename)`` of *name*."""
+    return parent_of(name), basename(name)
+
+
+def is_under(name: str, directory: str) -> bool:
+    """True when *name* is *directory* itself or lies below it (``ROOT`` holds everything)."""
+    return not directory or name == directory or name.startswith(directory + "/")

@@ -1,0 +1,32 @@
+"""Eviction policies, found by name through one registry.
+
+``make_policy("lru")`` builds a fresh instance; ``POLICIES`` lists the names. Adding a
+policy: a module with one :class:`EvictionPolicy` subclass and a line in ``_REGISTRY``.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from .base import EvictionPolicy
+
+__all__ = ["EvictionPolicy", "POLICIES", "DEFAULT_POLICY", "make_policy"]
+
+# name -> "module:Class", imported on first use.
+_REGISTRY: dict[str, str] = {
+    "lru": "kvfs.policies.lru:LRU",
+    "lfu": "kvfs.policies.lfu:LFU",
+}
+
+POLICIES: tuple[str, ...] = tuple(_REGISTRY)
+DEFAULT_POLICY = "lru"
+
+
+def make_policy(name: str) -> EvictionPolicy:
+    """A new policy instance by registry name; ``KeyError`` names the known ones."""
+    try:
+        target = _REGISTRY[name]
+    except KeyError:
+        raise KeyError(f"unknown eviction policy {name!r}; known: {', '.join(POLICIES)}") from None
+    module, _, cls = target.partition(":")
+    return getattr(importlib.import_module(module), cls)()

@@ -1,0 +1,64 @@
+"""Counters the store keeps per tier, and the frozen snapshots ``Store.statistics()`` returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+__all__ = ["TierCounters", "TierStatistics", "StoreStatistics"]
+
+
+@dataclass(slots=True)
+class TierCounters:
+    """Mutable counters of one tier, updated under the store's lock."""
+
+    hits: int = 0            # reads served from this tier
+    bytes_read: int = 0
+    bytes_written: int = 0
+    stored: int = 0          # blocks sealed into this tier by a write
+    promotions: int = 0      # blocks copied into this tier from a colder one
+    demotions: int = 0       # blocks copied into this tier from a hotter one
+    evictions: int = 0       # copies dropped from this tier to make room or by request
+    corrupt: int = 0         # copies that failed their checksum
+    errors: int = 0          # operations that failed (timeouts, backend errors)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TierStatistics:
+    name: str
+    kind: str
+    capacity: int | None
+    used: int
+    blocks: int
+    healthy: bool
+    persistent: bool
+    shared: bool
+    hits: int
+    bytes_read: int
+    bytes_written: int
+    stored: int
+    promotions: int
+    demotions: int
+    evictions: int
+    corrupt: int
+    errors: int
+
+    def to_json(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StoreStatistics:
+    blocks: int
+    lookups: int
+    misses: int
+    pending_writes: int
+    tiers: tuple[TierStatistics, ...]
+
+    def to_json(self) -> dict:
+        return {
+            "blocks": self.blocks,
+            "lookups": self.lookups,
+            "misses": self.misses,
+            "pending_writes": self.pending_writes,
+            "tiers": [t.to_json() for t in self.tiers],
+        }

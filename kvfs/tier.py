@@ -1,0 +1,138 @@
+"""The tier interface: the one small contract every storage tier implements.
+
+A tier stores whole blocks by name. It knows nothing of policies, other tiers or the
+catalog; the store decides what goes where. Each tier is one module in ``kvfs.tiers``
+and passes the shared conformance suite (``tests/tier_conformance.py``).
+
+Required: :meth:`put`, :meth:`open`, :meth:`delete`, :meth:`stat`, :meth:`scan`,
+:meth:`footprint`. :meth:`read_into` and :meth:`rename` have defaults built on them.
+Vendor errors are translated here: a missing copy is :class:`BlockNotFound`, a bad copy
+:class:`BlockCorrupt`, a failed or hung backend :class:`TierUnavailable`, no room right
+now :class:`TierFull`.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Callable, ClassVar
+
+from .config import TierConfig, TierKind
+from .names import TierName
+
+__all__ = ["Tier", "BlockInfo", "BlockRef"]
+
+
+@dataclass(frozen=True, slots=True)
+class BlockInfo:
+    """What a tier knows of one stored block."""
+
+    name: str
+    size: int
+    checksum: int
+
+
+class BlockRef:
+    """A readable view of one block's bytes, valid until :meth:`release`.
+
+    ``data`` is a read-only memoryview of exactly the payload. For the DRAM tier it points
+    into the shared arena and holding the ref keeps that memory from being reused, so a
+    reader keeps its bytes even if the block is replaced or evicted meanwhile. Use as a
+    context manager or call :meth:`release` exactly once.
+    """
+
+    __slots__ = ("data", "checksum", "_release")
+
+    def __init__(self, data: memoryview, checksum: int, release: Callable[[], None] | None = None) -> None:
+        self.data = data
+        self.checksum = checksum
+        self._release = release
+
+    def release(self) -> None:
+        release, self._release = self._release, None
+        if release is not None:
+            release()
+
+    def __enter__(self) -> BlockRef:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+
+class Tier(abc.ABC):
+    """One storage tier. Methods may be called from several threads at once."""
+
+    kind: ClassVar[TierKind]
+    persistent: ClassVar[bool] = True
+    """Survives a restart; copies are checksum-verified when read."""
+    shared: ClassVar[bool] = False
+    """Other nodes see the same blocks (posix, s3)."""
+
+    def __init__(self, config: TierConfig) -> None:
+        self.config = config
+        self.name: TierName = config.name
+        self.capacity: int | None = config.capacity
+
+    @abc.abstractmethod
+    def footprint(self, name: str, size: int) -> int:
+        """Bytes a block of *size* payload bytes takes in this tier (counted against capacity)."""
+
+    @abc.abstractmethod
+    def put(self, name: str, data, checksum: int) -> None:
+        """Store *data* (any buffer) under *name*, atomically replacing an existing copy.
+
+        No reader ever sees a partial block under *name*: persistent tiers write a
+        temporary name and rename it into place. Raises :class:`TierFull` when there is no
+        room right now, :class:`TierUnavailable` when the backend fails.
+        """
+
+    @abc.abstractmethod
+    def open(self, name: str) -> BlockRef:
+        """A verified view of the block's payload. Raises :class:`BlockNotFound`,
+        :class:`BlockCorrupt` (header or checksum wrong) or :class:`TierUnavailable`."""
+
+    @abc.abstractmethod
+    def delete(self, name: str) -> None:
+        """Remove the copy; a missing copy is not an error (another node may have won)."""
+
+    @abc.abstractmethod
+    def stat(self, name: str) -> BlockInfo | None:
+        """The stored block's size and checksum from its header, or ``None`` if absent."""
+
+    @abc.abstractmethod
+    def scan(self, prefix: str = "") -> Iterator[BlockInfo]:
+        """Every block stored under the directory *prefix* (``""``: all), for rebuilding the
+        catalog. Unreadable or corrupt files are skipped (and logged), never yielded."""
+
+    def read_into(self, name: str, out) -> int:
+        """Copy the verified payload into the writable buffer *out*; returns its length.
+
+        Raises ``ValueError`` when *out* is too small.
+        """
+        with self.open(name) as ref:
+            n = len(ref.data)
+            if len(out) < n:
+                raise ValueError(f"buffer of {len(out)} bytes is too small for a block of {n}")
+            memoryview(out).cast("B")[:n] = ref.data
+            return n
+
+    def rename(self, old: str, new: str) -> None:
+        """Move the copy at *old* to *new*, replacing *new* atomically.
+
+        The default copies and deletes; tiers with a cheaper way override it.
+        """
+        with self.open(old) as ref:
+            self.put(new, ref.data, ref.checksum)
+        self.delete(old)
+
+    def close(self) -> None:
+        """Release resources; the tier is unusable afterwards."""
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r}>"
+
