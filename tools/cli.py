@@ -1,0 +1,73 @@
+"""The ``kvfs`` command: one entry point, subcommands found through two registries.
+
+Each subcommand is a module with ``add_arguments(parser)`` and ``run(args) -> int``,
+imported only when it runs, so ``kvfs --help`` stays fast and a missing optional extra
+only affects the subcommand that needs it. Adding a subcommand is one line below.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from kvfs.errors import KvfsError
+
+__all__ = ["main", "COMMANDS", "BENCHES"]
+
+# name -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {}
+
+# ``kvfs bench NAME``: benchmarks operators run on their own hardware.
+BENCHES: dict[str, tuple[str, str]] = {
+    "tiers": ("kvfs.tools.bench_tiers", "put/get of blocks through the store per tier vs memcpy and raw file I/O"),
+}
+
+
+def _load(module: str):
+    return importlib.import_module(module)
+
+
+
+def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kvfs",
+        description="kvfs: a tiered, content-addressed block filesystem for LLM KV caches.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    chosen = argv[0] if argv else None
+    for name, (module, help_) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_, description=help_)
+        if name == chosen:
+            _load(module).add_arguments(p)
+            p.set_defaults(_module=module)
+    bench = sub.add_parser("bench", help="benchmarks that print figures and ratios", description="Benchmarks.")
+    bsub = bench.add_subparsers(dest="bench", metavar="BENCH")
+    bchosen = argv[1] if chosen == "bench" and len(argv) > 1 else None
+    for name, (module, help_) in BENCHES.items():
+        p = bsub.add_parser(name, help=help_, description=help_)
+        if name == bchosen:
+            _load(module).add_arguments(p)
+            p.set_defaults(_module=module)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(argv)
+    args = parser.parse_args(argv)
+    module = getattr(args, "_module", None)
+    if module is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(_load(module).run(args) or 0)
+    except KvfsError as exc:
+        print(f"kvfs: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
