@@ -73,7 +73,7 @@ class Catalog:
     def is_dir(self, name: str) -> bool:
         return name in self.dirs
 
-    def _ensure_dir(self, name: str) -> None:
+    def ensure_dir(self, name: str) -> None:
         """Create *name* and its parents as directories; fail if a block is in the way."""
         missing = []
         d = name
@@ -99,7 +99,7 @@ class Catalog:
             if parent in self.blocks:
                 raise NotADirectory(f"{parent!r} is a block, not a directory")
             raise BlockNotFound(f"{parent!r} does not exist")
-        self._ensure_dir(name)
+        self.ensure_dir(name)
 
     def rmdir(self, name: str) -> None:
         if name == ROOT:
@@ -133,7 +133,7 @@ class Catalog:
         if rec.name in self.blocks:
             raise BlockExists(rec.name)
         parent, base = split(rec.name)
-        self._ensure_dir(parent)
+        self.ensure_dir(parent)
         self.blocks[rec.name] = rec
         self.dirs[parent][base] = False
 

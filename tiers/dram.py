@@ -1,0 +1,193 @@
+"""The ``dram`` tier: one shared-memory arena of pinned host memory.
+
+The arena is a file under ``/dev/shm`` mapped shared, touched once at start (the first
+touch of fresh memory is slow on these machines), and mlocked where the memlock limit
+allows. Blocks are extents of it, addressed by ``(offset, length)`` so clients and the GPU
+agent can map the same file and read without a copy (:meth:`DramTier.locate`).
+
+A reader holds a :class:`~kvfs.tier.BlockRef` on an extent; replacing, renaming over or
+deleting the block while it is held retires the extent, which is reused only after the
+last ref is released. So a reader never sees another block's bytes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import mmap
+import os
+import secrets
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvfs.allocator import ExtentAllocator
+from kvfs.config import DramConfig, TierKind
+from kvfs.errors import BlockNotFound, TierFull
+from kvfs.tier import BlockInfo, BlockRef, Tier
+
+__all__ = ["DramTier"]
+
+log = logging.getLogger("kvfs.tiers.dram")
+
+
+@dataclass(slots=True, eq=False)
+class _Extent:
+    offset: int
+    length: int
+    checksum: int
+    refs: int = 0
+    retired: bool = False
+
+
+def _mlock(buf: mmap.mmap, length: int) -> bool:
+    libc_name = ctypes.util.find_library("c")
+    if not libc_name:  # pragma: no cover
+        return False
+    libc = ctypes.CDLL(libc_name, use_errno=True)
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    ok = libc.mlock(ctypes.c_void_p(addr), ctypes.c_size_t(length)) == 0
+    if not ok:
+        log.info("mlock of the DRAM arena failed (errno %d); pages may be swapped", ctypes.get_errno())
+    return ok
+
+
+class DramTier(Tier):
+    kind = TierKind.DRAM
+    persistent = False
+    shared = False
+
+    def __init__(self, config: DramConfig) -> None:
+        super().__init__(config)
+        assert config.capacity is not None
+        if config.path is None:
+            self.path = Path(f"/dev/shm/kvfs-{os.getpid()}-{secrets.token_hex(4)}")
+            self._owns_file = True
+        else:
+            self.path = Path(config.path)
+            self._owns_file = True
+        size = config.capacity - config.capacity % 4096
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.ftruncate(fd, size)
+            self._mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+        if config.prefault:
+            self._prefault(size)
+        self.locked = _mlock(self._mm, size) if config.mlock else False
+        self._view = memoryview(self._mm)
+        self._ro = self._view.toreadonly()
+        self._alloc = ExtentAllocator(size)
+        self._index: dict[str, _Extent] = {}
+        self._lock = threading.Lock()
+
+    def _prefault(self, size: int) -> None:
+        try:
+            self._mm.madvise(mmap.MADV_POPULATE_WRITE)  # Linux 5.14+: one call, no Python loop
+            return
+        except (AttributeError, OSError):
+            pass
+        step = mmap.PAGESIZE
+        for off in range(0, size, step):
+            self._mm[off] = 0
+
+    def footprint(self, name: str, size: int) -> int:
+        return self._alloc.round(size)
+
+    def put(self, name: str, data, checksum: int) -> None:
+        mv = memoryview(data).cast("B")
+        n = len(mv)
+        with self._lock:
+            off = self._alloc.alloc(n)
+            if off is None:
+                raise TierFull(f"DRAM arena has no free extent of {n} bytes")
+            ext = _Extent(off, n, checksum)
+            self._view[off : off + n] = mv
+            old = self._index.get(name)
+            self._index[name] = ext
+            if old is not None:
+                self._retire(old)
+
+    def _retire(self, ext: _Extent) -> None:
+        ext.retired = True
+        if ext.refs == 0:
+            self._alloc.free(ext.offset, ext.length)
+
+    def _release(self, ext: _Extent) -> None:
+        with self._lock:
+            ext.refs -= 1
+            if ext.refs == 0 and ext.retired:
+                self._alloc.free(ext.offset, ext.length)
+
+    def open(self, name: str) -> BlockRef:
+        with self._lock:
+            ext = self._index.get(name)
+            if ext is None:
+                raise BlockNotFound(name)
+            ext.refs += 1
+        return BlockRef(self._ro[ext.offset : ext.offset + ext.length], ext.checksum, lambda: self._release(ext))
+
+    def read_into(self, name: str, out) -> int:
+        with self.open(name) as ref:
+            n = len(ref.data)
+            if len(out) < n:
+                raise ValueError(f"buffer of {len(out)} bytes is too small for a block of {n}")
+            memoryview(out).cast("B")[:n] = ref.data
+            return n
+
+    def locate(self, name: str) -> tuple[int, int]:
+        """``(offset, length)`` of the block in the arena file (for zero-copy clients)."""
+        with self._lock:
+            ext = self._index.get(name)
+            if ext is None:
+                raise BlockNotFound(name)
+            return ext.offset, ext.length
+
+    def delete(self, name: str) -> None:
+        with self._lock:
+            ext = self._index.pop(name, None)
+            if ext is not None:
+                self._retire(ext)
+
+    def rename(self, old: str, new: str) -> None:
+        with self._lock:
+            ext = self._index.pop(old, None)
+            if ext is None:
+                raise BlockNotFound(old)
+            replaced = self._index.get(new)
+            self._index[new] = ext
+            if replaced is not None:
+                self._retire(replaced)
+
+    def stat(self, name: str) -> BlockInfo | None:
+        with self._lock:
+            ext = self._index.get(name)
+            return None if ext is None else BlockInfo(name, ext.length, ext.checksum)
+
+    def scan(self, prefix: str = "") -> Iterator[BlockInfo]:
+        with self._lock:
+            items = [(n, e) for n, e in self._index.items() if not prefix or n.startswith(prefix + "/")]
+        for n, e in items:
+            yield BlockInfo(n, e.length, e.checksum)
+
+    @property
+    def free_bytes(self) -> int:
+        return self._alloc.free_bytes
+
+    def close(self) -> None:
+        with self._lock:
+            self._index.clear()
+        try:
+            self._ro.release()
+            self._view.release()
+            self._mm.close()
+        except BufferError:
+            log.warning("DRAM arena still has readers at close; it is unmapped when they finish")
+        if self._owns_file:
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
