@@ -109,6 +109,21 @@ class Tier(abc.ABC):
         """Every block stored under the directory *prefix* (``""``: all), for rebuilding the
         catalog. Unreadable or corrupt files are skipped (and logged), never yielded."""
 
+    def listdir(self, directory: str = "") -> dict[str, bool]:
+        """``{basename: is_dir}`` of what this tier holds directly in *directory* (``""``:
+        the top). Used to list shared tiers, so only names, not sizes.
+
+        The default walks :meth:`scan`; shared tiers override it with one cheap listing
+        (a ``scandir``, a delimited S3 listing). Raises :class:`TierUnavailable`.
+        """
+        base = f"{directory}/" if directory else ""
+        out: dict[str, bool] = {}
+        for info in self.scan(directory):
+            rest = info.name[len(base):]
+            head, sep, _ = rest.partition("/")
+            out[head] = out.get(head, False) or bool(sep)
+        return out
+
     def read_into(self, name: str, out) -> int:
         """Copy the verified payload into the writable buffer *out*; returns its length.
 

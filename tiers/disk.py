@@ -48,6 +48,10 @@ class BlockDirectory:
     other nodes), so the on-disk format is written in one place.
     """
 
+    repair_renames = True
+    """:meth:`scan` completes a rename interrupted between the header rewrite and the
+    file rename. Only safe when this process is the directory's only writer."""
+
     def __init__(self, root: Path, *, direct_io: bool = False) -> None:
         self.root = Path(root)
         self.blocks = self.root / "blocks"
@@ -78,6 +82,16 @@ class BlockDirectory:
     def path(self, name: str) -> str:
         return f"{self.blocks}/{name}"
 
+    def tmp_path(self, name: str) -> str:
+        """Where the file for *name* is written before it is renamed into place: in tmp/
+        by default (one writer, emptied on start). Subclasses may put it elsewhere on the
+        same filesystem; :meth:`is_tmp` must then recognise it."""
+        return f"{self.tmp}/{secrets.token_hex(8)}"
+
+    def is_tmp(self, filename: str) -> bool:
+        """True for a file under blocks/ that is an unpublished temporary (never by default)."""
+        return False
+
     def _ensure_parent(self, name: str) -> None:
         i = name.rfind("/")
         if i < 0:
@@ -91,7 +105,8 @@ class BlockDirectory:
         """Write the block file to tmp/ and rename it into place (replacing atomically)."""
         mv = memoryview(data).cast("B")
         header = encode_header(name, len(mv), checksum)
-        tmp = f"{self.tmp}/{secrets.token_hex(8)}"
+        self._ensure_parent(name)  # first: tmp_path may be in the target's directory
+        tmp = self.tmp_path(name)
         pad = (-len(mv)) % ALIGN
         try:
             if self.direct_io:
@@ -118,7 +133,6 @@ class BlockDirectory:
                         written += os.pwrite(fd, flat[written:], written)
                 finally:
                     os.close(fd)
-            self._ensure_parent(name)
             try:
                 os.rename(tmp, self.path(name))
             except IsADirectoryError:
@@ -263,6 +277,8 @@ class BlockDirectory:
         base = len(str(self.blocks)) + 1
         for dirpath, _dirs, files in os.walk(top):
             for fn in files:
+                if self.is_tmp(fn):
+                    continue
                 path = f"{dirpath}/{fn}"
                 name = path[base:]
                 try:
@@ -276,6 +292,9 @@ class BlockDirectory:
                     log.warning("skipping truncated block file %s", path)
                     continue
                 if hdr.name != name:
+                    if not self.repair_renames:
+                        log.warning("skipping %s: its header names %s", path, hdr.name)
+                        continue
                     target = self.path(hdr.name)
                     if os.path.exists(target):
                         log.warning("skipping %s: its header names %s, which exists", path, hdr.name)

@@ -1,0 +1,168 @@
+"""The ``posix`` tier: a directory every node mounts (Lustre, NFS); how nodes share blocks.
+
+Block files in the block format (:mod:`kvfs.blockfile`) under ``<path>/blocks/``, in the
+sharded directories of the block names, written by :class:`~kvfs.tiers.disk.BlockDirectory`
+(the same code as the disk tier). What differs, because other nodes use the directory at
+the same time:
+
+- A block is written to a hidden temporary in the *same directory* as its final name
+  (``.kvfs-tmp.<base>.<random>``) and renamed into place. Rename within a directory is
+  atomic on NFS and Lustre, so a reader on any node sees the old file, the new file or
+  none, never a partial one. Two nodes publishing the same name at once is harmless: both
+  files are whole and, the name being a content hash, identical; the last rename wins.
+- No locks, no ``flock``, no ``O_DIRECT``: nothing NFS lacks. Temporaries of other nodes
+  are never cleaned at start (they may be in flight); :meth:`PosixTier.clean_stale_tmp`
+  removes old ones on request.
+- A file another node deleted reads as missing (``ENOENT``, and ``ESTALE`` from NFS,
+  become :class:`BlockNotFound`).
+- Rename is copy + delete (the default), never a header rewrite in place, which a reader
+  on another node could catch half done; :meth:`scan` never "repairs" other nodes' files.
+- Every operation runs in a bounded pool of worker threads with the configured timeout
+  (:class:`~kvfs.deadline.DeadlineExecutor`): a stalled mount raises
+  :class:`TierUnavailable` after ``timeout`` seconds instead of hanging the caller.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import secrets
+import time
+from collections.abc import Iterator
+
+from kvfs.blockfile import file_length
+from kvfs.config import PosixConfig, TierKind
+from kvfs.deadline import DeadlineExecutor
+from kvfs.errors import BlockCorrupt, BlockNotFound, TierFull, TierUnavailable
+from kvfs.tier import BlockInfo, BlockRef, Tier
+
+from .disk import BlockDirectory
+
+__all__ = ["PosixTier", "SharedBlockDirectory"]
+
+log = logging.getLogger("kvfs.tiers.posix")
+
+TMP_PREFIX = ".kvfs-tmp."
+_MISSING = (errno.ENOENT, errno.ESTALE, errno.ENOTDIR)
+
+
+class SharedBlockDirectory(BlockDirectory):
+    """A :class:`BlockDirectory` that other nodes write at the same time."""
+
+    repair_renames = False
+
+    def tmp_path(self, name: str) -> str:
+        parent, _, base = self.path(name).rpartition("/")
+        return f"{parent}/{TMP_PREFIX}{base[:100]}.{secrets.token_hex(8)}"
+
+    def is_tmp(self, filename: str) -> bool:
+        return filename.startswith(TMP_PREFIX)
+
+    def listdir(self, directory: str) -> dict[str, bool]:
+        top = f"{self.blocks}/{directory}" if directory else str(self.blocks)
+        try:
+            entries = list(os.scandir(top))
+        except FileNotFoundError:
+            return {}
+        except NotADirectoryError:
+            return {}
+        return {e.name: e.is_dir() for e in entries if not e.name.startswith(TMP_PREFIX)}
+
+
+class PosixTier(Tier):
+    kind = TierKind.POSIX
+    persistent = True
+    shared = True
+
+    def __init__(self, config: PosixConfig) -> None:
+        super().__init__(config)
+        self._what = f"posix tier {config.name!r}"
+        self._exec = DeadlineExecutor(self._what, timeout=config.timeout, workers=config.concurrency)
+        try:
+            self.dir = self._exec.call(SharedBlockDirectory, config.path, op=f"opening {config.path}")
+        except OSError as exc:
+            self._exec.close()
+            raise TierUnavailable(f"{self._what}: cannot use {config.path}: {exc.strerror}") from exc
+        except BaseException:
+            self._exec.close()
+            raise
+
+    def _call(self, op: str, fn, *args, **kw):
+        """Run ``fn(*args)`` with the deadline; OSError becomes a kvfs error."""
+        try:
+            return self._exec.call(fn, *args, op=op, **kw)
+        except OSError as exc:
+            if exc.errno in _MISSING:
+                raise BlockNotFound(f"{self._what}: {op}: {exc.strerror}") from exc
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise TierFull(f"{self._what} is out of space: {exc.strerror}") from exc
+            raise TierUnavailable(f"{self._what}: {op} failed: {exc}") from exc
+
+    def footprint(self, name: str, size: int) -> int:
+        return file_length(name, size)
+
+    def _write(self, name: str, data, checksum: int) -> None:
+        try:
+            self.dir.write(name, data, checksum)
+        except FileNotFoundError:
+            # Someone removed the shard directory this process remembered; make it again.
+            self.dir._known_dirs.clear()
+            self.dir.write(name, data, checksum)
+
+    def put(self, name: str, data, checksum: int) -> None:
+        try:
+            self._call(f"write of {name}", self._write, name, data, checksum)
+        except BlockNotFound as exc:  # ENOENT twice: the tree itself is gone
+            raise TierUnavailable(f"{self._what}: write of {name} failed: {exc}") from exc
+
+    def open(self, name: str) -> BlockRef:
+        return self._call(f"read of {name}", self.dir.read, name, on_abandon=BlockRef.release)
+
+    def read_into(self, name: str, out) -> int:
+        return self._call(f"read of {name}", self.dir.read_into, name, out)[0]
+
+    def delete(self, name: str) -> None:
+        try:
+            self._call(f"delete of {name}", self.dir.delete, name)
+        except BlockNotFound:
+            pass  # another node won
+
+    def stat(self, name: str) -> BlockInfo | None:
+        try:
+            return self._call(f"stat of {name}", self.dir.stat, name)
+        except (BlockNotFound, BlockCorrupt):
+            return None
+
+    def scan(self, prefix: str = "") -> Iterator[BlockInfo]:
+        # Collected in the worker so the deadline covers the walk; scans are for tools
+        # and tests (rebuild skips shared tiers), the mount lists with listdir().
+        return iter(self._call(f"scan of {prefix or '/'}", lambda: list(self.dir.scan(prefix))))
+
+    def listdir(self, directory: str = "") -> dict[str, bool]:
+        return self._call(f"listing of {directory or '/'}", self.dir.listdir, directory)
+
+    def clean_stale_tmp(self, older_than: float = 3600.0) -> int:
+        """Remove temporaries older than *older_than* seconds (left by crashed writers on
+        any node); returns how many. Not run automatically: a slow writer elsewhere may
+        still own a young one."""
+
+        def clean() -> int:
+            cutoff = time.time() - older_than
+            n = 0
+            for dirpath, _dirs, files in os.walk(self.dir.blocks):
+                for fn in files:
+                    if fn.startswith(TMP_PREFIX):
+                        p = f"{dirpath}/{fn}"
+                        try:
+                            if os.stat(p).st_mtime < cutoff:
+                                os.unlink(p)
+                                n += 1
+                        except FileNotFoundError:
+                            pass
+            return n
+
+        return self._call("cleaning temporaries", clean)
+
+    def close(self) -> None:
+        self._exec.close()

@@ -1,0 +1,272 @@
+"""The ``s3`` tier: a bucket and prefix on any S3-compatible endpoint, through boto3.
+
+One object per block at ``<prefix>/<block path>``. The body is the block file format of
+:mod:`kvfs.blockfile` (header, then payload; the trailing zero padding of the file
+format is left out since objects are never read with direct I/O), so every object is
+self-describing and every read verifies the header and the payload checksum. The
+payload length and checksum are also stored as object metadata (``x-amz-meta-kvfs-length``
+and ``x-amz-meta-kvfs-checksum``) so :meth:`S3Tier.stat` is one HEAD; an object without
+them (written by another tool) is stat'ed with a ranged GET of its header.
+
+Blocks whose object reaches ``multipart_threshold`` bytes are uploaded in parts (at least
+5 MiB each, S3's minimum); a failed multipart upload is aborted.
+
+Credentials come from boto3's usual chain (environment, config files, instance roles)
+and are never logged: messages name the bucket, key and S3 error code only.
+
+Timeouts and retries are botocore's: ``connect_timeout`` and ``read_timeout`` are the
+tier's ``timeout``, ``max_attempts`` counts the first try, and the ``standard`` retry mode
+backs off exponentially (with jitter) on throttling (``SlowDown``, 503), timeouts and
+connection errors. What still fails after that is translated by :data:`ERROR_TABLE`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+from kvfs.blockfile import ALIGN, decode_header, encode_header, header_length, verify
+from kvfs.config import S3Config, TierKind
+from kvfs.errors import BlockCorrupt, BlockNotFound, KvfsError, TierFull, TierUnavailable
+from kvfs.tier import BlockInfo, BlockRef, Tier
+
+try:
+    import boto3
+    import botocore.config
+    import botocore.exceptions
+except ImportError as exc:  # pragma: no cover - depends on the installed extras
+    raise ImportError("the s3 tier needs boto3: pip install 'kvfs[s3]'") from exc
+
+__all__ = ["S3Tier", "ERROR_TABLE", "translate"]
+
+log = logging.getLogger("kvfs.tiers.s3")
+
+_MIN_PART = 5 << 20  # S3's smallest part (but the last)
+_META_LENGTH = "kvfs-length"
+_META_CHECKSUM = "kvfs-checksum"
+
+# The one place S3 error codes become kvfs errors: code -> (error class, what it means).
+# Codes absent here are TierUnavailable with the code and S3's own message.
+ERROR_TABLE: dict[str, tuple[type[KvfsError], str]] = {
+    "NoSuchKey": (BlockNotFound, "no such object"),
+    "404": (BlockNotFound, "no such object"),
+    "NotFound": (BlockNotFound, "no such object"),
+    "NoSuchBucket": (TierUnavailable, "the bucket does not exist"),
+    "AccessDenied": (TierUnavailable, "access denied: check the credentials boto3 finds and the bucket policy"),
+    "403": (TierUnavailable, "access denied: check the credentials boto3 finds and the bucket policy"),
+    "InvalidAccessKeyId": (TierUnavailable, "the access key is not known to the endpoint"),
+    "SignatureDoesNotMatch": (TierUnavailable, "the secret key does not match the access key"),
+    "ExpiredToken": (TierUnavailable, "the session token has expired"),
+    "InvalidToken": (TierUnavailable, "the session token is invalid"),
+    "SlowDown": (TierUnavailable, "throttled (SlowDown) after every retry"),
+    "503": (TierUnavailable, "service unavailable (503) after every retry"),
+    "ServiceUnavailable": (TierUnavailable, "service unavailable after every retry"),
+    "RequestTimeout": (TierUnavailable, "request timed out after every retry"),
+    "InternalError": (TierUnavailable, "internal server error after every retry"),
+    "500": (TierUnavailable, "internal server error after every retry"),
+    "QuotaExceeded": (TierFull, "the bucket's quota is exhausted"),
+    "EntityTooLarge": (TierFull, "the block is larger than the endpoint accepts"),
+}
+
+# botocore exceptions that are not ClientError (no S3 code): no answer at all.
+_TRANSPORT: tuple[tuple[type[Exception], str], ...] = (
+    (botocore.exceptions.NoCredentialsError, "no credentials: boto3's chain found none"),
+    (botocore.exceptions.ConnectTimeoutError, "connection timed out after every retry"),
+    (botocore.exceptions.ReadTimeoutError, "read timed out after every retry"),
+    (botocore.exceptions.EndpointConnectionError, "cannot connect to the endpoint after every retry"),
+    (botocore.exceptions.ConnectionClosedError, "the endpoint closed the connection after every retry"),
+    (botocore.exceptions.ConnectionError, "connection failed after every retry"),
+    (botocore.exceptions.BotoCoreError, "request failed"),
+)
+
+
+def translate(exc: Exception, what: str) -> KvfsError:
+    """The kvfs error for a botocore exception raised while doing *what* (raise it
+    ``from exc``). Only the code and S3's message are kept: nothing from the request."""
+    if isinstance(exc, botocore.exceptions.ClientError):
+        err = exc.response.get("Error", {})
+        code = str(err.get("Code") or exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", "?"))
+        cls, meaning = ERROR_TABLE.get(code, (TierUnavailable, err.get("Message") or "request failed"))
+        return cls(f"{what}: {meaning} ({code})")
+    for cls, meaning in _TRANSPORT:
+        if isinstance(exc, cls):
+            return TierUnavailable(f"{what}: {meaning} ({type(exc).__name__})")
+    return TierUnavailable(f"{what}: {type(exc).__name__}")  # pragma: no cover - filtered by callers
+
+
+_BOTO_ERRORS = (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError)
+
+
+class S3Tier(Tier):
+    kind = TierKind.S3
+    persistent = True
+    shared = True
+
+    def __init__(self, config: S3Config, *, client=None) -> None:
+        super().__init__(config)
+        self.bucket = config.bucket
+        p = config.prefix.strip("/")
+        self.prefix = f"{p}/" if p else ""
+        self.multipart_threshold = max(config.multipart_threshold, 1)
+        self._what = f"s3 tier {config.name!r} (s3://{self.bucket}/{self.prefix})"
+        if client is None:
+            bc = botocore.config.Config(
+                connect_timeout=config.timeout,
+                read_timeout=config.timeout,
+                retries={"max_attempts": config.max_attempts, "mode": "standard"},
+                max_pool_connections=max(config.concurrency, 10),
+            )
+            # A session per tier: boto3's default session is not thread-safe to create clients on.
+            client = boto3.session.Session().client(
+                "s3", endpoint_url=config.endpoint_url, region_name=config.region, config=bc
+            )
+        self.client = client
+
+    def key(self, name: str) -> str:
+        return self.prefix + name
+
+    def _fail(self, exc: Exception, op: str, name: str = "") -> KvfsError:
+        return translate(exc, f"{self._what}: {op} {name}".rstrip())
+
+    def footprint(self, name: str, size: int) -> int:
+        return header_length(name) + size
+
+    # -- writing ---------------------------------------------------------------------
+
+    def put(self, name: str, data, checksum: int) -> None:
+        mv = memoryview(data).cast("B")
+        body = b"".join((encode_header(name, len(mv), checksum), mv))
+        meta = {_META_LENGTH: str(len(mv)), _META_CHECKSUM: f"{checksum:016x}"}
+        key = self.key(name)
+        try:
+            if len(body) < self.multipart_threshold:
+                self.client.put_object(Bucket=self.bucket, Key=key, Body=body, Metadata=meta)
+            else:
+                self._put_multipart(key, body, meta)
+        except _BOTO_ERRORS as exc:
+            raise self._fail(exc, "write of", name) from exc
+
+    def _put_multipart(self, key: str, body: bytes, meta: dict[str, str]) -> None:
+        part = max(self.multipart_threshold, _MIN_PART, -(-len(body) // 10000))
+        up = self.client.create_multipart_upload(Bucket=self.bucket, Key=key, Metadata=meta)
+        uid = up["UploadId"]
+        try:
+            view = memoryview(body)
+            parts = []
+            for n, off in enumerate(range(0, len(body), part), start=1):
+                r = self.client.upload_part(
+                    Bucket=self.bucket, Key=key, UploadId=uid, PartNumber=n, Body=bytes(view[off : off + part])
+                )
+                parts.append({"PartNumber": n, "ETag": r["ETag"]})
+            self.client.complete_multipart_upload(
+                Bucket=self.bucket, Key=key, UploadId=uid, MultipartUpload={"Parts": parts}
+            )
+        except BaseException:
+            try:
+                self.client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=uid)
+            except _BOTO_ERRORS as exc:
+                log.warning("%s: cannot abort multipart upload of %s: %s", self._what, key, self._fail(exc, "abort"))
+            raise
+
+    # -- reading ---------------------------------------------------------------------
+
+    def _get(self, name: str) -> memoryview:
+        try:
+            body = self.client.get_object(Bucket=self.bucket, Key=self.key(name))["Body"].read()
+        except _BOTO_ERRORS as exc:
+            raise self._fail(exc, "read of", name) from exc
+        return memoryview(body)
+
+    def _payload(self, name: str, mv: memoryview) -> tuple[memoryview, int]:
+        hdr = decode_header(mv)
+        if hdr.name != name:
+            raise BlockCorrupt(f"{self._what}: object {name} holds block {hdr.name!r}")
+        end = hdr.header_length + hdr.length
+        if len(mv) < end:
+            raise BlockCorrupt(f"{self._what}: object {name} is truncated")
+        payload = mv[hdr.header_length : end]
+        verify(payload, hdr.checksum, f"{self._what}: {name}")
+        return payload, hdr.checksum
+
+    def open(self, name: str) -> BlockRef:
+        payload, csum = self._payload(name, self._get(name))
+        return BlockRef(payload, csum)  # bytes from the response: already read-only
+
+    def read_into(self, name: str, out) -> int:
+        payload, _ = self._payload(name, self._get(name))
+        n = len(payload)
+        if len(out) < n:
+            raise ValueError(f"buffer of {len(out)} bytes is too small for a block of {n}")
+        memoryview(out).cast("B")[:n] = payload
+        return n
+
+    def stat(self, name: str) -> BlockInfo | None:
+        key = self.key(name)
+        try:
+            head = self.client.head_object(Bucket=self.bucket, Key=key)
+            meta = head.get("Metadata", {})
+            if _META_LENGTH in meta and _META_CHECKSUM in meta:
+                return BlockInfo(name, int(meta[_META_LENGTH]), int(meta[_META_CHECKSUM], 16))
+            raw = self.client.get_object(Bucket=self.bucket, Key=key, Range=f"bytes=0-{ALIGN - 1}")["Body"].read()
+        except _BOTO_ERRORS as exc:
+            err = self._fail(exc, "stat of", name)
+            if isinstance(err, BlockNotFound):
+                return None
+            raise err from exc
+        except ValueError:  # metadata that is not ours
+            log.warning("%s: %s has unreadable kvfs metadata", self._what, key)
+            return None
+        try:
+            hdr = decode_header(raw)
+        except BlockCorrupt as exc:
+            log.warning("%s: %s is not a kvfs block: %s", self._what, key, exc)
+            return None
+        return BlockInfo(name, hdr.length, hdr.checksum) if hdr.name == name else None
+
+    # -- listing ---------------------------------------------------------------------
+
+    def _pages(self, **kw) -> Iterator[dict]:
+        try:
+            yield from self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, **kw)
+        except _BOTO_ERRORS as exc:
+            raise self._fail(exc, "listing of", kw.get("Prefix", "")) from exc
+
+    def scan(self, prefix: str = "") -> Iterator[BlockInfo]:
+        """Every block under *prefix*: one listing, then a HEAD per object for its checksum."""
+        p = prefix.strip("/")
+        start = self.prefix + (f"{p}/" if p else "")
+        for page in self._pages(Prefix=start):
+            for obj in page.get("Contents", ()):
+                name = obj["Key"][len(self.prefix) :]
+                info = self.stat(name)
+                if info is None:
+                    log.warning("%s: skipping %s: not a kvfs block", self._what, obj["Key"])
+                    continue
+                yield info
+
+    def listdir(self, directory: str = "") -> dict[str, bool]:
+        """One delimited listing: objects are blocks, common prefixes are directories."""
+        d = directory.strip("/")
+        start = self.prefix + (f"{d}/" if d else "")
+        out: dict[str, bool] = {}
+        for page in self._pages(Prefix=start, Delimiter="/"):
+            for cp in page.get("CommonPrefixes", ()):
+                out[cp["Prefix"][len(start) :].rstrip("/")] = True
+            for obj in page.get("Contents", ()):
+                base = obj["Key"][len(start) :]
+                if base:
+                    out.setdefault(base, False)
+        return out
+
+    # -- removing --------------------------------------------------------------------
+
+    def delete(self, name: str) -> None:
+        try:
+            self.client.delete_object(Bucket=self.bucket, Key=self.key(name))
+        except _BOTO_ERRORS as exc:
+            err = self._fail(exc, "delete of", name)
+            if not isinstance(err, BlockNotFound):
+                raise err from exc
+
+    def close(self) -> None:
+        self.client.close()
