@@ -33,6 +33,9 @@ class BlockRecord:
     created: float = 0.0
     accessed: float = 0.0
     parent: str | None = None
+    checked: float = 0.0
+    """When a shared tier last confirmed this block (the store revalidates after its
+    negative-cache TTL, so a block deleted on another node is noticed)."""
 
     def tier_indexes(self) -> Iterator[int]:
         """Indexes of the tiers holding a copy, hottest first."""

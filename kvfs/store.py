@@ -6,6 +6,13 @@ background for write-through tiers, promotes blocks read from colder tiers, veri
 every copy read from a persistent tier against the block's checksum, and rebuilds the
 catalog from the local persistent tiers when it starts.
 
+Shared tiers (posix, s3; ``Tier.shared``) are what other nodes write too, so the catalog
+is never complete for them: a name this node does not know is looked up in them (stat,
+i.e. a HEAD for s3) and a miss is remembered for ``negative_ttl`` seconds; a known block
+held by a shared tier is re-checked after the same TTL, so a block deleted on another
+node reads as missing here soon after; directory listings merge the shared tiers' own
+listings, cached for ``listing_ttl`` seconds (docs/shared-tiers.md).
+
 Threading: every public method is thread-safe. Catalog and policy changes happen under
 one lock; reads from persistent tiers run outside it, so a slow disk read never stalls a
 hit in DRAM. Background work (write-through) is not run by the store itself: its owner
@@ -99,6 +106,8 @@ class Store:
         clock: Callable[[], float] = time.time,
         policy_factory: Callable[[str], EvictionPolicy] = make_policy,
         rebuild: bool = True,
+        negative_ttl: float = 2.0,
+        listing_ttl: float = 5.0,
     ) -> None:
         if not tiers:
             raise ValueError("a store needs at least one tier")
@@ -117,6 +126,13 @@ class Store:
         self._pending: deque[tuple[BlockRecord, int]] = deque()
         self._lookups = 0
         self._misses = 0
+        # Shared tiers (issue 4): what other nodes may have written or deleted.
+        self._shared = [i for i, t in enumerate(self.tiers) if t.shared]
+        self._shared_mask = sum(1 << i for i in self._shared)
+        self.negative_ttl = negative_ttl
+        self.listing_ttl = listing_ttl
+        self._negative: dict[str, float] = {}  # name -> until when "no shared tier has it" holds
+        self._listings: dict[str, tuple[float, dict[str, bool]]] = {}  # dir -> (until, shared listing)
         self.events = EventLog()
         if rebuild:
             self.rebuild()
@@ -297,6 +313,7 @@ class Store:
                         self._drop_copy(j, old)
                 self.catalog.discard(old)
             self.catalog.add(rec)
+            self._negative.pop(name, None)
             for j in self._through:
                 if j > placed:
                     self._pending.append((rec, j))
@@ -327,10 +344,50 @@ class Store:
                 except (BlockNotFound, BlockCorrupt, TierUnavailable) as exc:
                     log.warning("write-through of %s skipped: %s", rec.name, exc)
                     continue
-                with ref:
-                    self._place(j, rec, ref.data, EventKind.DEMOTED)
-                done += 1
+                if not self.tiers[j].shared:
+                    with ref:
+                        self._place(j, rec, ref.data, EventKind.DEMOTED)
+                    done += 1
+                    continue
+            with ref:  # shared tiers are slow or may hang: write outside the lock
+                self._place_shared(j, rec, ref.data)
+            done += 1
         return done
+
+    def _place_shared(self, j: int, rec: BlockRecord, data) -> bool:
+        """Write-through into shared tier *j* without holding the store's lock during the
+        write (S3 or a stalled NFS may take up to the tier's timeout)."""
+        with self._lock:
+            if not self._usable(j) or not self._make_room(j, self._footprint(j, rec)):
+                return False
+        try:
+            self.tiers[j].put(rec.name, data, rec.checksum)
+        except TierFull:
+            with self._lock:  # rare: let the locked path evict and retry
+                return self.catalog.get(rec.name) is rec and self._place(j, rec, data, EventKind.DEMOTED)
+        except TierUnavailable as exc:
+            with self._lock:
+                self._mark_unhealthy(j, exc)
+            return False
+        with self._lock:
+            self._mark_healthy(j)
+            current = self.catalog.get(rec.name)
+            if current is rec:
+                if not rec.tiers & (1 << j):
+                    self._add_copy(j, rec)
+                    c = self._counters[j]
+                    c.bytes_written += rec.size
+                    c.demotions += 1
+                    self._emit(EventKind.DEMOTED, rec, j)
+                return True
+            orphan = current is None  # deleted while we wrote: other nodes must not find it
+        if orphan:
+            try:
+                self.tiers[j].delete(rec.name)
+            except TierUnavailable as exc:
+                with self._lock:
+                    self._mark_unhealthy(j, exc)
+        return False
 
     @property
     def pending(self) -> int:
@@ -371,6 +428,7 @@ class Store:
         copy is readable: never partial or wrong bytes.
         """
         name = normalize(name)
+        self._refresh(name)
         with self._lock:
             rec = self.catalog.require(name)
             self._lookups += 1
@@ -393,6 +451,13 @@ class Store:
         with self._lock:
             self._misses += 1
             self._lose_if_empty(rec, "no readable copy")
+            # Copies still recorded are in tiers that failed or are unhealthy: the block
+            # exists but cannot be read now, which is not the same as missing.
+            down = [self.tiers[i].name for i in rec.tier_indexes() if not self._healthy[i]]
+            if down and self.catalog.get(name) is rec:
+                raise TierUnavailable(
+                    f"{name!r}: no readable copy now; the tiers holding it are unavailable: {', '.join(down)}"
+                )
         raise BlockNotFound(name)
 
     def _should_promote(self, rec: BlockRecord) -> bool:
@@ -438,6 +503,14 @@ class Store:
             return None
         if ref.checksum != rec.checksum or len(ref.data) != rec.size:
             ref.release()
+            if tier.shared:
+                # The copy verified against its own header: another node replaced the
+                # block. Not corruption, and never delete it; re-check on next lookup.
+                with self._lock:
+                    if self.catalog.get(rec.name) is rec:
+                        self._forget_copy(i, rec)
+                        rec.checked = 0.0
+                return None
             self._corrupt(i, rec, "copy does not match the block's checksum")
             return None
         with self._lock:
@@ -466,6 +539,126 @@ class Store:
             memoryview(out).cast("B")[:n] = ref.data
             return n
 
+    # -- shared tiers: discovery, revalidation, listings (issue 4) --------------------
+
+    def _stat_shared(self, name: str) -> tuple[list[tuple[int, object]], bool]:
+        """Stat *name* in every usable shared tier, outside the lock. Returns the tiers that
+        hold it with their answers, and whether every shared tier answered."""
+        found = []
+        complete = True
+        for i in self._shared:
+            if not self._usable(i):
+                complete = False
+                continue
+            try:
+                info = self.tiers[i].stat(name)
+            except TierUnavailable as exc:
+                with self._lock:
+                    self._mark_unhealthy(i, exc)
+                complete = False
+                continue
+            with self._lock:
+                self._mark_healthy(i)
+            if info is not None:
+                found.append((i, info))
+        return found, complete
+
+    def _refresh(self, name: str) -> None:
+        """Bring the record of *name* in line with the shared tiers, when it is due.
+
+        Unknown here and not known missing: stat the shared tiers and create a record
+        holding the tiers that have it (this is how a block written on another node
+        appears), or remember the miss for ``negative_ttl``. Known and held by a shared
+        tier, last confirmed more than ``negative_ttl`` ago: stat again; gone from every
+        shared tier means another node deleted it, so this node's copies go too. A tier
+        that does not answer changes nothing (local copies keep serving).
+        """
+        if not self._shared:
+            return
+        now = self._clock()
+        with self._lock:
+            if self.catalog.is_dir(name):
+                return
+            rec = self.catalog.get(name)
+            if rec is None:
+                if self._negative.get(name, 0.0) > now:
+                    return
+            elif not rec.tiers & self._shared_mask or now - rec.checked < self.negative_ttl:
+                return
+        found, complete = self._stat_shared(name)
+        with self._lock:
+            if self.catalog.get(name) is not rec:
+                return  # written or deleted here meanwhile: the local answer is newer
+            if found:
+                first = found[0][1]
+                if rec is not None and (rec.size, rec.checksum) == (first.size, first.checksum):
+                    rec.checked = now
+                    for i, info in found:
+                        if (info.size, info.checksum) == (rec.size, rec.checksum) and not rec.tiers & (1 << i):
+                            self._add_copy(i, rec)
+                    return
+                if rec is not None:  # replaced on another node: our copies are stale
+                    self._discard_stale(rec, "replaced on another node")
+                new = BlockRecord(name, first.size, first.checksum, created=now, accessed=now, checked=now)
+                try:
+                    self.catalog.add(new)
+                except KvfsError as exc:  # e.g. a local directory of that name
+                    log.warning("block %s in a shared tier is hidden here: %s", name, exc)
+                    return
+                for i, info in found:
+                    if (info.size, info.checksum) == (first.size, first.checksum):
+                        self._add_copy(i, new)
+                self._negative.pop(name, None)
+                return
+            if not complete:
+                return  # some shared tier did not answer: neither "gone" nor "missing" is known
+            if rec is not None:
+                self._discard_stale(rec, "deleted on another node")
+            self._negative[name] = now + self.negative_ttl
+            if len(self._negative) > 100_000:  # bound the memory of misses
+                self._negative = {k: t for k, t in self._negative.items() if t > now}
+
+    def _discard_stale(self, rec: BlockRecord, why: str) -> None:
+        """Drop a record whose block another node removed or replaced: delete this node's
+        local copies, forget (never delete) the shared ones. Under the lock."""
+        for i in list(rec.tier_indexes()):
+            if self.tiers[i].shared:
+                self._forget_copy(i, rec)
+            else:
+                self._drop_copy(i, rec)
+        self.catalog.discard(rec)
+        self._emit(EventKind.REMOVED, rec, detail=why)
+
+    def _shared_listing(self, directory: str) -> dict[str, bool]:
+        """What the shared tiers hold directly in *directory*, merged; cached for
+        ``listing_ttl`` seconds so listing a large namespace does not list S3 each time."""
+        now = self._clock()
+        with self._lock:
+            hit = self._listings.get(directory)
+            if hit is not None and hit[0] > now:
+                return hit[1]
+        merged: dict[str, bool] = {}
+        complete = True
+        for i in self._shared:
+            if not self._usable(i):
+                complete = False
+                continue
+            try:
+                listing = self.tiers[i].listdir(directory)
+            except TierUnavailable as exc:
+                with self._lock:
+                    self._mark_unhealthy(i, exc)
+                complete = False
+                continue
+            for base, is_dir in listing.items():
+                merged[base] = merged.get(base, False) or is_dir
+        with self._lock:
+            # a partial answer (a tier down) is cached briefly, so it is retried soon
+            self._listings[directory] = (now + (self.listing_ttl if complete else min(1.0, self.listing_ttl)), merged)
+            if len(self._listings) > 10_000:
+                self._listings = {k: v for k, v in self._listings.items() if v[0] > now}
+        return merged
+
     # -- lookups -------------------------------------------------------------------
 
     def _stat(self, rec: BlockRecord) -> BlockStat:
@@ -483,12 +676,14 @@ class Store:
     def stat(self, name: str) -> BlockStat:
         """The block's record; :class:`BlockNotFound` if absent."""
         name = normalize(name)
+        self._refresh(name)
         with self._lock:
             return self._stat(self.catalog.require(name))
 
     def lookup(self, name: str) -> BlockStat | None:
         """Like :meth:`stat` but ``None`` for a missing block (and for a directory)."""
         name = normalize(name)
+        self._refresh(name)
         with self._lock:
             rec = self.catalog.get(name)
             return None if rec is None else self._stat(rec)
@@ -497,13 +692,41 @@ class Store:
         return self.lookup(name) is not None
 
     def is_dir(self, name: str) -> bool:
+        """True for a directory here or in a shared tier (from the cached parent listing)."""
+        name = normalize(name)
         with self._lock:
-            return self.catalog.is_dir(normalize(name))
+            if self.catalog.is_dir(name):
+                return True
+            if not self._shared or name in self.catalog.blocks:
+                return False
+        parent, _, base = name.rpartition("/")
+        return self._shared_listing(parent).get(base) is True
 
     def listdir(self, name: str = "") -> dict[str, bool]:
-        """``{basename: is_dir}`` of a directory (a copy)."""
+        """``{basename: is_dir}`` of a directory (a copy), including what the shared tiers
+        hold there (their listing is cached for ``listing_ttl`` seconds)."""
+        name = normalize(name)
         with self._lock:
-            return dict(self.catalog.listdir(normalize(name)))
+            try:
+                local: dict[str, bool] | None = dict(self.catalog.listdir(name))
+                missing = None
+            except BlockNotFound as exc:
+                local, missing = None, exc
+        if not self._shared:
+            if missing is not None:
+                raise missing
+            return local
+        remote = self._shared_listing(name)
+        if local is None:
+            if not remote:
+                raise missing
+            return dict(remote)
+        now = self._clock()
+        prefix = f"{name}/" if name else ""
+        for base, is_dir in remote.items():
+            if base not in local and not (not is_dir and self._negative.get(prefix + base, 0.0) > now):
+                local[base] = is_dir
+        return local
 
     def walk(self, directory: str = "") -> list[BlockStat]:
         """Every block at or under *directory*."""
@@ -525,18 +748,37 @@ class Store:
     # -- changing blocks -----------------------------------------------------------
 
     def delete(self, name: str) -> None:
-        """Remove the block from every tier (shared ones too). :class:`BlockNotFound` if absent."""
+        """Remove the block from every tier (shared ones too). :class:`BlockNotFound` if absent.
+
+        Shared tiers get the delete even where this node has no record of a copy (another
+        node may have written one since); those deletes run outside the store's lock so
+        a hung shared tier does not stall local reads.
+        """
         name = normalize(name)
+        self._refresh(name)
         with self._lock:
             rec = self.catalog.require(name)
             for i in list(rec.tier_indexes()):
-                self._drop_copy(i, rec)
+                if self.tiers[i].shared:
+                    self._forget_copy(i, rec)
+                else:
+                    self._drop_copy(i, rec)
             self.catalog.discard(rec)
             self._emit(EventKind.REMOVED, rec, detail="deleted")
+            self._negative[name] = self._clock() + self.negative_ttl
+            self._listings.pop(self._parent_dir(name), None)
+            shared = [i for i in self._shared if self._usable(i)]
+        for i in shared:
+            try:
+                self.tiers[i].delete(name)
+            except TierUnavailable as exc:
+                with self._lock:
+                    self._mark_unhealthy(i, exc)
 
     def rename(self, old: str, new: str) -> None:
         """Rename block *old* to *new*, atomically replacing a block named *new*."""
         old, new = normalize(old), normalize(new)
+        self._refresh(old)
         with self._lock:
             rec = self.catalog.require(old)
             if old == new:
@@ -577,6 +819,7 @@ class Store:
     def pin(self, name: str, pinned: bool = True) -> BlockStat:
         """Pin (or unpin) a block: a pinned block is never evicted from the tiers it is in."""
         name = normalize(name)
+        self._refresh(name)
         with self._lock:
             rec = self.catalog.require(name)
             if pinned and not rec.pinned:
@@ -593,6 +836,7 @@ class Store:
         if the tier cannot make room, :class:`BlockNotFound` if no copy is readable."""
         name = normalize(name)
         k = 0 if tier is None else self.tier_index(tier)
+        self._refresh(name)
         with self._lock:
             rec = self.catalog.require(name)
             if rec.tiers & (1 << k):

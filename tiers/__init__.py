@@ -36,6 +36,8 @@ def open_store(config: Config, **kwargs):
     try:
         for tc in config.tiers:
             tiers.append(open_tier(tc))
+        kwargs.setdefault("negative_ttl", config.mount.negative_ttl)
+        kwargs.setdefault("listing_ttl", config.mount.listing_ttl)
         return Store(tiers, policy=config.policy, **kwargs)
     except BaseException:
         for t in tiers:
