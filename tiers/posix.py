@@ -19,7 +19,9 @@ the same time:
   on another node could catch half done; :meth:`scan` never "repairs" other nodes' files.
 - Every operation runs in a bounded pool of worker threads with the configured timeout
   (:class:`~kvfs.deadline.DeadlineExecutor`): a stalled mount raises
-  :class:`TierUnavailable` after ``timeout`` seconds instead of hanging the caller.
+  :class:`TierUnavailable` after ``timeout`` seconds instead of hanging the caller. A call
+  that outlives its caller never touches the caller's buffers: writes send a copy, reads
+  fill a private buffer that the caller copies from.
 """
 
 from __future__ import annotations
@@ -111,6 +113,9 @@ class PosixTier(Tier):
             self.dir.write(name, data, checksum)
 
     def put(self, name: str, data, checksum: int) -> None:
+        # A copy, because a worker that outlives its timeout must not read the caller's
+        # buffer after the caller has let it go (a DRAM extent may be reused by then).
+        data = bytes(memoryview(data).cast("B"))
         try:
             self._call(f"write of {name}", self._write, name, data, checksum)
         except BlockNotFound as exc:  # ENOENT twice: the tree itself is gone
@@ -119,8 +124,8 @@ class PosixTier(Tier):
     def open(self, name: str) -> BlockRef:
         return self._call(f"read of {name}", self.dir.read, name, on_abandon=BlockRef.release)
 
-    def read_into(self, name: str, out) -> int:
-        return self._call(f"read of {name}", self.dir.read_into, name, out)[0]
+    # read_into is the Tier default (open, then copy in the caller's thread): a worker
+    # that outlives its timeout must never write into the caller's buffer.
 
     def delete(self, name: str) -> None:
         try:
