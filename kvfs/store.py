@@ -370,6 +370,39 @@ class Store:
         colder tier is promoted per the promote policy. Raises :class:`BlockNotFound` when no
         copy is readable: never partial or wrong bytes.
         """
+        return self._read(name, count_hit, lambda tier, n: tier.open(n), lambda ref: (ref.data, ref.checksum))
+
+    def read_into(self, name: str, out) -> int:
+        """Copy the block into the writable buffer *out*; returns its length. Copies from
+        persistent tiers are read straight into *out* and verified there."""
+        out = memoryview(out).cast("B")
+
+        def fetch(tier: Tier, n: str):
+            # volatile tiers hand out a ref (taken under the lock); the copy happens below,
+            # outside it. Persistent tiers read straight into *out* and verify it there.
+            return tier.open(n) if not tier.persistent else tier.read_into(n, out)
+
+        def unpack(r):
+            return (r.data, r.checksum) if isinstance(r, BlockRef) else (out[: r[0]], r[1])
+
+        result = self._read(name, True, fetch, unpack)
+        if not isinstance(result, BlockRef):
+            return result[0]
+        with result:
+            size = len(result.data)
+            if len(out) < size:
+                raise ValueError(f"buffer of {len(out)} bytes is too small for {name!r} ({size} bytes)")
+            out[:size] = result.data
+            return size
+
+    def read(self, name: str) -> bytes:
+        """The block's bytes (a copy)."""
+        with self.open(name) as ref:
+            return bytes(ref.data)
+
+    def _read(self, name: str, count_hit: bool, fetch, unpack):
+        """Read through the copies hottest first. *fetch(tier, name)* returns a result that
+        *unpack* turns into ``(payload view, checksum)``; the first good result is returned."""
         name = normalize(name)
         with self._lock:
             rec = self.catalog.require(name)
@@ -379,8 +412,8 @@ class Store:
                 rec.accessed = self._clock()
             order = list(rec.tier_indexes())
         for i in order:
-            ref = self._open_copy(i, rec)
-            if ref is None:
+            result = self._fetch_copy(i, rec, fetch, unpack)
+            if result is None:
                 continue
             with self._lock:
                 self._policies[i].touch(rec)
@@ -388,8 +421,8 @@ class Store:
                 c.hits += 1
                 c.bytes_read += rec.size
                 if i > 0 and count_hit and self._should_promote(rec):
-                    self._promote(rec, ref.data, i)
-            return ref
+                    self._promote(rec, unpack(result)[0], i)
+            return result
         with self._lock:
             self._misses += 1
             self._lose_if_empty(rec, "no readable copy")
@@ -408,8 +441,9 @@ class Store:
             if self._place(k, rec, data, EventKind.PROMOTED):
                 return
 
-    def _open_copy(self, i: int, rec: BlockRecord) -> BlockRef | None:
-        """The verified copy in tier *i*, or None (the copy is dropped if bad)."""
+    def _fetch_copy(self, i: int, rec: BlockRecord, fetch, unpack):
+        """*fetch* the copy in tier *i*, verified against the record; None if there is no
+        good copy there (a bad or vanished copy is dropped from the record)."""
         tier = self.tiers[i]
         if not self._usable(i):
             return None
@@ -418,12 +452,12 @@ class Store:
                 if not rec.tiers & (1 << i) or self.catalog.get(rec.name) is not rec:
                     return None
                 try:
-                    return tier.open(rec.name)
+                    return fetch(tier, rec.name)
                 except BlockNotFound:
                     self._forget_copy(i, rec)
                     return None
         try:
-            ref = tier.open(rec.name)
+            result = fetch(tier, rec.name)
         except BlockNotFound:
             with self._lock:
                 if self.catalog.get(rec.name) is rec:
@@ -436,13 +470,15 @@ class Store:
             with self._lock:
                 self._mark_unhealthy(i, exc)
             return None
-        if ref.checksum != rec.checksum or len(ref.data) != rec.size:
-            ref.release()
+        data, csum = unpack(result)
+        if csum != rec.checksum or len(data) != rec.size:
+            if isinstance(result, BlockRef):
+                result.release()
             self._corrupt(i, rec, "copy does not match the block's checksum")
             return None
         with self._lock:
             self._mark_healthy(i)
-        return ref
+        return result
 
     def _corrupt(self, i: int, rec: BlockRecord, why: str) -> None:
         with self._lock:
@@ -451,20 +487,6 @@ class Store:
             self._emit(EventKind.CORRUPT, rec, i, why)
             if self.catalog.get(rec.name) is rec and rec.tiers & (1 << i):
                 self._drop_copy(i, rec)
-
-    def read(self, name: str) -> bytes:
-        """The block's bytes (a copy)."""
-        with self.open(name) as ref:
-            return bytes(ref.data)
-
-    def read_into(self, name: str, out) -> int:
-        """Copy the block into the writable buffer *out*; returns its length."""
-        with self.open(name) as ref:
-            n = len(ref.data)
-            if len(out) < n:
-                raise ValueError(f"buffer of {len(out)} bytes is too small for {name!r} ({n} bytes)")
-            memoryview(out).cast("B")[:n] = ref.data
-            return n
 
     # -- lookups -------------------------------------------------------------------
 

@@ -312,9 +312,9 @@ class DiskTier(Tier):
         except OSError as exc:
             raise TierUnavailable(f"disk tier {self.name!r}: read of {name} failed: {exc}") from exc
 
-    def read_into(self, name: str, out) -> int:
+    def read_into(self, name: str, out) -> tuple[int, int]:
         try:
-            return self.dir.read_into(name, out)[0]
+            return self.dir.read_into(name, out)
         except OSError as exc:
             raise TierUnavailable(f"disk tier {self.name!r}: read of {name} failed: {exc}") from exc
 

@@ -130,14 +130,6 @@ class DramTier(Tier):
             ext.refs += 1
         return BlockRef(self._ro[ext.offset : ext.offset + ext.length], ext.checksum, lambda: self._release(ext))
 
-    def read_into(self, name: str, out) -> int:
-        with self.open(name) as ref:
-            n = len(ref.data)
-            if len(out) < n:
-                raise ValueError(f"buffer of {len(out)} bytes is too small for a block of {n}")
-            memoryview(out).cast("B")[:n] = ref.data
-            return n
-
     def locate(self, name: str) -> tuple[int, int]:
         """``(offset, length)`` of the block in the arena file (for zero-copy clients)."""
         with self._lock:
