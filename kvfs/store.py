@@ -309,7 +309,9 @@ class Store:
 
     def run_pending(self, limit: int | None = None) -> int:
         """Copy up to *limit* queued blocks down to their write-through tiers; returns how
-        many were copied. Safe to call from a worker thread while the store serves."""
+        many were copied. Safe to call from a worker thread while the store serves: the
+        copy itself (an upload to S3, a write to NFS) runs outside the lock, against room
+        reserved in the target tier beforehand. A copy that fails is queued again."""
         done = 0
         while limit is None or done < limit:
             with self._lock:
@@ -321,15 +323,45 @@ class Store:
                 if not self._usable(j):
                     self._pending.append((rec, j))  # keep it for when the tier answers
                     break
+                fp = self._footprint(j, rec)
+                if not self._make_room(j, fp):
+                    log.warning("write-through of %s skipped: tier %s cannot make room", rec.name, self.tiers[j].name)
+                    continue
                 src = next(rec.tier_indexes())
                 try:
                     ref = self.tiers[src].open(rec.name)
                 except (BlockNotFound, BlockCorrupt, TierUnavailable) as exc:
                     log.warning("write-through of %s skipped: %s", rec.name, exc)
                     continue
-                with ref:
-                    self._place(j, rec, ref.data, EventKind.DEMOTED)
-                done += 1
+                self.catalog.count_in(j, fp)  # reserve the room while the copy runs
+            error: Exception | None = None
+            with ref:
+                try:
+                    self.tiers[j].put(rec.name, ref.data, rec.checksum)
+                except (TierUnavailable, TierFull) as exc:
+                    error = exc
+            with self._lock:
+                self.catalog.count_out(j, fp)
+                if error is not None:
+                    if isinstance(error, TierUnavailable):
+                        self._mark_unhealthy(j, error)
+                    self._pending.append((rec, j))
+                    break
+                self._mark_healthy(j)
+                current = self.catalog.get(rec.name)
+                if current is rec and not rec.tiers & (1 << j):
+                    self._add_copy(j, rec)
+                    self._counters[j].bytes_written += rec.size
+                    self._counters[j].demotions += 1
+                    self._emit(EventKind.DEMOTED, rec, j, "write-through")
+                    done += 1
+                    continue
+                orphan = current is None
+            if orphan:  # deleted while it was being copied: do not leave it behind
+                try:
+                    self.tiers[j].delete(rec.name)
+                except TierUnavailable as exc:
+                    log.warning("could not remove orphan copy of %s from %s: %s", rec.name, self.tiers[j].name, exc)
         return done
 
     @property
@@ -474,7 +506,10 @@ class Store:
         if csum != rec.checksum or len(data) != rec.size:
             if isinstance(result, BlockRef):
                 result.release()
-            self._corrupt(i, rec, "copy does not match the block's checksum")
+            with self._lock:
+                replaced = self.catalog.get(rec.name) is not rec
+            if not replaced:  # a replace racing this read is not corruption
+                self._corrupt(i, rec, "copy does not match the block's checksum")
             return None
         with self._lock:
             self._mark_healthy(i)
