@@ -326,7 +326,9 @@ class Store:
 
     def run_pending(self, limit: int | None = None) -> int:
         """Copy up to *limit* queued blocks down to their write-through tiers; returns how
-        many were copied. Safe to call from a worker thread while the store serves."""
+        many were copied. Safe to call from a worker thread while the store serves: the
+        copy itself (an upload to S3, a write to NFS) runs outside the lock, against room
+        reserved in the target tier beforehand. A copy that fails is queued again."""
         done = 0
         while limit is None or done < limit:
             with self._lock:
@@ -338,56 +340,46 @@ class Store:
                 if not self._usable(j):
                     self._pending.append((rec, j))  # keep it for when the tier answers
                     break
+                fp = self._footprint(j, rec)
+                if not self._make_room(j, fp):
+                    log.warning("write-through of %s skipped: tier %s cannot make room", rec.name, self.tiers[j].name)
+                    continue
                 src = next(rec.tier_indexes())
                 try:
                     ref = self.tiers[src].open(rec.name)
                 except (BlockNotFound, BlockCorrupt, TierUnavailable) as exc:
                     log.warning("write-through of %s skipped: %s", rec.name, exc)
                     continue
-                if not self.tiers[j].shared:
-                    with ref:
-                        self._place(j, rec, ref.data, EventKind.DEMOTED)
+                self.catalog.count_in(j, fp)  # reserve the room while the copy runs
+            error: Exception | None = None
+            with ref:
+                try:
+                    self.tiers[j].put(rec.name, ref.data, rec.checksum)
+                except (TierUnavailable, TierFull) as exc:
+                    error = exc
+            with self._lock:
+                self.catalog.count_out(j, fp)
+                if error is not None:
+                    if isinstance(error, TierUnavailable):
+                        self._mark_unhealthy(j, error)
+                    self._pending.append((rec, j))
+                    break
+                self._mark_healthy(j)
+                current = self.catalog.get(rec.name)
+                if current is rec and not rec.tiers & (1 << j):
+                    self._add_copy(j, rec)
+                    self._counters[j].bytes_written += rec.size
+                    self._counters[j].demotions += 1
+                    self._emit(EventKind.DEMOTED, rec, j, "write-through")
                     done += 1
                     continue
-            with ref:  # shared tiers are slow or may hang: write outside the lock
-                self._place_shared(j, rec, ref.data)
-            done += 1
+                orphan = current is None
+            if orphan:  # deleted while it was being copied: do not leave it behind
+                try:
+                    self.tiers[j].delete(rec.name)
+                except TierUnavailable as exc:
+                    log.warning("could not remove orphan copy of %s from %s: %s", rec.name, self.tiers[j].name, exc)
         return done
-
-    def _place_shared(self, j: int, rec: BlockRecord, data) -> bool:
-        """Write-through into shared tier *j* without holding the store's lock during the
-        write (S3 or a stalled NFS may take up to the tier's timeout)."""
-        with self._lock:
-            if not self._usable(j) or not self._make_room(j, self._footprint(j, rec)):
-                return False
-        try:
-            self.tiers[j].put(rec.name, data, rec.checksum)
-        except TierFull:
-            with self._lock:  # rare: let the locked path evict and retry
-                return self.catalog.get(rec.name) is rec and self._place(j, rec, data, EventKind.DEMOTED)
-        except TierUnavailable as exc:
-            with self._lock:
-                self._mark_unhealthy(j, exc)
-            return False
-        with self._lock:
-            self._mark_healthy(j)
-            current = self.catalog.get(rec.name)
-            if current is rec:
-                if not rec.tiers & (1 << j):
-                    self._add_copy(j, rec)
-                    c = self._counters[j]
-                    c.bytes_written += rec.size
-                    c.demotions += 1
-                    self._emit(EventKind.DEMOTED, rec, j)
-                return True
-            orphan = current is None  # deleted while we wrote: other nodes must not find it
-        if orphan:
-            try:
-                self.tiers[j].delete(rec.name)
-            except TierUnavailable as exc:
-                with self._lock:
-                    self._mark_unhealthy(j, exc)
-        return False
 
     @property
     def pending(self) -> int:
@@ -427,6 +419,39 @@ class Store:
         colder tier is promoted per the promote policy. Raises :class:`BlockNotFound` when no
         copy is readable: never partial or wrong bytes.
         """
+        return self._read(name, count_hit, lambda tier, n: tier.open(n), lambda ref: (ref.data, ref.checksum))
+
+    def read_into(self, name: str, out) -> int:
+        """Copy the block into the writable buffer *out*; returns its length. Copies from
+        persistent tiers are read straight into *out* and verified there."""
+        out = memoryview(out).cast("B")
+
+        def fetch(tier: Tier, n: str):
+            # volatile tiers hand out a ref (taken under the lock); the copy happens below,
+            # outside it. Persistent tiers read straight into *out* and verify it there.
+            return tier.open(n) if not tier.persistent else tier.read_into(n, out)
+
+        def unpack(r):
+            return (r.data, r.checksum) if isinstance(r, BlockRef) else (out[: r[0]], r[1])
+
+        result = self._read(name, True, fetch, unpack)
+        if not isinstance(result, BlockRef):
+            return result[0]
+        with result:
+            size = len(result.data)
+            if len(out) < size:
+                raise ValueError(f"buffer of {len(out)} bytes is too small for {name!r} ({size} bytes)")
+            out[:size] = result.data
+            return size
+
+    def read(self, name: str) -> bytes:
+        """The block's bytes (a copy)."""
+        with self.open(name) as ref:
+            return bytes(ref.data)
+
+    def _read(self, name: str, count_hit: bool, fetch, unpack):
+        """Read through the copies hottest first. *fetch(tier, name)* returns a result that
+        *unpack* turns into ``(payload view, checksum)``; the first good result is returned."""
         name = normalize(name)
         self._refresh(name)
         with self._lock:
@@ -437,8 +462,8 @@ class Store:
                 rec.accessed = self._clock()
             order = list(rec.tier_indexes())
         for i in order:
-            ref = self._open_copy(i, rec)
-            if ref is None:
+            result = self._fetch_copy(i, rec, fetch, unpack)
+            if result is None:
                 continue
             with self._lock:
                 self._policies[i].touch(rec)
@@ -446,8 +471,8 @@ class Store:
                 c.hits += 1
                 c.bytes_read += rec.size
                 if i > 0 and count_hit and self._should_promote(rec):
-                    self._promote(rec, ref.data, i)
-            return ref
+                    self._promote(rec, unpack(result)[0], i)
+            return result
         with self._lock:
             self._misses += 1
             self._lose_if_empty(rec, "no readable copy")
@@ -473,8 +498,9 @@ class Store:
             if self._place(k, rec, data, EventKind.PROMOTED):
                 return
 
-    def _open_copy(self, i: int, rec: BlockRecord) -> BlockRef | None:
-        """The verified copy in tier *i*, or None (the copy is dropped if bad)."""
+    def _fetch_copy(self, i: int, rec: BlockRecord, fetch, unpack):
+        """*fetch* the copy in tier *i*, verified against the record; None if there is no
+        good copy there (a bad or vanished copy is dropped from the record)."""
         tier = self.tiers[i]
         if not self._usable(i):
             return None
@@ -483,12 +509,12 @@ class Store:
                 if not rec.tiers & (1 << i) or self.catalog.get(rec.name) is not rec:
                     return None
                 try:
-                    return tier.open(rec.name)
+                    return fetch(tier, rec.name)
                 except BlockNotFound:
                     self._forget_copy(i, rec)
                     return None
         try:
-            ref = tier.open(rec.name)
+            result = fetch(tier, rec.name)
         except BlockNotFound:
             with self._lock:
                 if self.catalog.get(rec.name) is rec:
@@ -501,21 +527,24 @@ class Store:
             with self._lock:
                 self._mark_unhealthy(i, exc)
             return None
-        if ref.checksum != rec.checksum or len(ref.data) != rec.size:
-            ref.release()
-            if tier.shared:
-                # The copy verified against its own header: another node replaced the
-                # block. Not corruption, and never delete it; re-check on next lookup.
-                with self._lock:
-                    if self.catalog.get(rec.name) is rec:
-                        self._forget_copy(i, rec)
-                        rec.checked = 0.0
-                return None
-            self._corrupt(i, rec, "copy does not match the block's checksum")
+        data, csum = unpack(result)
+        if csum != rec.checksum or len(data) != rec.size:
+            if isinstance(result, BlockRef):
+                result.release()
+            with self._lock:
+                replaced = self.catalog.get(rec.name) is not rec
+                if not replaced and tier.shared:
+                    # The copy verified against its own header, so another node replaced
+                    # the block: not corruption, and never delete it; re-check on next lookup.
+                    self._forget_copy(i, rec)
+                    rec.checked = 0.0
+                    replaced = True
+            if not replaced:  # a replace racing this read is not corruption
+                self._corrupt(i, rec, "copy does not match the block's checksum")
             return None
         with self._lock:
             self._mark_healthy(i)
-        return ref
+        return result
 
     def _corrupt(self, i: int, rec: BlockRecord, why: str) -> None:
         with self._lock:
@@ -524,20 +553,6 @@ class Store:
             self._emit(EventKind.CORRUPT, rec, i, why)
             if self.catalog.get(rec.name) is rec and rec.tiers & (1 << i):
                 self._drop_copy(i, rec)
-
-    def read(self, name: str) -> bytes:
-        """The block's bytes (a copy)."""
-        with self.open(name) as ref:
-            return bytes(ref.data)
-
-    def read_into(self, name: str, out) -> int:
-        """Copy the block into the writable buffer *out*; returns its length."""
-        with self.open(name) as ref:
-            n = len(ref.data)
-            if len(out) < n:
-                raise ValueError(f"buffer of {len(out)} bytes is too small for {name!r} ({n} bytes)")
-            memoryview(out).cast("B")[:n] = ref.data
-            return n
 
     # -- shared tiers: discovery, revalidation, listings (issue 4) --------------------
 

@@ -124,17 +124,17 @@ class Tier(abc.ABC):
             out[head] = out.get(head, False) or bool(sep)
         return out
 
-    def read_into(self, name: str, out) -> int:
-        """Copy the verified payload into the writable buffer *out*; returns its length.
-
-        Raises ``ValueError`` when *out* is too small.
+    def read_into(self, name: str, out) -> tuple[int, int]:
+        """Copy the verified payload into the writable buffer *out*; returns ``(length,
+        checksum)``. Raises ``ValueError`` when *out* is too small, and the errors of
+        :meth:`open`. File-backed tiers override it to read straight into *out*.
         """
         with self.open(name) as ref:
             n = len(ref.data)
             if len(out) < n:
                 raise ValueError(f"buffer of {len(out)} bytes is too small for a block of {n}")
             memoryview(out).cast("B")[:n] = ref.data
-            return n
+            return n, ref.checksum
 
     def rename(self, old: str, new: str) -> None:
         """Move the copy at *old* to *new*, replacing *new* atomically.

@@ -12,9 +12,10 @@ from __future__ import annotations
 import os
 import socket
 
+import pytest
 from moto.server import ThreadedMotoServer
 
-__all__ = ["MotoS3", "fake_credentials"]
+__all__ = ["MotoS3", "fake_credentials", "moto"]
 
 FAKE_ENV = {
     "AWS_ACCESS_KEY_ID": "testing",
@@ -80,3 +81,14 @@ class MotoS3:
         import boto3
 
         return boto3.session.Session().client("s3", endpoint_url=self.endpoint_url, region_name="us-east-1")
+
+
+@pytest.fixture(scope="session")
+def moto():
+    """A moto S3 server for the session, with fake credentials in the environment.
+    Import it into a test module to use it (``from s3server import moto``)."""
+    old = fake_credentials()
+    server = MotoS3().start()
+    yield server
+    server.stop()
+    restore_env(old)

@@ -1,8 +1,6 @@
-"""The shared tiers (posix, s3) against one set of tier tests, plus what is particular to each.
+"""What is particular to the shared tiers (posix, s3); the Tier contract itself is checked
+by tests/test_tier_conformance.py, where both are parameters.
 
-The shared conformance suite (tests/test_tier_conformance.py) was not on main when this
-was written; the tests in the first section are written against the Tier interface only
-and take the ``tier`` fixture, so they can move into that suite as posix and s3 params.
 S3 runs against a real HTTP endpoint: moto's server on 127.0.0.1 (tests/s3server.py).
 """
 
@@ -21,16 +19,7 @@ from kvfs.errors import BlockCorrupt, BlockNotFound, TierUnavailable
 from kvfs.names import TierName
 from kvfs.tiers.posix import TMP_PREFIX, PosixTier
 
-from s3server import MotoS3, fake_credentials, restore_env
-
-
-@pytest.fixture(scope="module")
-def moto():
-    old = fake_credentials()
-    server = MotoS3().start()
-    yield server
-    server.stop()
-    restore_env(old)
+from s3server import moto  # noqa: F401 - moto is a fixture
 
 
 def new_bucket(moto) -> str:
@@ -84,58 +73,6 @@ def put(tier, name: str, data: bytes) -> None:
 
 def test_flags(tier):
     assert tier.persistent and tier.shared
-
-
-def test_roundtrip_stat_and_delete(tier):
-    data = os.urandom(10_000)
-    put(tier, "ns/ab/abcdef", data)
-    with tier.open("ns/ab/abcdef") as ref:
-        assert bytes(ref.data) == data and ref.checksum == checksum(data)
-    info = tier.stat("ns/ab/abcdef")
-    assert (info.name, info.size, info.checksum) == ("ns/ab/abcdef", len(data), checksum(data))
-    buf = bytearray(len(data) + 7)
-    assert tier.read_into("ns/ab/abcdef", buf) == len(data) and bytes(buf[: len(data)]) == data
-    with pytest.raises(ValueError, match="too small"):
-        tier.read_into("ns/ab/abcdef", bytearray(10))
-    tier.delete("ns/ab/abcdef")
-    assert tier.stat("ns/ab/abcdef") is None
-    with pytest.raises(BlockNotFound):
-        tier.open("ns/ab/abcdef")
-    tier.delete("ns/ab/abcdef")  # a missing copy is not an error
-
-
-def test_empty_block(tier):
-    put(tier, "e", b"")
-    with tier.open("e") as ref:
-        assert bytes(ref.data) == b""
-    assert tier.stat("e").size == 0
-
-
-def test_replace_is_whole(tier):
-    put(tier, "a/x", b"1" * 5000)
-    put(tier, "a/x", b"2" * 3000)
-    with tier.open("a/x") as ref:
-        assert bytes(ref.data) == b"2" * 3000
-    assert tier.stat("a/x").size == 3000
-
-
-def test_scan_and_listdir(tier):
-    for n in ("m/aa/1", "m/aa/2", "m/bb/3", "other/4"):
-        put(tier, n, n.encode())
-    assert sorted(i.name for i in tier.scan("m")) == ["m/aa/1", "m/aa/2", "m/bb/3"]
-    assert sorted(i.name for i in tier.scan()) == ["m/aa/1", "m/aa/2", "m/bb/3", "other/4"]
-    assert tier.listdir("") == {"m": True, "other": True}
-    assert tier.listdir("m") == {"aa": True, "bb": True}
-    assert tier.listdir("m/aa") == {"1": False, "2": False}
-    assert tier.listdir("nothing") == {}
-
-
-def test_rename(tier):
-    put(tier, "r/old", b"payload")
-    tier.rename("r/old", "r/new")
-    assert tier.stat("r/old") is None
-    with tier.open("r/new") as ref:
-        assert bytes(ref.data) == b"payload"
 
 
 def test_corrupt_copy_is_never_returned(tier):

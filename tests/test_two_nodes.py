@@ -21,13 +21,13 @@ from pathlib import Path
 import pytest
 import xxhash
 
-from kvfs.config import DiskConfig, DramConfig, PolicyConfig, PosixConfig, S3Config
+from kvfs.config import DiskConfig, DramConfig, PosixConfig, S3Config
 from kvfs.errors import BlockNotFound, TierUnavailable
 from kvfs.names import TierName
 from kvfs.store import Store
 from kvfs.tiers import open_tier
 
-from s3server import MotoS3, fake_credentials, restore_env
+from s3server import MotoS3, moto  # noqa: F401 - moto is a fixture
 
 TTL = 2.0
 
@@ -42,14 +42,6 @@ class Clock:
     def advance(self, seconds: float) -> None:
         self.now += seconds
 
-
-@pytest.fixture(scope="module")
-def moto():
-    old = fake_credentials()
-    server = MotoS3().start()
-    yield server
-    server.stop()
-    restore_env(old)
 
 
 class Cluster:

@@ -178,51 +178,44 @@ class BlockDirectory:
             os.close(fd)
 
     def read(self, name: str) -> BlockRef:
+        """The verified payload in a buffer of its own (page-aligned with direct I/O).
+
+        Buffers are freed by reference counting once the ref and its views are dropped:
+        an mmap with live views cannot be closed explicitly.
+        """
         fd = self._open_fd(name)
         try:
             size = os.fstat(fd).st_size
-            if self.direct_io:
+            if self.direct_io and size % ALIGN == 0:
                 buf = _aligned(size)
                 try:
-                    got = os.preadv(fd, [buf], 0)
+                    fl = os.O_RDONLY | os.O_DIRECT
+                    dfd = os.open(self.path(name), fl)
                 except OSError:
-                    got = -1
-                if got < 0:
-                    buf.close()
-                    return self._read_buffered(fd, name, size)
-                return self._finish(name, memoryview(buf), got, release=buf.close)
-            return self._read_buffered(fd, name, size)
+                    dfd = -1
+                if dfd >= 0:
+                    try:
+                        got = os.preadv(dfd, [buf], 0)
+                    finally:
+                        os.close(dfd)
+                    return self._finish(name, memoryview(buf), got)
+            buf = bytearray(size)
+            got = os.preadv(fd, [buf], 0)
+            return self._finish(name, memoryview(buf), got)
         finally:
             os.close(fd)
 
-    def _read_buffered(self, fd: int, name: str, size: int) -> BlockRef:
-        buf = bytearray(size)
-        got = os.preadv(fd, [buf], 0)
-        return self._finish(name, memoryview(buf), got, release=None)
-
-    def _finish(self, name: str, mv: memoryview, got: int, release) -> BlockRef:
-        try:
-            hdr = decode_header(mv[:got])
-            if hdr.name != name:
-                raise BlockCorrupt(f"{name}: file holds block {hdr.name!r}")
-            end = hdr.header_length + hdr.length
-            if got < end:
-                raise BlockCorrupt(f"{name}: block file is truncated")
-            payload = mv[hdr.header_length : end]
-            verify(payload, hdr.checksum, name)
-        except BaseException:
-            mv.release()
-            if release:
-                release()
-            raise
-
-        def _release() -> None:
-            payload.release()
-            mv.release()
-            if release:
-                release()
-
-        return BlockRef(payload.toreadonly(), hdr.checksum, _release)
+    @staticmethod
+    def _finish(name: str, mv: memoryview, got: int) -> BlockRef:
+        hdr = decode_header(mv[:got])
+        if hdr.name != name:
+            raise BlockCorrupt(f"{name}: file holds block {hdr.name!r}")
+        end = hdr.header_length + hdr.length
+        if got < end:
+            raise BlockCorrupt(f"{name}: block file is truncated")
+        payload = mv[hdr.header_length : end].toreadonly()
+        verify(payload, hdr.checksum, name)
+        return BlockRef(payload, hdr.checksum)
 
     def stat(self, name: str) -> BlockInfo | None:
         try:
@@ -338,9 +331,9 @@ class DiskTier(Tier):
         except OSError as exc:
             raise TierUnavailable(f"disk tier {self.name!r}: read of {name} failed: {exc}") from exc
 
-    def read_into(self, name: str, out) -> int:
+    def read_into(self, name: str, out) -> tuple[int, int]:
         try:
-            return self.dir.read_into(name, out)[0]
+            return self.dir.read_into(name, out)
         except OSError as exc:
             raise TierUnavailable(f"disk tier {self.name!r}: read of {name} failed: {exc}") from exc
 

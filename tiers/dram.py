@@ -23,6 +23,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from kvfs.allocator import ExtentAllocator
 from kvfs.config import DramConfig, TierKind
 from kvfs.errors import BlockNotFound, TierFull
@@ -31,6 +33,8 @@ from kvfs.tier import BlockInfo, BlockRef, Tier
 __all__ = ["DramTier"]
 
 log = logging.getLogger("kvfs.tiers.dram")
+
+_MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
 
 
 @dataclass(slots=True, eq=False)
@@ -75,9 +79,10 @@ class DramTier(Tier):
             self._mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
             os.close(fd)
-        if config.prefault:
-            self._prefault(size)
+        # mlock faults every page in; where it is not allowed, prefault explicitly.
         self.locked = _mlock(self._mm, size) if config.mlock else False
+        if config.prefault and not self.locked:
+            self._prefault(size)
         self._view = memoryview(self._mm)
         self._ro = self._view.toreadonly()
         self._alloc = ExtentAllocator(size)
@@ -85,14 +90,15 @@ class DramTier(Tier):
         self._lock = threading.Lock()
 
     def _prefault(self, size: int) -> None:
+        """Touch every page once now, so the first writes to blocks do not pay page faults."""
         try:
-            self._mm.madvise(mmap.MADV_POPULATE_WRITE)  # Linux 5.14+: one call, no Python loop
+            self._mm.madvise(_MADV_POPULATE_WRITE)  # Linux 5.14+: one call
             return
-        except (AttributeError, OSError):
+        except OSError:
             pass
-        step = mmap.PAGESIZE
-        for off in range(0, size, step):
-            self._mm[off] = 0
+        pages = np.frombuffer(self._mm, dtype=np.uint8)[:: mmap.PAGESIZE]
+        pages[:] = 0  # one strided write per page, in C
+        del pages
 
     def footprint(self, name: str, size: int) -> int:
         return self._alloc.round(size)
@@ -129,14 +135,6 @@ class DramTier(Tier):
                 raise BlockNotFound(name)
             ext.refs += 1
         return BlockRef(self._ro[ext.offset : ext.offset + ext.length], ext.checksum, lambda: self._release(ext))
-
-    def read_into(self, name: str, out) -> int:
-        with self.open(name) as ref:
-            n = len(ref.data)
-            if len(out) < n:
-                raise ValueError(f"buffer of {len(out)} bytes is too small for a block of {n}")
-            memoryview(out).cast("B")[:n] = ref.data
-            return n
 
     def locate(self, name: str) -> tuple[int, int]:
         """``(offset, length)`` of the block in the arena file (for zero-copy clients)."""

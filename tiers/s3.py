@@ -192,13 +192,13 @@ class S3Tier(Tier):
         payload, csum = self._payload(name, self._get(name))
         return BlockRef(payload, csum)  # bytes from the response: already read-only
 
-    def read_into(self, name: str, out) -> int:
-        payload, _ = self._payload(name, self._get(name))
+    def read_into(self, name: str, out) -> tuple[int, int]:
+        payload, csum = self._payload(name, self._get(name))
         n = len(payload)
         if len(out) < n:
             raise ValueError(f"buffer of {len(out)} bytes is too small for a block of {n}")
         memoryview(out).cast("B")[:n] = payload
-        return n
+        return n, csum
 
     def stat(self, name: str) -> BlockInfo | None:
         key = self.key(name)
