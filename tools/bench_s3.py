@@ -30,6 +30,8 @@ from kvfs.config import S3Config
 from kvfs.names import TierName
 from kvfs.units import parse_size
 
+from .table import print_table
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--endpoint-url", help="an S3-compatible endpoint (default: start a local moto server)")
@@ -151,7 +153,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(f"kvfs bench s3: {size} B blocks x {args.blocks}, median of {args.rounds} rounds, "
               f"endpoint {'moto on 127.0.0.1' if proc else endpoint}")
-        print(f"{'op':<4} {'threads':>7} {'kvfs MB/s':>10} {'boto3 MB/s':>11} {'kvfs/boto3':>11}")
-        for r in rows:
-            print(f"{r['op']:<4} {r['threads']:>7} {r['kvfs_MBps']:>10.1f} {r['boto3_MBps']:>11.1f} {r['ratio']:>11.3f}")
+        print_table(
+            ["op", "threads", "kvfs MB/s", "boto3 MB/s", "kvfs/boto3"],
+            [[r["op"], r["threads"], f"{r['kvfs_MBps']:.1f}", f"{r['boto3_MBps']:.1f}", f"{r['ratio']:.3f}"] for r in rows],
+        )
     return 0
