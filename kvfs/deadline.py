@@ -6,7 +6,8 @@ it. The call itself keeps running until the filesystem answers; the caller gets
 :class:`~kvfs.errors.TierUnavailable` and moves on. The pool is bounded twice: at most
 ``workers`` calls run at once, and at most ``2 * workers`` are admitted (running or
 queued), so a hung backend ties up a fixed number of threads instead of piling up work
-without end; callers beyond that fail fast with the same error.
+without end; a caller that finds no free slot within the timeout gets the same error, so
+no call waits longer than twice the timeout.
 """
 
 from __future__ import annotations
