@@ -154,7 +154,7 @@ class ControlHandler:
             elif self.store.exists(name):
                 found = [name]
             else:
-                raise BlockNotFound(f"{p or '/'!r}: no such block or directory")
+                raise BlockNotFound(f"{p or '/'}: no such block or directory")
             for n in found:
                 if n not in seen:
                     seen.add(n)
@@ -345,7 +345,7 @@ class ControlHandler:
             for tier, why in checks.items():
                 if why is None:
                     continue
-                entry = {"name": n, "tier": tier, "error": why}
+                entry = {"name": n, "tier": tier, "error": why.removeprefix(f"{n}: ")}
                 (unavailable if why.startswith("tier unavailable") else bad).append(entry)
             if repair and checks and all(why for why in checks.values()) and not self.store.exists(n):
                 removed.append(n)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .control_client import add_socket_option, clients_for
+from .control_client import about, add_socket_option, clients_for
 from .render import format_size, print_json, table
 
 
@@ -26,7 +26,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     results = []
     for target, client in clients_for(args.paths, args.socket):
-        res = client.request("du", name=target.name)
+        with about(target):
+            res = client.request("du", name=target.name)
         res["path"] = target.display()
         results.append(res)
     if args.json:

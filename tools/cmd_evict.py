@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .control_client import add_socket_option, clients_for
+from .control_client import about, add_socket_option, clients_for
 from .render import Progress
 
 
@@ -29,9 +29,10 @@ def run(args: argparse.Namespace) -> int:
         bar = Progress(f"evict {target.display()}", force=args.progress)
         stream = client.stream("evict", paths=[target.name], tier=args.tier, force=args.force)
         try:
-            for item in stream:
-                if "progress" in item:
-                    bar.update(item["progress"]["done"], item["progress"]["total"])
+            with about(target):
+                for item in stream:
+                    if "progress" in item:
+                        bar.update(item["progress"]["done"], item["progress"]["total"])
         finally:
             bar.close()
         res = stream.result

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .control_client import add_socket_option, clients_for
+from .control_client import about, add_socket_option, clients_for
 from .render import Progress, print_json
 
 # Exit codes follow fsck(8): 0 clean, 1 errors corrected, 4 errors left uncorrected.
@@ -32,9 +32,10 @@ def run(args: argparse.Namespace) -> int:
     bar = Progress("fsck", force=args.progress)
     stream = client.stream("fsck", name=target.name, repair=args.repair)
     try:
-        for item in stream:
-            if "progress" in item:
-                bar.update(item["progress"]["done"], item["progress"]["total"])
+        with about(target):
+            for item in stream:
+                if "progress" in item:
+                    bar.update(item["progress"]["done"], item["progress"]["total"])
     finally:
         bar.close()
     res = stream.result

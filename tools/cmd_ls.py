@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .control_client import add_socket_option, clients_for
+from .control_client import about, add_socket_option, clients_for
 from .render import format_size, format_time, print_json, table
 
 
@@ -40,7 +40,8 @@ def _long(entries: list[dict]) -> str:
 def run(args: argparse.Namespace) -> int:
     results = []
     for target, client in clients_for(args.paths, args.socket):
-        res = client.request("ls", name=target.name)
+        with about(target):
+            res = client.request("ls", name=target.name)
         res["path"] = target.display()
         results.append(res)
     if args.json:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .control_client import add_socket_option, clients_for
+from .control_client import about, add_socket_option, clients_for
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -22,7 +22,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     pinned = args.command == "pin"
     for target, client in clients_for(args.paths, args.socket):
-        res = client.request("pin", paths=[target.name], pinned=pinned)
+        with about(target):
+            res = client.request("pin", paths=[target.name], pinned=pinned)
         verb = "pinned" if pinned else "unpinned"
         print(f"{verb} {res['blocks']} block{'s' if res['blocks'] != 1 else ''} under {target.display()} ({res['changed']} changed)")
     return 0

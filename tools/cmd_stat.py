@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .control_client import add_socket_option, clients_for
+from .control_client import about, add_socket_option, clients_for
 from .render import format_size, format_time, print_json, yes_no
 
 
@@ -23,7 +23,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     [(target, client)] = clients_for([args.path], args.socket)
-    st = client.request("stat", name=target.name)
+    with about(target):
+        st = client.request("stat", name=target.name)
     st["path"] = target.display()
     if args.json:
         print_json(st)

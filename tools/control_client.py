@@ -17,6 +17,7 @@ import json
 import os
 import socket
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +36,7 @@ __all__ = [
     "add_socket_option",
     "resolve",
     "clients_for",
+    "about",
 ]
 
 ENV_SOCKET = "KVFS_CONTROL_SOCKET"
@@ -219,3 +221,17 @@ def clients_for(paths: list[str], sock: str | None) -> list[tuple[Target, Contro
             c = clients[t.socket] = ControlClient(t.socket, where=t.mountpoint or str(t.socket))
         out.append((t, c))
     return out
+
+
+@contextmanager
+def about(target: Target) -> Iterator[None]:
+    """Word the daemon's "no such block" errors with the path the user gave."""
+    try:
+        yield
+    except DaemonError as exc:
+        if exc.type == "BlockNotFound":
+            raise DaemonError(f"{target.display()}: no such block or directory", exc.type) from None
+        if exc.type in ("IsADirectory", "NotADirectory"):
+            what = "a directory" if exc.type == "IsADirectory" else "not a directory"
+            raise DaemonError(f"{target.display()}: is {what}", exc.type) from None
+        raise
