@@ -38,11 +38,11 @@ class ControlServer:
     manager. The socket lives in a short temporary directory (Unix socket paths are
     limited to 107 bytes; pytest's tmp_path can be longer)."""
 
-    def __init__(self, store, mountpoint: str = "/mnt/kvfs", opstats=None) -> None:
+    def __init__(self, store, mountpoint: str = "/mnt/kvfs", opstats=None, socket: Path | None = None) -> None:
         self.store = store
         self.handler = ControlHandler(store, mountpoint, opstats)
         self._dir = tempfile.mkdtemp(prefix="kvfs-ctl-")
-        self.socket = Path(self._dir) / "control.sock"
+        self.socket = Path(socket) if socket is not None else Path(self._dir) / "control.sock"
         self._token = None
         self._cancel = None
         self._error: BaseException | None = None
@@ -71,9 +71,15 @@ class ControlServer:
             raise RuntimeError(f"control server did not start: {self._error!r}")
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def stop(self) -> None:
+        """Stop serving (the socket is removed); idempotent."""
+        if self._thread is None or not self._thread.is_alive():
+            return
         trio.from_thread.run_sync(self._cancel.cancel, trio_token=self._token)
         self._thread.join(10)
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
         shutil.rmtree(self._dir, ignore_errors=True)
         if self._error is not None:
             raise self._error

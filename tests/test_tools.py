@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -525,3 +527,69 @@ def test_du_on_a_large_namespace_is_fast(tmp_path):
         assert took < 1.0
     finally:
         st.close()
+
+
+# -- found through a real FUSE mount of type fuse.kvfs -----------------------------------------
+
+
+@pytest.fixture
+def stub_mount(tmp_path, monkeypatch):
+    """An empty FUSE mount of type ``fuse.kvfs`` with a control server on the socket derived
+    from its mountpoint: the tools find the daemon exactly as they will on a kvfs mount."""
+    pytest.importorskip("pyfuse3")
+    if not os.path.exists("/dev/fuse") or not shutil.which("fusermount3"):
+        pytest.skip("needs /dev/fuse and fusermount3")
+    from kvfs.mount.paths import control_socket_path, find_mount
+
+    monkeypatch.delenv(ENV_SOCKET, raising=False)
+    runtime = tempfile.mkdtemp(prefix="kvfs-rt-")  # short: Unix socket paths are limited
+    monkeypatch.setenv("XDG_RUNTIME_DIR", runtime)
+    mp = tmp_path / "mnt"
+    mp.mkdir()
+    proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("stub_mount.py")), str(mp)])
+    try:
+        _wait_for(lambda: find_mount(mp) is not None or proc.poll() is not None)
+        if proc.poll() is not None:
+            pytest.skip(f"could not mount FUSE here (exit {proc.returncode})")
+        store = make_store(tmp_path)
+        try:
+            with ControlServer(store, str(mp), socket=control_socket_path(mp)) as srv:
+                yield mp, srv
+        finally:
+            store.close()
+    finally:
+        subprocess.run(["fusermount3", "-u", "-z", str(mp)], check=False)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        shutil.rmtree(runtime, ignore_errors=True)
+
+
+def test_tools_find_the_daemon_from_a_path_inside_a_kvfs_mount(stub_mount, capsys):
+    mp, srv = stub_mount
+    srv.store.put("ns/aa/b1", payload(1))
+    rc, out, err = kvfs(capsys, "ls", str(mp / "ns" / "aa"))
+    assert (rc, out, err) == (0, "b1\n", "")
+    res = kvfs_json(capsys, "stat", str(mp / "ns/aa/b1"))
+    assert res["path"] == str(mp / "ns/aa/b1") and res["tiers"] == ["dram"]
+    res = kvfs_json(capsys, "df", str(mp))
+    assert res["mountpoint"] == str(mp)
+    assert kvfs_json(capsys, "du", str(mp))["path"] == str(mp)
+    rc, out, _ = kvfs(capsys, "ls", str(mp))
+    assert out == "ns/\n"
+    rc, _, err = kvfs(capsys, "ls", str(mp / "missing"))
+    assert (rc, err) == (1, f"kvfs: {mp}/missing: no such block or directory\n")
+
+
+def test_a_mount_whose_daemon_is_gone(stub_mount, capsys):
+    mp, srv = stub_mount
+    from kvfs.mount.paths import control_socket_path
+
+    srv.stop()  # the daemon's control server stops; the mount stays
+    rc, _, err = kvfs(capsys, "df", str(mp))
+    assert rc == 1
+    assert err == (
+        f"kvfs: the kvfs daemon of {mp} is not answering (no control socket; socket {control_socket_path(mp)}); "
+        "is it mounted with `kvfs mount`?\n"
+    )
