@@ -361,11 +361,31 @@ class ControlHandler:
     @_streaming
     async def op_events(self, stream: trio.SocketStream) -> None:
         """Stream ``{"event": Event.to_json()}`` lines for every block event from now on,
-        until the client hangs up. A client that falls too far behind gets an error."""
+        until the client hangs up (noticed at once, even with no events flowing). A client
+        that falls too far behind gets a :class:`SubscriberTooSlow` error."""
+        hung_up = False
+
+        async def until_hangup(cancel: trio.CancelScope) -> None:
+            # The client sends nothing more; EOF means it is gone. Noticing that now,
+            # not at the next event, keeps idle subscriptions from piling up.
+            nonlocal hung_up
+            try:
+                while await stream.receive_some(4096):
+                    pass
+            except trio.BrokenResourceError:
+                pass
+            hung_up = True
+            cancel.cancel()
+
         with self.hub.subscribe() as events:
             await _send(stream, {"subscribed": True})
-            async for ev in events:
-                await _send(stream, {"event": ev.to_json()})
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(until_hangup, nursery.cancel_scope)
+                async for ev in events:
+                    await _send(stream, {"event": ev.to_json()})
+                nursery.cancel_scope.cancel()  # the hub cut us off: stop watching
+        if hung_up:
+            return None
         raise SubscriberTooSlow(
             f"this subscriber fell more than {self.hub.buffer} events behind and was cut off; events were lost"
         )

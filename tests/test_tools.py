@@ -593,3 +593,12 @@ def test_a_mount_whose_daemon_is_gone(stub_mount, capsys):
         f"kvfs: the kvfs daemon of {mp} is not answering (no control socket; socket {control_socket_path(mp)}); "
         "is it mounted with `kvfs mount`?\n"
     )
+
+
+def test_an_idle_events_subscriber_that_hangs_up_is_dropped_at_once(server):
+    client = ControlClient(server.socket)
+    items = iter(client.stream("events"))
+    assert next(items) == {"subscribed": True}
+    assert server.handler.hub.subscribers == 1
+    client.close()
+    _wait_for(lambda: server.handler.hub.subscribers == 0, timeout=5)
