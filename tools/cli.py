@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from kvfs.errors import KvfsError
@@ -16,7 +17,20 @@ from kvfs.errors import KvfsError
 __all__ = ["main", "COMMANDS", "BENCHES"]
 
 # name -> (module, one-line help)
-COMMANDS: dict[str, tuple[str, str]] = {}
+COMMANDS: dict[str, tuple[str, str]] = {
+    # inspection and control of a running mount (they talk to its daemon)
+    "ls": ("kvfs.tools.cmd_ls", "list blocks and directories with size, tiers, pin, hits, last access"),
+    "du": ("kvfs.tools.cmd_du", "bytes and blocks per tier and in total under paths"),
+    "stat": ("kvfs.tools.cmd_stat", "one block's record: size, checksum, tiers, pinned, hits, times"),
+    "df": ("kvfs.tools.cmd_df", "each tier's capacity, use and health"),
+    "pin": ("kvfs.tools.cmd_pin", "keep blocks (or everything under a directory) from being evicted"),
+    "unpin": ("kvfs.tools.cmd_pin", "let pinned blocks be evicted again"),
+    "prefetch": ("kvfs.tools.cmd_prefetch", "copy blocks up into a tier (DRAM by default) now"),
+    "evict": ("kvfs.tools.cmd_evict", "drop local copies of blocks (never the last unless --force)"),
+    "fsck": ("kvfs.tools.cmd_fsck", "verify every copy's checksum on every tier; --repair drops bad ones"),
+    "top": ("kvfs.tools.cmd_top", "live view of tier use, hit ratios, bytes moved per second, errors"),
+    "events": ("kvfs.tools.cmd_events", "stream block events (stored, promoted, evicted, …) as they happen"),
+}
 
 # ``kvfs bench NAME``: benchmarks operators run on their own hardware.
 BENCHES: dict[str, tuple[str, str]] = {
@@ -68,6 +82,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `kvfs ls -l | head`: the reader is gone, so is our output
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 141
 
 
 if __name__ == "__main__":  # pragma: no cover

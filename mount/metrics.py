@@ -1,0 +1,139 @@
+"""Prometheus metrics of one mount, served over HTTP when ``mount.metrics_port`` is set.
+
+A custom collector reads ``store.statistics()`` and the mount's
+:class:`~kvfs.mount.opstats.OpStats` at each scrape (no counters kept twice), into a
+registry of its own per mount (never the process-global one), so several mounts in one
+process, as in tests, keep separate figures. The metric names below are what
+``docs/grafana-dashboard.json`` queries; change both together.
+
+Per tier (label ``tier``; ``kind`` on the info-like gauges):
+
+- ``kvfs_tier_capacity_bytes``, ``kvfs_tier_used_bytes``, ``kvfs_tier_blocks``
+- ``kvfs_tier_healthy`` (1 healthy, 0 marked unhealthy after a failure or timeout)
+- ``kvfs_tier_hits_total`` (reads served from the tier), ``kvfs_tier_misses_total``
+  (reads that reached the tier — missed every hotter one — and were not served by it:
+  lookups minus hits in this and hotter tiers)
+- ``kvfs_tier_read_bytes_total``, ``kvfs_tier_written_bytes_total``
+- ``kvfs_tier_stored_total``, ``kvfs_tier_promotions_total``, ``kvfs_tier_demotions_total``,
+  ``kvfs_tier_evictions_total``, ``kvfs_tier_corrupt_total``, ``kvfs_tier_errors_total``
+
+Whole store: ``kvfs_blocks``, ``kvfs_lookups_total``, ``kvfs_misses_total`` (reads with no
+readable copy), ``kvfs_pending_writes``, ``kvfs_events_dropped_total``.
+
+FUSE (label ``op``): ``kvfs_fuse_operations_total``, ``kvfs_fuse_errors_total``,
+``kvfs_fuse_operation_seconds`` (histogram, buckets ``kvfs.mount.opstats.BUCKETS``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from kvfs.mount.opstats import BUCKETS, OpStats
+
+__all__ = ["KvfsCollector", "make_registry", "start_metrics"]
+
+log = logging.getLogger("kvfs.mount.metrics")
+
+# (metric name without _total, TierStatistics field, help)
+_TIER_COUNTERS = (
+    ("kvfs_tier_hits", "hits", "Reads served from this tier."),
+    ("kvfs_tier_read_bytes", "bytes_read", "Payload bytes read from this tier."),
+    ("kvfs_tier_written_bytes", "bytes_written", "Payload bytes written into this tier."),
+    ("kvfs_tier_stored", "stored", "Blocks sealed into this tier by a write."),
+    ("kvfs_tier_promotions", "promotions", "Blocks copied into this tier from a colder one."),
+    ("kvfs_tier_demotions", "demotions", "Blocks copied into this tier from a hotter one."),
+    ("kvfs_tier_evictions", "evictions", "Copies dropped from this tier to make room or by request."),
+    ("kvfs_tier_corrupt", "corrupt", "Copies in this tier that failed their checksum and were dropped."),
+    ("kvfs_tier_errors", "errors", "Operations on this tier that failed (timeouts, backend errors)."),
+)
+
+
+class KvfsCollector(Collector):
+    """Reads *store* and *opstats* (either may be None for a partial view) at each scrape."""
+
+    def __init__(self, store, opstats: OpStats | None = None) -> None:
+        self.store = store
+        self.opstats = opstats
+
+    def collect(self) -> Iterator[Metric]:
+        if self.store is not None:
+            yield from self._store_metrics()
+        if self.opstats is not None:
+            yield from self._op_metrics()
+
+    def _store_metrics(self) -> Iterator[Metric]:
+        st = self.store.statistics()
+        cap = GaugeMetricFamily("kvfs_tier_capacity_bytes", "Capacity of the tier in bytes (absent when unbounded).", labels=["tier", "kind"])
+        used = GaugeMetricFamily("kvfs_tier_used_bytes", "Bytes the tier's copies take against its capacity.", labels=["tier", "kind"])
+        blocks = GaugeMetricFamily("kvfs_tier_blocks", "Blocks with a copy in the tier.", labels=["tier", "kind"])
+        healthy = GaugeMetricFamily("kvfs_tier_healthy", "1 when the tier answers, 0 while it is marked unhealthy.", labels=["tier", "kind"])
+        misses = CounterMetricFamily(
+            "kvfs_tier_misses",
+            "Reads that missed every hotter tier and this one (lookups minus hits here and above).",
+            labels=["tier"],
+        )
+        counters = {name: CounterMetricFamily(name, doc, labels=["tier"]) for name, _, doc in _TIER_COUNTERS}
+        hits_above = 0
+        for t in st.tiers:
+            lk = [t.name, t.kind]
+            if t.capacity is not None:
+                cap.add_metric(lk, t.capacity)
+            used.add_metric(lk, t.used)
+            blocks.add_metric(lk, t.blocks)
+            healthy.add_metric(lk, 1 if t.healthy else 0)
+            for name, field, _ in _TIER_COUNTERS:
+                counters[name].add_metric([t.name], getattr(t, field))
+            hits_above += t.hits
+            misses.add_metric([t.name], max(st.lookups - hits_above, 0))
+        yield cap
+        yield used
+        yield blocks
+        yield healthy
+        yield misses
+        yield from counters.values()
+        yield GaugeMetricFamily("kvfs_blocks", "Blocks in the namespace.", value=st.blocks)
+        yield CounterMetricFamily("kvfs_lookups", "Block reads (opens) by name.", value=st.lookups)
+        yield CounterMetricFamily("kvfs_misses", "Reads that found no readable copy in any tier.", value=st.misses)
+        yield GaugeMetricFamily("kvfs_pending_writes", "Write-through copies queued.", value=st.pending_writes)
+        yield CounterMetricFamily(
+            "kvfs_events_dropped", "Block events dropped because nobody drained the queue.", value=self.store.events.dropped
+        )
+
+    def _op_metrics(self) -> Iterator[Metric]:
+        count = CounterMetricFamily("kvfs_fuse_operations", "FUSE operations handled.", labels=["op"])
+        errors = CounterMetricFamily("kvfs_fuse_errors", "FUSE operations that returned an error.", labels=["op"])
+        hist = HistogramMetricFamily("kvfs_fuse_operation_seconds", "Latency of FUSE operations.", labels=["op"])
+        for s in self.opstats.snapshot():
+            count.add_metric([s.op], s.count)
+            errors.add_metric([s.op], s.errors)
+            buckets = [(_le(b), c) for b, c in zip(BUCKETS, s.buckets)] + [("+Inf", s.buckets[-1])]
+            hist.add_metric([s.op], buckets, s.total_seconds)
+        yield count
+        yield errors
+        yield hist
+
+
+def _le(bound: float) -> str:
+    return repr(float(bound))
+
+
+def make_registry(store, opstats: OpStats | None = None) -> CollectorRegistry:
+    """A fresh registry holding only this mount's collector."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(KvfsCollector(store, opstats))
+    return registry
+
+
+def start_metrics(store, opstats: OpStats | None, port: int, host: str = "127.0.0.1"):
+    """Serve ``/metrics`` for *store* and *opstats* on *host*:*port* (0: any free port) in a
+    daemon thread. Returns ``(server, port)``; ``server.shutdown()`` stops it (the daemon
+    does so on unmount). Raises ``OSError`` when the port cannot be bound."""
+    server, _thread = start_http_server(port, addr=host, registry=make_registry(store, opstats))
+    bound = server.server_address[1]
+    log.info("metrics on http://%s:%d/metrics", host, bound)
+    return server, bound

@@ -1,0 +1,84 @@
+"""The ``kvfs`` tools on a real kvfs mount, through plain file I/O and path discovery.
+
+Uses the ``kvfs_mount`` fixture of the FUSE mount work (tests/conftest.py); skipped until
+that is present. The fixture may give the mountpoint itself or an object with a
+``mountpoint`` (or ``path``) attribute.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from kvfs.mount.paths import control_socket_path
+from kvfs.tools.cli import main
+from kvfs.tools.control_client import ENV_SOCKET, ControlClient
+
+
+@pytest.fixture
+def mp(request, monkeypatch) -> Path:
+    try:
+        m = request.getfixturevalue("kvfs_mount")
+    except pytest.FixtureLookupError:
+        pytest.skip("needs the kvfs_mount fixture (tests/conftest.py of the FUSE mount)")
+    monkeypatch.delenv(ENV_SOCKET, raising=False)
+    return Path(getattr(m, "mountpoint", getattr(m, "path", m)))
+
+
+def kvfs_json(capsys, *argv):
+    capsys.readouterr()
+    rc = main([*argv, "--json"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    return json.loads(out)
+
+
+def write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+def test_ls_du_stat_df_on_a_written_block(mp, capsys):
+    blk = mp / "tools" / "aa" / "b1"
+    write(blk, b"k" * 5000)
+    st = kvfs_json(capsys, "stat", str(blk))
+    assert st["size"] == 5000 and st["tiers"] and st["pinned"] is False and st["path"] == str(blk)
+    ls = kvfs_json(capsys, "ls", str(blk.parent))
+    assert [e["name"] for e in ls["entries"]] == ["b1"]
+    du = kvfs_json(capsys, "du", str(mp / "tools"))
+    assert du["total"]["blocks"] == 1 and du["total"]["size"] == 5000
+    df = kvfs_json(capsys, "df", str(mp))
+    assert df["mountpoint"] == str(mp) and df["blocks"] >= 1
+
+
+def test_prefetch_after_evict_on_a_mount(mp, capsys):
+    tiers = [t["name"] for t in kvfs_json(capsys, "df", str(mp))["tiers"]]
+    if len(tiers) < 2:
+        pytest.skip("needs two tiers")
+    blk = mp / "tools" / "pf"
+    write(blk, b"p" * 4096)
+    assert main(["evict", "--tier", tiers[0], str(blk)]) == 0
+    assert tiers[0] not in kvfs_json(capsys, "stat", str(blk))["tiers"]
+    assert main(["prefetch", str(blk)]) == 0
+    assert kvfs_json(capsys, "stat", str(blk))["tiers"][0] == tiers[0]
+    assert blk.read_bytes() == b"p" * 4096
+
+
+def test_events_of_a_write_through_the_mount(mp):
+    with ControlClient(control_socket_path(mp)) as client:
+        items = iter(client.stream("events"))
+        assert next(items) == {"subscribed": True}
+        write(mp / "tools" / "ev", b"e" * 100)
+        os.unlink(mp / "tools" / "ev")
+        kinds = []
+        for item in items:
+            ev = item["event"]
+            if ev["name"] == "tools/ev":
+                kinds.append(ev["kind"])
+            if ev["kind"] == "removed":
+                break
+    assert kinds[0] == "stored" and kinds[-1] == "removed"

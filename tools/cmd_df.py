@@ -1,0 +1,54 @@
+"""``kvfs df``: each tier's capacity, use and health."""
+
+from __future__ import annotations
+
+import argparse
+
+from .control_client import add_socket_option, clients_for
+from .render import format_size, print_json, table
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Show each tier of the mount (hottest first): capacity, bytes used and free, blocks "
+        "held and health (a tier that fails or hangs is marked unhealthy and skipped)."
+    )
+    parser.add_argument("mountpoint", nargs="?", default=".", metavar="MOUNTPOINT", help="a kvfs mount (or any path inside it; default: .)")
+    parser.add_argument(
+        "--json", action="store_true",
+        help='print JSON: {"mountpoint", "blocks", "tiers": [{"name", "kind", "capacity", "used", "free", '
+        '"blocks", "healthy", "persistent", "shared"}]}',
+    )
+    add_socket_option(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    [(target, client)] = clients_for([args.mountpoint], args.socket)
+    st = client.request("df")
+    tiers = []
+    for t in st["tiers"]:
+        cap = t["capacity"]
+        tiers.append({
+            "name": t["name"], "kind": t["kind"], "capacity": cap, "used": t["used"],
+            "free": None if cap is None else max(cap - t["used"], 0), "blocks": t["blocks"],
+            "healthy": t["healthy"], "persistent": t["persistent"], "shared": t["shared"],
+        })
+    mountpoint = st.get("mountpoint") if target.mountpoint is None else target.mountpoint
+    if args.json:
+        print_json({"mountpoint": mountpoint, "blocks": st["blocks"], "tiers": tiers})
+        return 0
+    rows = []
+    for t in tiers:
+        cap = t["capacity"]
+        rows.append([
+            t["name"], t["kind"],
+            "unlimited" if cap is None else format_size(cap),
+            format_size(t["used"]),
+            "-" if cap is None else format_size(t["free"]),
+            "-" if not cap else f"{100 * t['used'] / cap:.0f}%",
+            t["blocks"],
+            "ok" if t["healthy"] else "UNHEALTHY",
+        ])
+    print(f"{mountpoint}: {st['blocks']} blocks")
+    print(table(["TIER", "KIND", "CAPACITY", "USED", "FREE", "USE%", "BLOCKS", "HEALTH"], rows, right=(2, 3, 4, 5, 6)))
+    return 0

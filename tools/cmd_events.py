@@ -1,0 +1,54 @@
+"""``kvfs events``: the stream of block events, one line each, as they happen."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from .control_client import add_socket_option, clients_for
+from .render import format_size
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Print block events as they happen, one line each: stored, promoted, demoted, evicted, "
+        "removed, corrupt, renamed, with the block's name, the tier and the size. Runs until "
+        "interrupted, or until --count events were printed."
+    )
+    parser.add_argument("mountpoint", nargs="?", default=".", metavar="MOUNTPOINT", help="a kvfs mount or a path inside it (default: .)")
+    parser.add_argument("--json", action="store_true",
+                        help='one JSON object per line: {"seq", "time", "kind", "name", "tier", "size", "detail"}')
+    parser.add_argument("--count", type=int, metavar="N", help="stop after N events")
+    add_socket_option(parser)
+
+
+def _line(ev: dict, display) -> str:
+    t = time.strftime("%H:%M:%S", time.localtime(ev["time"])) + f".{int(ev['time'] * 1000) % 1000:03d}"
+    parts = [t, f"{ev['kind']:<8}", f"{ev['tier'] or '-':<6}", display(ev["name"]), format_size(ev["size"])]
+    if ev["detail"]:
+        parts.append(f"({ev['detail']})")
+    return "  ".join(parts)
+
+
+def run(args: argparse.Namespace) -> int:
+    [(target, client)] = clients_for([args.mountpoint], args.socket)
+    if args.count is not None and args.count <= 0:
+        return 0
+    seen = 0
+    with client:
+        for item in client.stream("events"):
+            ev = item.get("event")
+            if ev is None:
+                continue
+            try:
+                print(json.dumps(ev) if args.json else _line(ev, target.display), flush=True)
+            except BrokenPipeError:  # `kvfs events | head`
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
+                return 0
+            seen += 1
+            if args.count is not None and seen >= args.count:
+                return 0
+    return 0

@@ -1,0 +1,41 @@
+"""``kvfs prefetch``: bring blocks up to a tier now."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .control_client import about, add_socket_option, clients_for
+from .render import Progress
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Copy blocks into a tier now (the hottest, DRAM, by default) so the next read is a hit. "
+        "A directory means every block under it. Shows a progress bar on a terminal for many blocks."
+    )
+    parser.add_argument("paths", nargs="+", metavar="PATH", help="blocks or directories inside a kvfs mount")
+    parser.add_argument("--tier", metavar="NAME", help="the tier to copy into (default: the hottest)")
+    parser.add_argument("--progress", action="store_true", help="draw the progress bar on stderr even when it is not a terminal")
+    add_socket_option(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    rc = 0
+    for target, client in clients_for(args.paths, args.socket):
+        bar = Progress(f"prefetch {target.display()}", force=args.progress)
+        stream = client.stream("prefetch", paths=[target.name], tier=args.tier)
+        try:
+            with about(target):
+                for item in stream:
+                    if "progress" in item:
+                        bar.update(item["progress"]["done"], item["progress"]["total"])
+        finally:
+            bar.close()
+        res = stream.result
+        print(f"prefetched {res['fetched']} of {res['blocks']} blocks under {target.display()} into {res['tier']}"
+              f" ({res['already']} already there, {len(res['failed'])} failed)")
+        for f in res["failed"]:
+            print(f"kvfs prefetch: {target.display(f['name'])}: {f['error']}", file=sys.stderr)
+            rc = 1
+    return rc

@@ -1,0 +1,137 @@
+"""``kvfs top``: a live view of tier use, hit ratios, bytes moved per second and errors."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from .control_client import add_socket_option, clients_for
+from .render import format_size, print_json, table
+
+_CLEAR = "\x1b[H\x1b[2J"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Live view of a mount, refreshed every --interval seconds: per tier use, share of reads "
+        "served (hit ratio), bytes read and written per second, promotions, demotions and "
+        "evictions per second, corrupt copies, errors and health; FUSE operations per second "
+        "when the mount records them. Rates are over the last interval. Ctrl-C quits."
+    )
+    parser.add_argument("mountpoint", nargs="?", default=".", metavar="MOUNTPOINT", help="a kvfs mount or a path inside it (default: .)")
+    parser.add_argument("--interval", type=float, default=1.0, metavar="SECONDS", help="refresh period (default: 1)")
+    parser.add_argument("--once", action="store_true", help="print one frame (rates over one interval) and exit")
+    parser.add_argument("--json", action="store_true", help="with --once: print the frame as JSON")
+    add_socket_option(parser)
+
+
+def frame(prev: dict, cur: dict) -> dict:
+    """Rates and ratios between two ``top`` snapshots (see :meth:`ControlHandler.op_top`)."""
+    dt = max(cur["time"] - prev["time"], 1e-9)
+    ps, cs = prev["statistics"], cur["statistics"]
+    lookups = cs["lookups"] - ps["lookups"]
+    misses = cs["misses"] - ps["misses"]
+    tiers = []
+    for p, c in zip(ps["tiers"], cs["tiers"]):
+        hits = c["hits"] - p["hits"]
+        tiers.append({
+            "name": c["name"],
+            "kind": c["kind"],
+            "capacity": c["capacity"],
+            "used": c["used"],
+            "blocks": c["blocks"],
+            "healthy": c["healthy"],
+            "hits_per_s": hits / dt,
+            "hit_ratio": hits / lookups if lookups else None,
+            "read_bytes_per_s": (c["bytes_read"] - p["bytes_read"]) / dt,
+            "written_bytes_per_s": (c["bytes_written"] - p["bytes_written"]) / dt,
+            "promotions_per_s": (c["promotions"] - p["promotions"]) / dt,
+            "demotions_per_s": (c["demotions"] - p["demotions"]) / dt,
+            "evictions_per_s": (c["evictions"] - p["evictions"]) / dt,
+            "corrupt": c["corrupt"],
+            "errors": c["errors"],
+        })
+    prev_ops = {o["op"]: o for o in prev.get("ops", [])}
+    ops = {
+        o["op"]: (o["count"] - prev_ops.get(o["op"], {"count": 0})["count"]) / dt
+        for o in cur.get("ops", [])
+    }
+    return {
+        "time": cur["time"],
+        "interval": dt,
+        "mountpoint": cur["mountpoint"],
+        "blocks": cs["blocks"],
+        "lookups_per_s": lookups / dt,
+        "hit_ratio": (lookups - misses) / lookups if lookups else None,
+        "pending_writes": cs["pending_writes"],
+        "events_dropped": cur["events_dropped"],
+        "tiers": tiers,
+        "ops_per_s": ops,
+    }
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.0f}%"
+
+
+def render(f: dict) -> str:
+    head = (
+        f"kvfs top  {f['mountpoint']}  {time.strftime('%H:%M:%S', time.localtime(f['time']))}  "
+        f"blocks {f['blocks']}  reads/s {f['lookups_per_s']:.0f}  hit ratio {_pct(f['hit_ratio'])}  "
+        f"pending writes {f['pending_writes']}  events dropped {f['events_dropped']}"
+    )
+    rows = []
+    for t in f["tiers"]:
+        cap = t["capacity"]
+        rows.append([
+            t["name"],
+            format_size(t["used"]),
+            "unlimited" if cap is None else format_size(cap),
+            "-" if not cap else f"{100 * t['used'] / cap:.0f}%",
+            t["blocks"],
+            _pct(t["hit_ratio"]),
+            format_size(t["read_bytes_per_s"]) + "/s",
+            format_size(t["written_bytes_per_s"]) + "/s",
+            f"{t['promotions_per_s']:.0f}",
+            f"{t['demotions_per_s']:.0f}",
+            f"{t['evictions_per_s']:.0f}",
+            t["corrupt"],
+            t["errors"],
+            "ok" if t["healthy"] else "UNHEALTHY",
+        ])
+    body = table(
+        ["TIER", "USED", "CAPACITY", "USE%", "BLOCKS", "HIT%", "READ", "WRITTEN", "PROMO/s", "DEMO/s",
+         "EVICT/s", "CORRUPT", "ERRORS", "HEALTH"],
+        rows, right=tuple(range(1, 13)),
+    )
+    out = [head, "", body]
+    if f["ops_per_s"]:
+        busiest = sorted(f["ops_per_s"].items(), key=lambda kv: -kv[1])[:10]
+        out += ["", "fuse ops/s: " + "  ".join(f"{op} {rate:.0f}" for op, rate in busiest)]
+    return "\n".join(out)
+
+
+def run(args: argparse.Namespace) -> int:
+    [(target, client)] = clients_for([args.mountpoint], args.socket)
+    interval = max(args.interval, 0.05)
+    with client:
+        prev = client.request("top")
+        if target.mountpoint is not None:
+            prev["mountpoint"] = target.mountpoint
+        while True:
+            time.sleep(interval)
+            cur = client.request("top")
+            if target.mountpoint is not None:
+                cur["mountpoint"] = target.mountpoint
+            f = frame(prev, cur)
+            prev = cur
+            if args.once:
+                if args.json:
+                    print_json(f)
+                else:
+                    print(render(f))
+                return 0
+            tty = sys.stdout.isatty()
+            sys.stdout.write((_CLEAR if tty else "") + render(f) + "\n" + ("" if tty else "\n"))
+            sys.stdout.flush()
