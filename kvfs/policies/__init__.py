@@ -16,6 +16,12 @@ __all__ = ["EvictionPolicy", "POLICIES", "DEFAULT_POLICY", "make_policy"]
 _REGISTRY: dict[str, str] = {
     "lru": "kvfs.policies.lru:LRU",
     "lfu": "kvfs.policies.lfu:LFU",
+    "fifo": "kvfs.policies.fifo:FIFO",
+    "sieve": "kvfs.policies.sieve:SIEVE",
+    "s3fifo": "kvfs.policies.s3fifo:S3FIFO",
+    "arc": "kvfs.policies.arc:ARC",
+    "prefix-lru": "kvfs.policies.prefix_lru:PrefixLRU",
+    "prefix-s3fifo": "kvfs.policies.prefix_s3fifo:PrefixS3FIFO",
 }
 
 POLICIES: tuple[str, ...] = tuple(_REGISTRY)
