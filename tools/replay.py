@@ -84,30 +84,40 @@ class ReplayStats:
         return (self.promotions + self.demotions) * self.block_bytes
 
 
-def parse_stack(text: str) -> tuple[TierSpec, ...]:
+def parse_stack(text: str, *, distinct: int | None = None) -> tuple[TierSpec, ...]:
     """``"2000"`` → one tier; ``"dram=1000,disk=8000"`` → a stack, hottest first.
 
+    A capacity may be a percentage (``"5%"``, ``"dram=1%,disk=10%"``) of *distinct*, the
+    number of distinct blocks in the trace, so one setting fits traces of any size.
     Raises ``ValueError`` saying which part is wrong.
     """
     text = text.strip()
     if "=" not in text:
-        return (TierSpec(name="tier0", capacity=_blocks(text, text)),)
+        return (TierSpec(name="tier0", capacity=_blocks(text, text, distinct)),)
     tiers = []
     for part in text.split(","):
         name, sep, cap = part.partition("=")
         if not sep or not name.strip():
             raise ValueError(f"{part!r} in {text!r}: write NAME=BLOCKS, e.g. dram=1000,disk=8000")
-        tiers.append(TierSpec(name=name.strip(), capacity=_blocks(cap, text)))
+        tiers.append(TierSpec(name=name.strip(), capacity=_blocks(cap, text, distinct)))
     if len({t.name for t in tiers}) != len(tiers):
         raise ValueError(f"{text!r}: tier names repeat")
     return tuple(tiers)
 
 
-def _blocks(value: str, whole: str) -> int:
+def _blocks(value: str, whole: str, distinct: int | None) -> int:
+    value = value.strip()
     try:
-        n = int(value.strip())
-    except ValueError:
-        raise ValueError(f"{value!r} in {whole!r} is not a whole number of blocks") from None
+        if value.endswith("%"):
+            if distinct is None:
+                raise ValueError(f"{whole!r}: a percentage needs the trace's block count")
+            n = round(float(value[:-1]) / 100 * distinct)
+        else:
+            n = int(value)
+    except ValueError as exc:
+        if "percentage" in str(exc):
+            raise
+        raise ValueError(f"{value!r} in {whole!r} is not a whole number of blocks or a percentage") from None
     if n < 1:
         raise ValueError(f"{whole!r}: a tier holds at least one block (got {n})")
     return n
