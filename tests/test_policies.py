@@ -279,3 +279,52 @@ def test_chain_index_reports_leaf_changes():
     assert c.is_leaf(1)
     assert c.add(5, 5) is None  # own parent: ignored
     assert c.is_leaf(5)
+
+
+def test_prefix_arc_keeps_chains_leaf_first_in_each_list():
+    p = make_policy("prefix-arc")
+    p.insert(1)
+    p.insert(2, 0, 1)
+    p.insert(3, 0, 2)
+    p.insert(10)
+    p.insert(11, 0, 10)
+    # T1 = [3, 2, 1, 11, 10]: each block sits just older than its parent.
+    assert drain(p) == [3, 2, 1, 11, 10]
+
+
+def test_prefix_arc_order_and_ghost_adaptation():
+    p = make_policy("prefix-arc")
+    p.insert(1)
+    p.insert(2, 0, 1)
+    p.insert(3, 0, 2)
+    p.insert(4)
+    p.touch(1)
+    p.touch(2)  # T2 = [2, 1], T1 = [3, 4]; plain ARC would have T2 = [1, 2]
+    assert p.victim() == 3
+    p.remove(3)  # B1 = [3]
+    p.insert(3, 0, 2)  # ghost hit: p = 1, 3 joins T2 before its parent: [3, 2, 1]
+    # T1 = [4] is not longer than p, so T2 gives up the chain from its leaf first.
+    assert drain(p) == [3, 2, 1, 4]
+
+
+def test_arc_for_contrast_evicts_the_chain_root_first():
+    p = make_policy("arc")
+    p.insert(1)
+    p.insert(2, 0, 1)
+    p.insert(3, 0, 2)
+    p.insert(4)
+    p.touch(1)
+    p.touch(2)
+    assert drain(p) == [3, 4, 1, 2]
+
+
+def test_recency_list_anchors():
+    from kvfs.policies.recency import RecencyList
+
+    r = RecencyList()
+    r.add("a")
+    r.add("b", "a")  # older side of a
+    r.add("c", "zz")  # unknown anchor: newest
+    assert list(r) == ["b", "a", "c"]
+    assert r.discard("a") and not r.discard("a")
+    assert list(r) == ["b", "c"] and r.oldest() == "b" and len(r) == 2

@@ -22,6 +22,7 @@ _REGISTRY: dict[str, str] = {
     "arc": "kvfs.policies.arc:ARC",
     "prefix-lru": "kvfs.policies.prefix_lru:PrefixLRU",
     "prefix-s3fifo": "kvfs.policies.prefix_s3fifo:PrefixS3FIFO",
+    "prefix-arc": "kvfs.policies.prefix_arc:PrefixARC",
 }
 
 POLICIES: tuple[str, ...] = tuple(_REGISTRY)
