@@ -4,6 +4,11 @@ A trace is a list of requests; a request is the list of its prefix blocks' ids i
 (512 tokens per block), as in the Mooncake format. Equal ids are equal blocks, and every
 id always follows the same parent id (ids come from a hash chain), which the generators
 keep: a block id is made once, under one parent, and reused only as the same prefix.
+
+As in the Mooncake trace, a request's last block is usually partial: when a
+conversation or an agent goes on, the next request fills that block with more tokens,
+which makes it a different block. The generators model this with a fresh last id on
+every chat turn and agent step; only an exact repeat of a request repeats its last id.
 """
 
 from __future__ import annotations
@@ -99,7 +104,8 @@ def _chat(rng: random.Random, ids: _Ids) -> Iterator[tuple[int, ...]]:
 
     A few system prompts (Zipf-popular) start conversations; up to 48 conversations are
     open at once and a random one speaks next, so reuse distances vary; each turn adds the
-    previous answer and the new question (1-3 blocks); a conversation ends with p=0.18.
+    previous answer and the new question (1-3 full blocks) and ends in a partial block;
+    a conversation ends with p=0.18.
     """
     prompts = [ids.new(rng.randint(2, 6)) for _ in range(4)]
     weights = _zipf_weights(len(prompts), 1.0)
@@ -114,7 +120,7 @@ def _chat(rng: random.Random, ids: _Ids) -> Iterator[tuple[int, ...]]:
             conv.extend(ids.new(rng.randint(1, 3)))
             if rng.random() < 0.18 or len(conv) > 120:
                 open_.pop(i)
-        yield tuple(conv)
+        yield (*conv, *ids.new(1))
 
 
 def _system_prompts(rng: random.Random, ids: _Ids) -> Iterator[tuple[int, ...]]:
@@ -165,8 +171,9 @@ def _agents(rng: random.Random, ids: _Ids) -> Iterator[tuple[int, ...]]:
     """Agent loops: a tool-laden prompt per agent kind, then a trajectory that grows.
 
     6 agent kinds with 8-24 block prompts; up to 32 agents run at once, each step sends the
-    whole trajectory plus 1-3 new blocks (tool output, action); an agent stops after 5-40
-    steps. Steps of one agent come close together, unlike chat turns.
+    whole trajectory plus 1-3 new full blocks (tool output, action) and a partial block;
+    an agent stops after 5-40 steps. Steps of one agent come close together, unlike chat
+    turns.
     """
     kinds = [ids.new(rng.randint(8, 24)) for _ in range(6)]
     running: list[list] = []  # [context, steps left]
@@ -178,7 +185,7 @@ def _agents(rng: random.Random, ids: _Ids) -> Iterator[tuple[int, ...]]:
         agent = running[-1 - i]
         agent[0].extend(ids.new(rng.randint(1, 3)))
         agent[1] -= 1
-        yield tuple(agent[0])
+        yield (*agent[0], *ids.new(1))
         if agent[1] <= 0:
             running.remove(agent)
 
