@@ -40,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "is a stack (hottest first); N%% means a share of the trace's distinct "
                              "blocks (default: 5%% 10%% 20%% 40%%)")
     parser.add_argument("--policies", default=None, metavar="LIST",
-                        help=f"comma-separated policies (default: all: {', '.join(POLICIES)})")
+                        help=f"comma-separated policies, LRU always included (default: all: {', '.join(POLICIES)})")
     parser.add_argument("--requests", type=int, default=4000, help="requests per generated workload")
     parser.add_argument("--seed", type=int, default=0, help="seed of the generated workloads")
     parser.add_argument("--limit", type=int, default=None, help="replay only the first N requests of each trace")
@@ -92,7 +92,8 @@ def _policies(args) -> list[str]:
     for p in names:
         if p not in POLICIES and p != BELADY:
             raise BenchError(f"--policies: unknown policy {p!r}; known: {', '.join(POLICIES)}")
-    return [p for p in names if p != BELADY]
+    names = [p for p in names if p != BELADY]
+    return names if "lru" in names else ["lru", *names]  # the reference for "x LRU"
 
 
 def _row(trace: Trace, cap: str, s: ReplayStats, belady: ReplayStats, lru: ReplayStats | None) -> dict:
