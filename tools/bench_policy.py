@@ -147,9 +147,12 @@ def _print_tables(rows: list[dict], summary: list[dict], cost: list[dict], block
             stack = ",".join(f"{t['name']}={t['capacity']}" for t in r["tiers"])
             stack = str(r["tiers"][0]["capacity"]) if len(r["tiers"]) == 1 else stack
             print(f"\n{r['trace']}  capacity {r['capacity']} ({stack} blocks)")
-            print(f"  {'policy':<14} {'hit ratio':>9} {'x Belady':>9} {'x LRU':>7} {'written':>11} {'moved':>11}")
+            print(f"  {'policy':<14} {'hit ratio':>9} {'x Belady':>9} {'x LRU':>7} {'written':>11} {'moved':>11}"
+                  f" {'top-tier hits':>14}")
+        top = r["tier_hits"][0] / r["hits"] if r["hits"] else 0.0
         print(f"  {r['policy']:<14} {r['hit_ratio']:>9.4f} {_fmt(r['vs_belady'], '.3f'):>9} "
-              f"{_fmt(r['vs_lru'], '.3f'):>7} {format_size(r['bytes_written']):>11} {format_size(r['bytes_moved']):>11}")
+              f"{_fmt(r['vs_lru'], '.3f'):>7} {format_size(r['bytes_written']):>11} {format_size(r['bytes_moved']):>11}"
+              f" {top:>14.1%}")
     print("\nacross all traces and capacities (geometric mean, worst)")
     print(f"  {'policy':<14} {'x Belady':>9} {'worst':>7} {'x LRU':>7} {'worst':>7}")
     for s in summary:
