@@ -36,6 +36,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 BENCHES: dict[str, tuple[str, str]] = {
     "tiers": ("kvfs.tools.bench_tiers", "put/get of blocks through the store per tier vs memcpy and raw file I/O"),
     "s3": ("kvfs.tools.bench_s3", "block put/get through the s3 tier vs raw boto3 put_object/get_object"),
+    "policy": ("kvfs.tools.bench_policy", "hit ratio of each eviction policy on traces vs Belady and LRU, and policy cost"),
 }
 
 

@@ -1,0 +1,330 @@
+"""Eviction policies: one conformance suite over every registered policy, and each
+policy's exact eviction order on small hand-made traces."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from kvfs.policies import DEFAULT_POLICY, POLICIES, _REGISTRY, make_policy
+from kvfs.policies.chains import ChainIndex
+from kvfs.tools.replay import Belady
+
+
+def drain(policy) -> list:
+    """Evict everything, the way the store does: victim(), then remove(victim)."""
+    out = []
+    while (v := policy.victim()) is not None:
+        out.append(v)
+        policy.remove(v)
+    return out
+
+
+# -- conformance: every registered policy -------------------------------------------------
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_registry_builds_fresh_instances_with_their_name(name):
+    a, b = make_policy(name), make_policy(name)
+    assert a is not b
+    assert a.name == name
+    assert _REGISTRY[name].split(":")[1] == type(a).__name__
+
+
+def test_unknown_policy_names_the_known_ones():
+    with pytest.raises(KeyError) as info:
+        make_policy("mru")
+    assert info.value.args[0] == f"unknown eviction policy 'mru'; known: {', '.join(POLICIES)}"
+
+
+def test_default_policy_is_registered():
+    assert DEFAULT_POLICY in POLICIES
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_empty_policy(name):
+    p = make_policy(name)
+    assert len(p) == 0
+    assert p.victim() is None
+    assert 1 not in p
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_insert_contains_len_and_drain_every_key_once(name):
+    p = make_policy(name)
+    for k in range(10):
+        p.insert(k, 4096, None)
+    assert len(p) == 10
+    assert all(k in p for k in range(10))
+    assert 10 not in p
+    order = drain(p)
+    assert sorted(order) == list(range(10))
+    assert len(p) == 0 and p.victim() is None
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_unknown_keys_are_ignored(name):
+    p = make_policy(name)
+    p.insert("a")
+    p.touch("zz")
+    p.remove("zz")
+    assert len(p) == 1 and "zz" not in p
+    assert drain(p) == ["a"]
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_victim_is_stable_until_removed(name):
+    p = make_policy(name)
+    for k in range(6):
+        p.insert(k, 0, k - 1 if k else None)
+    p.touch(2)
+    first = p.victim()
+    assert p.victim() == first
+    assert first in p
+    p.remove(first)
+    assert first not in p and len(p) == 5
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_reinsert_counts_as_touch(name):
+    """Two replicas, one told ``insert`` again and one ``touch``, evict in the same order."""
+    a, b = make_policy(name), make_policy(name)
+    for p in (a, b):
+        for k in range(8):
+            p.insert(k, 0, k - 1 if k % 4 else None)
+        p.victim()  # let a capacity estimate form where the policy keeps one
+    a.insert(1, 0, 0)
+    a.insert(5, 0, 4)
+    b.touch(1)
+    b.touch(5)
+    assert len(a) == len(b) == 8
+    assert drain(a) == drain(b)
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_remove_of_an_inner_block_and_reinsert(name):
+    """Pinning removes a block wherever it sits in a chain; unpinning inserts it again."""
+    p = make_policy(name)
+    for k in range(5):
+        p.insert(k, 0, k - 1 if k else None)
+    p.remove(2)  # pinned
+    assert len(p) == 4 and 2 not in p
+    p.insert(2, 0, 1)  # unpinned
+    assert len(p) == 5
+    assert sorted(drain(p)) == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_interleaved_store_traffic_keeps_len_consistent(name):
+    p = make_policy(name)
+    resident = set()
+    for k in range(200):
+        p.insert(k, 0, k - 1 if k % 7 else None)
+        resident.add(k)
+        if k % 3 == 0:
+            p.touch(k // 2)
+        if len(p) > 20:
+            v = p.victim()
+            assert v in resident
+            p.remove(v)
+            resident.discard(v)
+        assert len(p) == len(resident)
+    assert sorted(drain(p)) == sorted(resident)
+
+
+# -- exact eviction orders ------------------------------------------------------------------
+
+
+def test_lru_order():
+    p = make_policy("lru")
+    for k in (1, 2, 3):
+        p.insert(k)
+    p.touch(1)
+    assert drain(p) == [2, 3, 1]
+
+
+def test_lfu_order_ties_broken_by_recency():
+    p = make_policy("lfu")
+    for k in (1, 2, 3, 4):
+        p.insert(k)
+    p.touch(3)
+    p.touch(3)
+    p.touch(1)
+    p.insert(4)  # a touch: freq 2, more recent than 1
+    assert drain(p) == [2, 1, 4, 3]
+
+
+def test_fifo_order_ignores_hits_and_reinserts():
+    p = make_policy("fifo")
+    for k in (1, 2, 3):
+        p.insert(k)
+    p.touch(1)
+    p.insert(1)
+    assert drain(p) == [1, 2, 3]
+
+
+def test_sieve_order():
+    p = make_policy("sieve")
+    for k in (1, 2, 3, 4):
+        p.insert(k)
+    p.touch(1)
+    p.touch(3)
+    # The hand clears 1 and stops at 2.
+    assert p.victim() == 2
+    p.remove(2)
+    p.insert(5)
+    p.touch(4)
+    # From 3 on: 3 and 4 are cleared, 5 is new and unvisited; then wrap to 1, 3, 4.
+    assert drain(p) == [5, 1, 3, 4]
+
+
+def test_s3fifo_order():
+    p = make_policy("s3fifo")
+    for k in (1, 2, 3, 4, 5):
+        p.insert(k)  # capacity estimate 5: the small FIFO's share is 0.5 block
+    p.touch(2)
+    assert p.victim() == 1  # small FIFO, never hit
+    p.remove(1)
+    assert p.victim() == 3  # 2 was hit: it moves to main; 3 goes (and into the ghost)
+    p.remove(3)
+    p.insert(3)  # ghost hit: straight into main, behind 2
+    p.touch(2)
+    # Small FIFO 4, 5 first; then main: 2 was hit, so it goes round once and 3 leaves first.
+    assert drain(p) == [4, 5, 3, 2]
+
+
+def test_arc_order_adapts_to_ghost_hits():
+    p = make_policy("arc")
+    for k in (1, 2, 3):
+        p.insert(k)  # c = 3, all in T1
+    p.touch(2)  # T2 = [2]
+    assert p.victim() == 1  # T1 longer than p = 0
+    p.remove(1)  # ghost B1 = [1]
+    p.insert(1)  # B1 hit: p = 1, and 1 joins T2 = [2, 1]
+    assert p.victim() == 2  # T1 = [3] is not longer than p: evict T2's LRU
+    p.remove(2)
+    p.insert(4)  # T1 = [3, 4]
+    assert drain(p) == [3, 1, 4]
+
+
+def test_prefix_lru_evicts_chains_from_the_leaf():
+    p = make_policy("prefix-lru")
+    p.insert(1)
+    p.insert(2, 0, 1)
+    p.insert(3, 0, 2)
+    p.insert(10)
+    p.insert(11, 0, 10)
+    # Plain LRU would evict 1 first and leave 2 and 3 useless.
+    assert drain(p) == [3, 2, 1, 11, 10]
+
+
+def test_prefix_lru_keeps_a_shared_root_while_a_child_lives():
+    p = make_policy("prefix-lru")
+    p.insert(1)  # a system prompt
+    p.insert(2, 0, 1)
+    p.insert(3, 0, 1)
+    p.insert(4)
+    p.touch(1)
+    p.touch(2)
+    assert drain(p) == [3, 4, 2, 1]
+
+
+def test_lru_evicts_the_root_first_for_contrast():
+    p = make_policy("lru")
+    p.insert(1)
+    p.insert(2, 0, 1)
+    p.insert(3, 0, 1)
+    p.insert(4)
+    p.touch(1)
+    p.touch(2)
+    assert drain(p) == [3, 4, 1, 2]
+
+
+def test_prefix_s3fifo_order():
+    p = make_policy("prefix-s3fifo")
+    p.insert(1)
+    p.insert(2, 0, 1)
+    p.insert(3, 0, 2)
+    p.insert(4)
+    p.touch(4)
+    p.touch(2)  # an inner block's hit is remembered
+    # Small FIFO holds the leaves 3, 4. 3 goes; 2 comes back at the old end of small,
+    # was hit, so it moves to main; 4 was hit too and moves to main; main then
+    # evicts 2 (its hit was spent on the move), which frees 1, then 4.
+    assert drain(p) == [3, 2, 1, 4]
+
+
+def test_belady_evicts_the_farthest_next_use():
+    next_use = {}
+    p = Belady(next_use)
+    for key, nxt in ((1, 5), (2, 9), (3, math.inf), (4, 7)):
+        next_use[key] = nxt
+        p.insert(key)
+    assert p.victim() == 3
+    p.remove(3)
+    next_use[1] = 20  # 1 was read again; its next use moved out
+    p.touch(1)
+    assert drain(p) == [1, 2, 4]
+
+
+def test_chain_index_reports_leaf_changes():
+    c = ChainIndex()
+    assert c.add(1, None) is None
+    assert c.add(2, 1) == 1  # 1 stopped being a leaf
+    assert c.add(3, 1) is None
+    assert not c.is_leaf(1) and c.is_leaf(2)
+    assert c.drop(2) is None
+    assert c.drop(3) == 1  # 1 is a leaf again
+    assert c.is_leaf(1)
+    assert c.add(5, 5) is None  # own parent: ignored
+    assert c.is_leaf(5)
+
+
+def test_prefix_arc_keeps_chains_leaf_first_in_each_list():
+    p = make_policy("prefix-arc")
+    p.insert(1)
+    p.insert(2, 0, 1)
+    p.insert(3, 0, 2)
+    p.insert(10)
+    p.insert(11, 0, 10)
+    # T1 = [3, 2, 1, 11, 10]: each block sits just older than its parent.
+    assert drain(p) == [3, 2, 1, 11, 10]
+
+
+def test_prefix_arc_order_and_ghost_adaptation():
+    p = make_policy("prefix-arc")
+    p.insert(1)
+    p.insert(2, 0, 1)
+    p.insert(3, 0, 2)
+    p.insert(4)
+    p.touch(1)
+    p.touch(2)  # T2 = [2, 1], T1 = [3, 4]; plain ARC would have T2 = [1, 2]
+    assert p.victim() == 3
+    p.remove(3)  # B1 = [3]
+    p.insert(3, 0, 2)  # ghost hit: p = 1, 3 joins T2 before its parent: [3, 2, 1]
+    # T1 = [4] is not longer than p, so T2 gives up the chain from its leaf first.
+    assert drain(p) == [3, 2, 1, 4]
+
+
+def test_arc_for_contrast_evicts_the_chain_root_first():
+    p = make_policy("arc")
+    p.insert(1)
+    p.insert(2, 0, 1)
+    p.insert(3, 0, 2)
+    p.insert(4)
+    p.touch(1)
+    p.touch(2)
+    assert drain(p) == [3, 4, 1, 2]
+
+
+def test_recency_list_anchors():
+    from kvfs.policies.recency import RecencyList
+
+    r = RecencyList()
+    r.add("a")
+    r.add("b", "a")  # older side of a
+    r.add("c", "zz")  # unknown anchor: newest
+    assert list(r) == ["b", "a", "c"]
+    assert r.discard("a") and not r.discard("a")
+    assert list(r) == ["b", "c"] and r.oldest() == "b" and len(r) == 2
