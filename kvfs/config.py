@@ -3,7 +3,7 @@
 A config is a stack of tiers, hottest first, a policy table and a mount table::
 
     [policy]
-    eviction = "lru"          # see kvfs.policies.POLICIES
+    eviction = "prefix-arc"   # see kvfs.policies.POLICIES and docs/policies.md
     promote = "always"        # always | second-hit | never
 
     [[tiers]]

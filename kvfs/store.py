@@ -181,21 +181,26 @@ class Store:
             log.warning("tier %s answers again", self.tiers[i].name)
             self._healthy[i] = True
 
-    def _parent_key(self, rec: BlockRecord) -> BlockRecord | None:
-        return self.catalog.get(rec.parent) if rec.parent else None
+    # Policies are keyed by block *name*, not by record: a name keeps its history (ARC's
+    # and S3-FIFO's ghost lists) across a rewrite, and a parent is named before it exists.
+
+    def _policy_insert(self, i: int, rec: BlockRecord) -> None:
+        self._policies[i].insert(rec.name, self._footprint(i, rec), rec.parent)
 
     def _add_copy(self, i: int, rec: BlockRecord) -> None:
         rec.tiers |= 1 << i
         self.catalog.count_in(i, self._footprint(i, rec))
         if not rec.pinned:
-            self._policies[i].insert(rec, self._footprint(i, rec), self._parent_key(rec))
+            self._policy_insert(i, rec)
 
-    def _forget_copy(self, i: int, rec: BlockRecord) -> None:
-        """Drop tier *i* from the record (the copy is already gone or overwritten)."""
+    def _forget_copy(self, i: int, rec: BlockRecord, *, policy: bool = True) -> None:
+        """Drop tier *i* from the record (the copy is already gone or overwritten).
+        ``policy=False`` leaves the policy entry, which belongs to a replacing record."""
         if rec.tiers & (1 << i):
             rec.tiers &= ~(1 << i)
             self.catalog.count_out(i, self._footprint(i, rec))
-            self._policies[i].remove(rec)
+            if policy:
+                self._policies[i].remove(rec.name)
 
     def _drop_copy(self, i: int, rec: BlockRecord) -> None:
         """Delete the copy in tier *i* and drop it from the record."""
@@ -220,11 +225,22 @@ class Store:
         if need > cap:
             return False
         while self.catalog.used[i] + need > cap:
-            victim = self._policies[i].victim()
+            victim = self._victim(i)
             if victim is None:
                 return False
             self._evict_copy(i, victim)
         return True
+
+    def _victim(self, i: int) -> BlockRecord | None:
+        """The record the policy of tier *i* would evict next (None when it holds nothing)."""
+        while True:
+            name = self._policies[i].victim()
+            if name is None:
+                return None
+            rec = self.catalog.get(name)
+            if rec is not None and rec.tiers & (1 << i) and not rec.pinned:
+                return rec
+            self._policies[i].remove(name)  # defensive: an entry without a copy is dropped
 
     def _evict_copy(self, i: int, rec: BlockRecord) -> None:
         """Remove the copy in tier *i* to make room; demote it first if it is the last."""
@@ -239,7 +255,7 @@ class Store:
         """Copy the block from tier *i* into the first colder tier that takes it."""
         if i + 1 >= len(self.tiers):
             return False
-        self._policies[i].remove(rec)  # not a victim candidate while it moves
+        self._policies[i].remove(rec.name)  # not a victim candidate while it moves
         try:
             ref = self.tiers[i].open(rec.name)
         except (BlockNotFound, BlockCorrupt, TierUnavailable) as exc:
@@ -263,7 +279,7 @@ class Store:
                 tier.put(rec.name, data, rec.checksum)
                 break
             except TierFull:
-                victim = self._policies[i].victim()
+                victim = self._victim(i)
                 if victim is None:
                     return False
                 self._evict_copy(i, victim)
@@ -306,12 +322,12 @@ class Store:
             rec = BlockRecord(name, len(mv), csum, created=now, accessed=now, parent=parent)
             if old is not None:
                 for j in old.tier_indexes():
-                    self._policies[j].remove(old)
+                    self._policies[j].remove(name)
             placed = next((i for i in range(len(self.tiers)) if self._place(i, rec, mv, EventKind.STORED)), None)
             if placed is None:
                 if old is not None and not old.pinned:
                     for j in old.tier_indexes():
-                        self._policies[j].insert(old, self._footprint(j, old), self._parent_key(old))
+                        self._policy_insert(j, old)
                 raise NoSpace(
                     f"no tier can take {name!r} ({len(mv)} bytes): every tier is full of pinned blocks "
                     "or too small; unpin blocks or add capacity"
@@ -319,7 +335,7 @@ class Store:
             if old is not None:
                 for j in list(old.tier_indexes()):
                     if j == placed:
-                        self._forget_copy(j, old)  # overwritten in place by the new copy
+                        self._forget_copy(j, old, policy=False)  # overwritten in place by the new copy
                     else:
                         self._drop_copy(j, old)
                 self.catalog.discard(old)
@@ -477,7 +493,7 @@ class Store:
             if result is None:
                 continue
             with self._lock:
-                self._policies[i].touch(rec)
+                self._policies[i].touch(rec.name)
                 c = self._counters[i]
                 c.hits += 1
                 c.bytes_read += rec.size
@@ -834,9 +850,12 @@ class Store:
             # footprints depend on the name (header length): recount under the new name
             for i in rec.tier_indexes():
                 self.catalog.count_out(i, self._footprint(i, rec))
+                self._policies[i].remove(old)
             self.catalog.rename(rec, new)
             for i in rec.tier_indexes():
                 self.catalog.count_in(i, self._footprint(i, rec))
+                if not rec.pinned:
+                    self._policy_insert(i, rec)
             self._emit(EventKind.RENAMED, rec, detail=old)
             if not rec.tiers:
                 self._lose_if_empty(rec, "no copy survived the rename")
@@ -850,10 +869,10 @@ class Store:
             rec = self.catalog.require(name)
             if pinned and not rec.pinned:
                 for i in rec.tier_indexes():
-                    self._policies[i].remove(rec)
+                    self._policies[i].remove(rec.name)
             elif not pinned and rec.pinned:
                 for i in rec.tier_indexes():
-                    self._policies[i].insert(rec, self._footprint(i, rec), self._parent_key(rec))
+                    self._policy_insert(i, rec)
             rec.pinned = pinned
             return self._stat(rec)
 
@@ -866,7 +885,7 @@ class Store:
         with self._lock:
             rec = self.catalog.require(name)
             if rec.tiers & (1 << k):
-                self._policies[k].touch(rec)
+                self._policies[k].touch(rec.name)
                 return self._stat(rec)
         with self.open(name, count_hit=False) as ref:
             with self._lock:
