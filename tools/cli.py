@@ -16,7 +16,10 @@ from kvfs.errors import KvfsError
 __all__ = ["main", "COMMANDS", "BENCHES"]
 
 # name -> (module, one-line help)
-COMMANDS: dict[str, tuple[str, str]] = {}
+COMMANDS: dict[str, tuple[str, str]] = {
+    "mount": ("kvfs.tools.cmd_mount", "mount kvfs on an empty directory (background, or --foreground)"),
+    "umount": ("kvfs.tools.cmd_umount", "flush DRAM-only blocks down, unmount, and return when done"),
+}
 
 # ``kvfs bench NAME``: benchmarks operators run on their own hardware.
 BENCHES: dict[str, tuple[str, str]] = {
