@@ -366,7 +366,8 @@ class KvfsOperations(pyfuse3.Operations):
         return self._attr(node, st.size, st.created, st.accessed)
 
     def _invalidate_entry(self, name: str) -> None:
-        """Make the kernel drop its dentry of *name* (off the handler: it may block)."""
+        """Make the kernel drop its dentry of *name* (in the background: it may block while
+        a request on the directory is in flight)."""
         parent, _, base = name.rpartition("/")
         pino = self.inodes.by_name.get(parent)
         if pino is None or self._nursery is None:
@@ -379,6 +380,18 @@ class KvfsOperations(pyfuse3.Operations):
                 log.debug("invalidate_entry(%s) failed: %s", name, exc)
 
         self._nursery.start_soon(trio.to_thread.run_sync, notify)
+
+    async def _invalidate_inode(self, ino: int) -> None:
+        """Drop the kernel's cached attributes and pages of *ino* (no writeback cache, so
+        this cannot wait on us; it runs in a thread all the same)."""
+
+        def notify() -> None:
+            try:
+                pyfuse3.invalidate_inode(ino)
+            except OSError as exc:
+                log.debug("invalidate_inode(%d) failed: %s", ino, exc)
+
+        await trio.to_thread.run_sync(notify)
 
     # -- names ---------------------------------------------------------------------
 
@@ -521,8 +534,11 @@ class KvfsOperations(pyfuse3.Operations):
 
     # -- files ---------------------------------------------------------------------
 
-    def _write_info(self, fh: int) -> pyfuse3.FileInfo:
-        return pyfuse3.FileInfo(fh=fh, direct_io=self.options.direct_io_write, keep_cache=False)
+    def _write_info(self, fh: int, replacing: bool = False) -> pyfuse3.FileInfo:
+        # A replacement (O_TRUNC on a sealed block) shares its inode with the old block's
+        # readers: its writes must bypass the page cache, or they would read new bytes.
+        direct = self.options.direct_io_write or replacing
+        return pyfuse3.FileInfo(fh=fh, direct_io=direct, keep_cache=False)
 
     @_handler
     async def create(self, parent_inode, name, mode, flags, ctx):
@@ -559,7 +575,7 @@ class KvfsOperations(pyfuse3.Operations):
             if not flags & os.O_TRUNC or flags & os.O_APPEND:
                 raise FUSEError(errno.EPERM)  # a sealed block is immutable: replace it with O_TRUNC
             fh = self._new_fh(_WriteHandle(node, node.name))
-            return self._write_info(fh)
+            return self._write_info(fh, replacing=True)
         st = self.store.lookup(node.name)
         if st is None:
             raise FUSEError(errno.ENOENT)  # being written (not sealed yet), evicted or removed
@@ -609,11 +625,13 @@ class KvfsOperations(pyfuse3.Operations):
         await self._slow(self._seal_tier(), self.store.put, h.name, h.buf)
         h.dirty = False
         h.node.checksum = None  # the kernel's pages came from writes, not from a sealed block
-        if replaced:
-            # old readers keep the old inode (and their bytes); the name gets a new one
-            if self.inodes.by_name.get(h.name) == h.node.ino:
-                self.inodes.detach(h.name)
-                self._invalidate_entry(h.name)
+        if replaced and self.inodes.by_name.get(h.name) == h.node.ino:
+            # old readers keep the old inode (and their bytes); the name gets a new one.
+            # The kernel zeroed the old inode's size at the O_TRUNC open and grew it with
+            # the writes: drop that so old readers ask us (getattr: the old size) again.
+            self.inodes.detach(h.name)
+            await self._invalidate_inode(h.node.ino)
+            self._invalidate_entry(h.name)
 
     @_handler
     async def flush(self, fh):
