@@ -64,6 +64,7 @@ log = logging.getLogger("kvfs.mount.fs")
 
 ROOT_INODE = pyfuse3.ROOT_INODE
 _NAME_MAX = 255
+_SMALL_SEAL = 4 << 20  # blocks up to this size seal on the loop when DRAM has room (a memcpy)
 
 XATTR_TIERS = b"user.kvfs.tiers"
 XATTR_PINNED = b"user.kvfs.pinned"
@@ -153,6 +154,8 @@ class _Inode:
     checksum: int | None = None  # checksum of the block the kernel may have cached pages of
     size: int = 0             # last known size (answers getattr once detached)
     mtime: float = 0.0
+    """Fixed for the inode's life (an inode is one block: a replacement gets a new one).
+    A changing mtime would make the kernel drop the pages it cached from the writes."""
 
 
 class _Inodes:
@@ -268,6 +271,14 @@ class KvfsOperations(pyfuse3.Operations):
         tier = min(max(tier, 0), len(self._limiters) - 1)
         return await trio.to_thread.run_sync(fn, *args, limiter=self._limiters[tier])
 
+    def _fits_in_dram(self, n: int) -> bool:
+        """True when a block of *n* bytes goes into free DRAM without evicting anything,
+        so sealing it is a memory copy that may run on the loop."""
+        if not self._hot_volatile or n > _SMALL_SEAL:
+            return False
+        free = getattr(self.store.tiers[0], "free_bytes", 0)
+        return free >= n + _SMALL_SEAL
+
     def _seal_tier(self) -> int:
         # sealing lands in the hottest tier but may demote evicted blocks to the next one
         return 1 if len(self._limiters) > 1 else 0
@@ -345,8 +356,9 @@ class KvfsOperations(pyfuse3.Operations):
             return self._attr(node, 0, self.started)
         st = self.store.lookup(node.name)
         if st is not None:
-            node.size, node.mtime = st.size, st.created
-            return self._attr(node, st.size, st.created, st.accessed)
+            node.size = st.size
+            node.mtime = node.mtime or st.created
+            return self._attr(node, st.size, node.mtime, st.accessed)
         w = self._pending(node)
         if w is not None:
             return self._attr(node, len(w.buf), node.mtime or time.time())
@@ -362,8 +374,9 @@ class KvfsOperations(pyfuse3.Operations):
         if st is None:
             raise FUSEError(errno.ENOENT)
         node = self.inodes.for_name(name, False)
-        node.size, node.mtime = st.size, st.created
-        return self._attr(node, st.size, st.created, st.accessed)
+        node.size = st.size
+        node.mtime = node.mtime or st.created
+        return self._attr(node, st.size, node.mtime, st.accessed)
 
     def _invalidate_entry(self, name: str) -> None:
         """Make the kernel drop its dentry of *name* (in the background: it may block while
@@ -622,9 +635,15 @@ class KvfsOperations(pyfuse3.Operations):
         if not h.dirty:
             return
         replaced = self.store.exists(h.name)
-        await self._slow(self._seal_tier(), self.store.put, h.name, h.buf)
+        if self._fits_in_dram(len(h.buf)):
+            st = self.store.put(h.name, h.buf)  # a memcpy into the arena: no need for a thread
+        else:
+            st = await self._slow(self._seal_tier(), self.store.put, h.name, h.buf)
         h.dirty = False
-        h.node.checksum = None  # the kernel's pages came from writes, not from a sealed block
+        # The kernel's pages of a new file came from these writes (through the page cache),
+        # so they are the sealed bytes: later opens may keep them. A replacement wrote with
+        # direct_io and its inode is retired below.
+        h.node.checksum = st.checksum if not (replaced or self.options.direct_io_write) else None
         if replaced and self.inodes.by_name.get(h.name) == h.node.ino:
             # old readers keep the old inode (and their bytes); the name gets a new one.
             # The kernel zeroed the old inode's size at the O_TRUNC open and grew it with

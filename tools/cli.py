@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 # ``kvfs bench NAME``: benchmarks operators run on their own hardware.
 BENCHES: dict[str, tuple[str, str]] = {
     "tiers": ("kvfs.tools.bench_tiers", "put/get of blocks through the store per tier vs memcpy and raw file I/O"),
+    "fuse": ("kvfs.tools.bench_fuse", "file I/O through a kvfs mount next to tmpfs: GB/s, latency, stat/s, listing"),
 }
 
 
