@@ -169,6 +169,24 @@ async def _serve(ops, store, mountpoint: str, sock: Path, on_ready) -> None:
         nursery.cancel_scope.cancel()
 
 
+def _set_read_ahead(mountpoint: str, kb: int) -> None:
+    """Raise the kernel's read-ahead for our mount (its bdi is named by the mount's dev)."""
+    if kb <= 0:
+        return
+    dev = None
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split(" ")
+            if _unescape(fields[4]) == mountpoint:
+                dev = fields[2]
+    try:
+        if dev is None:
+            raise OSError("not in mountinfo")
+        Path(f"/sys/class/bdi/{dev}/read_ahead_kb").write_text(str(kb))
+    except OSError as exc:
+        log.info("cannot set read_ahead_kb of %s (%s); uncached reads use 128 KiB requests", mountpoint, exc)
+
+
 def _mount_options(config: Config) -> set[str]:
     opts = {"fsname=kvfs", f"subtype={FSTYPE.split('.', 1)[1]}", "default_permissions", "noatime"}
     if config.mount.allow_other:
@@ -198,6 +216,7 @@ def serve_foreground(mountpoint: str, config: Config, on_ready=lambda: None) -> 
             pyfuse3.init(ops, mountpoint, _mount_options(config))
         except (RuntimeError, OSError) as exc:
             raise MountError(f"{mountpoint}: mount failed: {exc}") from exc
+        _set_read_ahead(mountpoint, options.read_ahead_kb)
         pidfile.write_text(f"{os.getpid()}\n")
         log.info("kvfs mounted at %s (pid %d, tiers %s)", mountpoint, os.getpid(),
                  ", ".join(f"{t.name}:{t.kind.value}" for t in store.tiers))

@@ -37,6 +37,7 @@ VARIANTS: dict[str, dict] = {
     "no keep_cache": {"keep_cache": False},
     "direct_io reads": {"direct_io_read": True, "keep_cache": False},
     "direct_io writes": {"direct_io_write": True},
+    "no keep_cache, 128 KiB read-ahead": {"keep_cache": False, "read_ahead_kb": 0},
 }
 
 
@@ -268,16 +269,16 @@ _LABELS = {
 
 def _print(r: dict) -> None:
     print(f"kvfs bench fuse: {r['blocks']} blocks of {r['block_bytes'] // MiB} MiB, listing {r['entries']} entries")
-    print(f"{'':34} {'kvfs':>12} {'tmpfs':>12} {'kvfs/tmpfs':>11}")
+    print(f"{'':36} {'kvfs':>12} {'tmpfs':>12} {'kvfs/tmpfs':>11}")
     for k, (label, unit) in _LABELS.items():
         a, b, ratio = r["kvfs"][k], r["tmpfs"][k], r["ratio"][k]
         fmt = "{:>12.2f}" if unit in ("GB/s", "s") else "{:>12,.0f}"
-        print(f"{label + ' (' + unit + ')':34} {fmt.format(a)} {fmt.format(b)} {ratio:>10.2f}x")
+        print(f"{label + ' (' + unit + ')':36} {fmt.format(a)} {fmt.format(b)} {ratio:>10.2f}x")
     if "settings" in r:
         print("\nper-file FUSE settings (kvfs only)")
-        print(f"{'':34} {'write':>8} {'cold rd':>8} {'rep. rd':>8}  GB/s")
+        print(f"{'':36} {'write':>8} {'cold rd':>8} {'rep. rd':>8}  GB/s")
         for label, v in r["settings"].items():
-            print(f"{label:34} {v['write_GBps']:>8.2f} {v['read_cold_GBps']:>8.2f} {v['read_repeat_GBps']:>8.2f}")
+            print(f"{label:36} {v['write_GBps']:>8.2f} {v['read_cold_GBps']:>8.2f} {v['read_repeat_GBps']:>8.2f}")
     if "rss" in r:
         s = r["rss"]
         print(f"\ndaemon private memory (RssAnon) over {s['rounds']} passes of {s['bytes_per_round'] / 1e9:.2f} GB: "
