@@ -195,6 +195,15 @@ class ControlHandler:
     async def op_ping(self) -> dict:
         return {"mountpoint": self.mountpoint, "pid": os.getpid()}
 
+    async def op_shutdown(self) -> dict:
+        """Flush every block that is only in DRAM down and unmount. Replies at once; the
+        daemon exits when both are done (``kvfs umount`` waits for that)."""
+        request = getattr(self, "request_shutdown", None)  # set by the daemon that serves
+        if request is None:
+            raise KvfsError("this control server cannot shut its daemon down")
+        request()
+        return {"pid": os.getpid()}
+
     async def op_stat(self, name: str) -> dict:
         st = await trio.to_thread.run_sync(self.store.stat, name)
         return st.to_json()

@@ -18,6 +18,8 @@ __all__ = ["main", "COMMANDS", "BENCHES"]
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
+    "mount": ("kvfs.tools.cmd_mount", "mount kvfs on an empty directory (background, or --foreground)"),
+    "umount": ("kvfs.tools.cmd_umount", "flush DRAM-only blocks down, unmount, and return when done"),
     # inspection and control of a running mount (they talk to its daemon)
     "ls": ("kvfs.tools.cmd_ls", "list blocks and directories with size, tiers, pin, hits, last access"),
     "du": ("kvfs.tools.cmd_du", "bytes and blocks per tier and in total under paths"),
@@ -37,6 +39,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "tiers": ("kvfs.tools.bench_tiers", "put/get of blocks through the store per tier vs memcpy and raw file I/O"),
     "s3": ("kvfs.tools.bench_s3", "block put/get through the s3 tier vs raw boto3 put_object/get_object"),
     "policy": ("kvfs.tools.bench_policy", "hit ratio of each eviction policy on traces vs Belady and LRU, and policy cost"),
+    "fuse": ("kvfs.tools.bench_fuse", "file I/O through a kvfs mount next to tmpfs: GB/s, latency, stat/s, listing"),
 }
 
 

@@ -1,0 +1,310 @@
+"""The mount daemon: a store, a FUSE loop and the control socket in one trio nursery.
+
+``run(mountpoint, config, foreground)`` is what ``kvfs mount`` calls.
+
+- Foreground: mounts, serves until unmounted (``kvfs umount``, ``fusermount3 -u``) or
+  until SIGTERM/SIGINT, then writes every block that is only in DRAM down to the first
+  persistent tier (``store.flush``), closes the store and returns.
+- Background: starts ``python -m kvfs.mount.daemon`` detached (its own session, output to
+  :func:`~kvfs.mount.paths.log_path`), hands it the parsed config on stdin and returns
+  once the child reports, on a pipe, that the mount is ready (or why it failed).
+
+Every way the loop ends goes through the same exit path, so ``fusermount3 -u`` (the
+kernel's destroy, which ends ``pyfuse3.main``) flushes exactly as ``kvfs umount`` does.
+The pid file (:func:`~kvfs.mount.paths.pid_path`) exists while the daemon runs;
+``kvfs umount`` waits for the process to end, which is after the flush.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from kvfs.config import Config
+from kvfs.errors import KvfsError
+
+from .paths import FSTYPE, control_socket_path, log_path, pid_path
+
+__all__ = ["run", "check_mountpoint", "mount_type", "MountError", "fs_options_from_env"]
+
+log = logging.getLogger("kvfs.mount.daemon")
+
+READY = b"ready\n"
+_WRITE_THROUGH_INTERVAL = 0.2  # seconds between write-through passes when idle
+_FUSE_OPTIONS_ENV = "KVFS_FUSE_OPTIONS"
+
+
+class MountError(KvfsError):
+    """Raised when a mountpoint cannot be used (missing, not a directory, not empty,
+    already mounted) or the mount itself fails; nothing is left mounted."""
+
+
+def _unescape(field: str) -> str:
+    out, i = [], 0
+    while i < len(field):
+        if field[i] == "\\" and field[i + 1 : i + 4].isdigit():
+            out.append(chr(int(field[i + 1 : i + 4], 8)))
+            i += 4
+        else:
+            out.append(field[i])
+            i += 1
+    return "".join(out)
+
+
+def _real(path: str | os.PathLike) -> str:
+    """realpath without stat()ing the last component (it may be a FUSE mount)."""
+    p = os.path.abspath(path)
+    head, tail = os.path.split(p)
+    return os.path.join(os.path.realpath(head), tail) if tail else os.path.realpath(p)
+
+
+def mount_type(path: str | os.PathLike) -> str | None:
+    """The filesystem type mounted exactly at *path* (``fuse.kvfs``, ``ext4``…), or None.
+
+    Reads /proc/self/mountinfo and resolves only *path*'s parent, so neither a stale
+    mount nor our own not-yet-serving mount is touched (which would hang)."""
+    real = _real(path)
+    found = None
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                left, _, right = line.partition(" - ")
+                if _unescape(left.split(" ")[4]) == real:
+                    found = right.split(" ", 1)[0]  # the last mount there wins
+    except OSError:
+        pass
+    return found
+
+
+def check_mountpoint(path: str | os.PathLike) -> str:
+    """*path* made absolute, or :class:`MountError` saying why it cannot be mounted on."""
+    p = os.path.abspath(path)
+    kind = mount_type(p)
+    if kind is not None:
+        hint = f"; unmount it first with kvfs umount {p}" if kind == FSTYPE else ""
+        raise MountError(f"{p}: already mounted ({kind}){hint}")
+    if not os.path.lexists(p):
+        raise MountError(f"{p}: mountpoint does not exist; create it first (mkdir -p {p})")
+    if not os.path.isdir(p):
+        raise MountError(f"{p}: mountpoint is not a directory")
+    try:
+        if os.listdir(p):
+            raise MountError(f"{p}: mountpoint is not empty; kvfs mounts only on an empty directory")
+    except PermissionError as exc:
+        raise MountError(f"{p}: mountpoint is not readable: {exc.strerror}") from exc
+    return os.path.realpath(p)  # safe: nothing is mounted there yet
+
+
+def fs_options_from_env():
+    """Per-file FUSE settings, overridable through $KVFS_FUSE_OPTIONS (a JSON object of
+    :class:`~kvfs.mount.fs.FsOptions` fields; ``kvfs bench fuse`` uses it to compare)."""
+    from .fs import FsOptions
+
+    raw = os.environ.get(_FUSE_OPTIONS_ENV)
+    if not raw:
+        return FsOptions()
+    try:
+        return FsOptions(**json.loads(raw))
+    except (ValueError, TypeError) as exc:
+        raise MountError(f"${_FUSE_OPTIONS_ENV}: {exc}") from exc
+
+
+# -- the daemon itself ------------------------------------------------------------------
+
+
+async def _write_through(store) -> None:
+    import trio
+
+    while True:
+        if store.pending:
+            await trio.to_thread.run_sync(store.run_pending, 256)
+        await trio.sleep(_WRITE_THROUGH_INTERVAL)
+
+
+async def _on_signals(cancel_scope) -> None:
+    import trio
+
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for signum in signals:
+            log.info("received %s: unmounting", signal.Signals(signum).name)
+            cancel_scope.cancel()
+            return
+
+
+async def _on_shutdown(requested, cancel_scope) -> None:
+    import trio
+
+    await requested.wait()
+    log.info("shutdown requested over the control socket: unmounting")
+    await trio.sleep(0.05)  # let the control server send its reply first
+    cancel_scope.cancel()
+
+
+async def _serve(ops, store, mountpoint: str, sock: Path, on_ready) -> None:
+    import pyfuse3
+    import trio
+
+    from .control import ControlHandler, serve
+
+    handler = ControlHandler(store, mountpoint)
+    async with trio.open_nursery() as nursery:
+        ops.attach_nursery(nursery)
+        shutdown = trio.Event()
+        handler.request_shutdown = shutdown.set
+        nursery.start_soon(_on_shutdown, shutdown, nursery.cancel_scope)
+        await nursery.start(serve, handler, sock)
+        nursery.start_soon(_write_through, store)
+        nursery.start_soon(_on_signals, nursery.cancel_scope)
+        on_ready()
+        await pyfuse3.main(min_tasks=4, max_tasks=64)
+        log.info("the kernel ended the session (unmounted from outside)")
+        nursery.cancel_scope.cancel()
+
+
+def _set_read_ahead(mountpoint: str, kb: int) -> None:
+    """Raise the kernel's read-ahead for our mount (its bdi is named by the mount's dev)."""
+    if kb <= 0:
+        return
+    dev = None
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split(" ")
+            if _unescape(fields[4]) == mountpoint:
+                dev = fields[2]
+    try:
+        if dev is None:
+            raise OSError("not in mountinfo")
+        Path(f"/sys/class/bdi/{dev}/read_ahead_kb").write_text(str(kb))
+    except OSError as exc:
+        log.info("cannot set read_ahead_kb of %s (%s); uncached reads use 128 KiB requests", mountpoint, exc)
+
+
+def _mount_options(config: Config) -> set[str]:
+    opts = {"fsname=kvfs", f"subtype={FSTYPE.split('.', 1)[1]}", "default_permissions", "noatime"}
+    if config.mount.allow_other:
+        opts.add("allow_other")
+    return opts
+
+
+def serve_foreground(mountpoint: str, config: Config, on_ready=lambda: None) -> int:
+    """Mount, serve until unmounted or signalled, flush, close. Returns an exit status."""
+    import pyfuse3
+    import trio
+
+    from kvfs.tiers import open_store
+
+    from .fs import KvfsOperations
+
+    mountpoint = check_mountpoint(mountpoint)
+    options = fs_options_from_env()
+    store = open_store(config)
+    ops = KvfsOperations(store, options)
+    # every path derived from the mountpoint is computed before mounting: resolving it
+    # afterwards would stat our own mount before its loop serves (a deadlock)
+    pidfile = pid_path(mountpoint)
+    sock = control_socket_path(mountpoint)
+    try:
+        try:
+            pyfuse3.init(ops, mountpoint, _mount_options(config))
+        except (RuntimeError, OSError) as exc:
+            raise MountError(f"{mountpoint}: mount failed: {exc}") from exc
+        _set_read_ahead(mountpoint, options.read_ahead_kb)
+        pidfile.write_text(f"{os.getpid()}\n")
+        log.info("kvfs mounted at %s (pid %d, tiers %s)", mountpoint, os.getpid(),
+                 ", ".join(f"{t.name}:{t.kind.value}" for t in store.tiers))
+        try:
+            trio.run(_serve, ops, store, mountpoint, sock, on_ready)
+        finally:
+            still = mount_type(mountpoint) == FSTYPE
+            pyfuse3.close(unmount=still)
+            log.info("unmounted %s", mountpoint)
+            ops.close_handles()
+            t0 = time.monotonic()
+            n = store.flush()
+            log.info("flushed %d DRAM-only blocks to persistent tiers in %.2fs", n, time.monotonic() - t0)
+    finally:
+        store.close()
+        try:
+            if pidfile.read_text().strip() == str(os.getpid()):
+                pidfile.unlink()
+        except OSError:
+            pass
+    return 0
+
+
+def _spawn_background(mountpoint: str, config: Config) -> int:
+    """Start the daemon detached and wait until it reports the mount ready."""
+    logfile = log_path(mountpoint)
+    r, w = os.pipe()
+    with open(logfile, "ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "kvfs.mount.daemon", "--ready-fd", str(w), mountpoint],
+            stdin=subprocess.PIPE, stdout=out, stderr=out, pass_fds=(w,),
+            start_new_session=True, close_fds=True,
+        )
+    os.close(w)
+    try:
+        assert proc.stdin is not None
+        proc.stdin.write(pickle.dumps(config))
+        proc.stdin.close()
+        with os.fdopen(r, "rb") as ready:
+            msg = ready.read()
+    except BaseException:
+        proc.terminate()
+        raise
+    if msg == READY:
+        print(f"kvfs mounted at {mountpoint} (pid {proc.pid}); log: {logfile}")
+        return 0
+    proc.wait()
+    reason = msg.decode(errors="replace").strip() or f"the daemon exited with status {proc.returncode}"
+    raise MountError(f"{reason} (log: {logfile})")
+
+
+def run(mountpoint: str | os.PathLike, config: Config, foreground: bool = False) -> int:
+    """Mount kvfs at *mountpoint* with *config*. Foreground: serve until unmounted or
+    signalled. Background: return once the detached daemon has the mount ready.
+    Raises :class:`MountError` (nothing left mounted) when the mountpoint is unusable."""
+    mountpoint = check_mountpoint(mountpoint)
+    if foreground:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+        return serve_foreground(mountpoint, config, lambda: log.info("ready"))
+    return _spawn_background(mountpoint, config)
+
+
+def _child_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m kvfs.mount.daemon")
+    parser.add_argument("--ready-fd", type=int, required=True)
+    parser.add_argument("mountpoint")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    ready = os.fdopen(args.ready_fd, "wb", buffering=0)
+
+    def on_ready() -> None:
+        ready.write(READY)
+        ready.close()
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.close(devnull)
+
+    try:
+        config = pickle.loads(sys.stdin.buffer.read())
+        return serve_foreground(args.mountpoint, config, on_ready)
+    except BaseException as exc:
+        log.exception("kvfs daemon failed")
+        if not ready.closed:
+            ready.write(f"kvfs daemon: {exc}\n".encode())
+            ready.close()
+        return 1
+
+
+if __name__ == "__main__":  # pragma: no cover - the detached daemon
+    sys.exit(_child_main(sys.argv[1:]))

@@ -1,0 +1,286 @@
+"""``kvfs bench fuse``: plain file I/O through a kvfs mount next to the same I/O on tmpfs.
+
+Mounts kvfs itself (a DRAM tier sized to hold the working set over a disk tier, in a
+temporary directory) and, in the same run, does the same I/O in a directory of /dev/shm:
+
+- sequential write and read GB/s of 2 MiB blocks (one file each: open, write, close);
+  reads *cold* (the first read after the write) and *repeated* (read again);
+- open+read+close latency of small (4 KiB) blocks, p50 and p99;
+- stat() per second;
+- listing a directory of 100k entries (``--quick``: 10k).
+
+Prints each figure, kvfs next to tmpfs, and their ratio (``--json`` for one JSON object).
+``--settings`` also compares per-file FUSE settings (keep_cache, direct_io) by mounting
+once per variant (through ``$KVFS_FUSE_OPTIONS``). ``--rss-rounds N`` writes and reads the
+working set N more times and reports the daemon's private memory (RssAnon, i.e. beyond
+its shared-memory DRAM arena) before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+MiB = 1 << 20
+BLOCK = 2 * MiB
+
+VARIANTS: dict[str, dict] = {
+    "default (keep_cache, page cache)": {},
+    "no keep_cache": {"keep_cache": False},
+    "direct_io reads": {"direct_io_read": True, "keep_cache": False},
+    "direct_io writes": {"direct_io_write": True},
+    "no keep_cache, 128 KiB read-ahead": {"keep_cache": False, "read_ahead_kb": 0},
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--blocks", type=int, default=None, help="2 MiB blocks per pass (default 128; quick 48)")
+    parser.add_argument("--entries", type=int, default=None, help="directory entries to list (default 100000; quick 10000)")
+    parser.add_argument("--quick", action="store_true", help="a smaller run (CI, shared machines)")
+    parser.add_argument("--settings", action="store_true", help="also compare per-file FUSE settings")
+    parser.add_argument("--rss-rounds", type=int, default=0, metavar="N", help="measure daemon memory over N more passes")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--dir", default=None, help="where to make the mountpoint and disk tier (default: a temp dir)")
+
+
+# -- workloads (the same code runs on both directories) ---------------------------------
+
+
+def _payloads(n: int) -> list[bytes]:
+    base = os.urandom(BLOCK)
+    return [base[i % 97:] + base[: i % 97] for i in range(min(n, 8))]
+
+
+def write_blocks(d: Path, n: int, payloads: list[bytes]) -> float:
+    d.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    for i in range(n):
+        with open(d / f"blk{i:05d}", "wb", buffering=0) as f:
+            f.write(payloads[i % len(payloads)])
+    return n * BLOCK / (time.perf_counter() - t0) / 1e9
+
+
+def read_blocks(d: Path, n: int, buf: bytearray) -> float:
+    t0 = time.perf_counter()
+    for i in range(n):
+        with open(d / f"blk{i:05d}", "rb", buffering=0) as f:
+            got = f.readinto(buf)
+            assert got == BLOCK, got
+    return n * BLOCK / (time.perf_counter() - t0) / 1e9
+
+
+def small_latency(d: Path, n: int) -> tuple[float, float]:
+    d.mkdir(parents=True, exist_ok=True)
+    data = os.urandom(4096)
+    for i in range(n):
+        with open(d / f"s{i:05d}", "wb") as f:
+            f.write(data)
+    buf = bytearray(4096)
+    for i in range(n):  # warm: names and attributes cached, as in steady state
+        with open(d / f"s{i:05d}", "rb", buffering=0) as f:
+            f.readinto(buf)
+    lat = []
+    for i in range(n):
+        t0 = time.perf_counter()
+        with open(d / f"s{i:05d}", "rb", buffering=0) as f:
+            f.readinto(buf)
+        lat.append(time.perf_counter() - t0)
+    lat.sort()
+    return lat[len(lat) // 2] * 1e6, lat[int(len(lat) * 0.99)] * 1e6
+
+
+def stat_rate(d: Path, n: int, seconds: float = 1.0) -> float:
+    names = [d / f"s{i:05d}" for i in range(n)]
+    count, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        for p in names:
+            os.stat(p)
+        count += len(names)
+    return count / (time.perf_counter() - t0)
+
+
+def listing(d: Path, n: int) -> tuple[float, float]:
+    """(seconds to create, seconds to list) *n* empty entries in one directory."""
+    d.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    for i in range(n):
+        os.close(os.open(d / f"e{i:06d}", os.O_CREAT | os.O_WRONLY, 0o644))
+    made = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    with os.scandir(d) as it:
+        got = sum(1 for _ in it)
+    listed = time.perf_counter() - t0
+    assert got == n, (got, n)
+    return made, listed
+
+
+def run_suite(root: Path, blocks: int, entries: int, payloads: list[bytes]) -> dict:
+    buf = bytearray(BLOCK)
+    out = {}
+    writes, colds, repeats = [], [], []
+    for r in range(2):
+        d = root / f"seq{r}"
+        writes.append(write_blocks(d, blocks, payloads))
+        colds.append(read_blocks(d, blocks, buf))
+        repeats.append(max(read_blocks(d, blocks, buf) for _ in range(2)))
+        if r == 0:
+            shutil.rmtree(d)
+    out["write_GBps"] = max(writes)
+    out["read_cold_GBps"] = max(colds)
+    out["read_repeat_GBps"] = max(repeats)
+    p50, p99 = small_latency(root / "small", 1000)
+    out["open_read_close_p50_us"] = p50
+    out["open_read_close_p99_us"] = p99
+    out["stat_per_s"] = stat_rate(root / "small", 1000)
+    made, listed = listing(root / "list", entries)
+    out["create_entries_per_s"] = entries / made
+    out["list_entries_s"] = listed
+    return out
+
+
+# -- mounting ---------------------------------------------------------------------------
+
+
+def _config(base: Path, dram: int) -> Path:
+    cfg = base / "bench.toml"
+    cfg.write_text(
+        f'[[tiers]]\nkind = "dram"\nname = "dram"\ncapacity = {dram}\nmlock = false\n\n'
+        f'[[tiers]]\nkind = "disk"\nname = "disk"\ncapacity = {4 * dram}\npath = "{base}/disk"\n'
+    )
+    return cfg
+
+
+def _mount(mp: Path, cfg: Path, options: dict) -> int:
+    from kvfs.mount.paths import pid_path
+
+    mp.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "KVFS_FUSE_OPTIONS": json.dumps(options)}
+    res = subprocess.run([sys.executable, "-m", "kvfs.tools.cli", "mount", str(mp), "--config", str(cfg)],
+                         capture_output=True, text=True, env=env, timeout=120)
+    if res.returncode != 0:
+        raise SystemExit(f"kvfs bench fuse: mount failed: {res.stderr.strip()}")
+    return int(pid_path(mp).read_text())
+
+
+def _umount(mp: Path) -> None:
+    subprocess.run([sys.executable, "-m", "kvfs.tools.cli", "umount", str(mp)], capture_output=True, timeout=600)
+    from kvfs.mount.daemon import mount_type
+
+    if mount_type(mp) is not None:
+        subprocess.run(["fusermount3", "-u", "-z", str(mp)], capture_output=True)
+
+
+def _rss_anon(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvfs.mount.daemon import mount_type  # noqa: F401  (fails early without the mount extra)
+
+    blocks = args.blocks or (48 if args.quick else 128)
+    entries = args.entries or (10_000 if args.quick else 100_000)
+    payloads = _payloads(blocks)
+    # DRAM holds two passes of blocks, the small files and the listing
+    dram = (2 * blocks * BLOCK + 2 * 1000 * 4096 + entries * 4096 + 64 * MiB + MiB - 1) // MiB * MiB
+    base = Path(tempfile.mkdtemp(prefix="kvfs-bench-fuse-", dir=args.dir))
+    shm = Path(tempfile.mkdtemp(prefix="kvfs-bench-tmpfs-", dir="/dev/shm"))
+    result: dict = {"blocks": blocks, "block_bytes": BLOCK, "entries": entries}
+    try:
+        cfg = _config(base, dram)
+        mp = base / "mnt"
+        tmpfs = run_suite(shm, blocks, entries, payloads)
+        shutil.rmtree(shm, ignore_errors=True)
+        shm.mkdir()
+        pid = _mount(mp, cfg, {})
+        try:
+            kvfs = run_suite(mp, blocks, entries, payloads)
+            if args.rss_rounds:
+                result["rss"] = _rss_run(mp, pid, blocks, args.rss_rounds, payloads)
+        finally:
+            _umount(mp)
+        result["tmpfs"] = tmpfs
+        result["kvfs"] = kvfs
+        result["ratio"] = {k: kvfs[k] / tmpfs[k] if tmpfs[k] else None for k in kvfs}
+        if args.settings:
+            result["settings"] = {}
+            for label, opts in VARIANTS.items():
+                shutil.rmtree(base / "disk", ignore_errors=True)
+                _mount(mp, cfg, opts)
+                try:
+                    buf = bytearray(BLOCK)
+                    w = write_blocks(mp / "v", blocks, payloads)
+                    c = read_blocks(mp / "v", blocks, buf)
+                    rep = max(read_blocks(mp / "v", blocks, buf) for _ in range(2))
+                finally:
+                    _umount(mp)
+                result["settings"][label] = {"write_GBps": w, "read_cold_GBps": c, "read_repeat_GBps": rep}
+    finally:
+        shutil.rmtree(shm, ignore_errors=True)
+        shutil.rmtree(base, ignore_errors=True)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        _print(result)
+    return 0
+
+
+def _rss_run(mp: Path, pid: int, blocks: int, rounds: int, payloads: list[bytes]) -> dict:
+    buf = bytearray(BLOCK)
+    d = mp / "rss"
+    write_blocks(d, blocks, payloads)
+    read_blocks(d, blocks, buf)
+    shutil.rmtree(d)
+    before = _rss_anon(pid)
+    samples = []
+    for _ in range(rounds):
+        write_blocks(d, blocks, payloads)
+        read_blocks(d, blocks, buf)
+        read_blocks(d, blocks, buf)
+        shutil.rmtree(d)
+        samples.append(_rss_anon(pid))
+    return {"rounds": rounds, "bytes_per_round": blocks * BLOCK, "rss_anon_before": before,
+            "rss_anon_after": samples[-1], "rss_anon_max": max(samples),
+            "rss_anon_median": statistics.median(samples)}
+
+
+_LABELS = {
+    "write_GBps": ("sequential write, 2 MiB blocks", "GB/s"),
+    "read_cold_GBps": ("read, first after write", "GB/s"),
+    "read_repeat_GBps": ("read, repeated", "GB/s"),
+    "open_read_close_p50_us": ("open+read+close 4 KiB, p50", "us"),
+    "open_read_close_p99_us": ("open+read+close 4 KiB, p99", "us"),
+    "stat_per_s": ("stat", "/s"),
+    "create_entries_per_s": ("create empty entries", "/s"),
+    "list_entries_s": ("list the directory", "s"),
+}
+
+
+def _print(r: dict) -> None:
+    print(f"kvfs bench fuse: {r['blocks']} blocks of {r['block_bytes'] // MiB} MiB, listing {r['entries']} entries")
+    print(f"{'':36} {'kvfs':>12} {'tmpfs':>12} {'kvfs/tmpfs':>11}")
+    for k, (label, unit) in _LABELS.items():
+        a, b, ratio = r["kvfs"][k], r["tmpfs"][k], r["ratio"][k]
+        fmt = "{:>12.2f}" if unit in ("GB/s", "s") else "{:>12,.0f}"
+        print(f"{label + ' (' + unit + ')':36} {fmt.format(a)} {fmt.format(b)} {ratio:>10.2f}x")
+    if "settings" in r:
+        print("\nper-file FUSE settings (kvfs only)")
+        print(f"{'':36} {'write':>8} {'cold rd':>8} {'rep. rd':>8}  GB/s")
+        for label, v in r["settings"].items():
+            print(f"{label:36} {v['write_GBps']:>8.2f} {v['read_cold_GBps']:>8.2f} {v['read_repeat_GBps']:>8.2f}")
+    if "rss" in r:
+        s = r["rss"]
+        print(f"\ndaemon private memory (RssAnon) over {s['rounds']} passes of {s['bytes_per_round'] / 1e9:.2f} GB: "
+              f"before {s['rss_anon_before'] / MiB:.1f} MiB, after {s['rss_anon_after'] / MiB:.1f} MiB, "
+              f"max {s['rss_anon_max'] / MiB:.1f} MiB")

@@ -1,0 +1,95 @@
+"""``kvfs umount MOUNTPOINT``: write every DRAM-only block down, unmount, and return when
+that is done.
+
+Asks the daemon over its control socket (op ``shutdown``) and waits for the daemon
+process to exit, which it does after unmounting and flushing. A stale mount left by a
+killed daemon (no one answers the socket) is detached with ``fusermount3 -u -z``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+from kvfs.errors import KvfsError
+
+
+class UnmountError(KvfsError):
+    """Raised when a mountpoint is not a kvfs mount or could not be unmounted."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("mountpoint")
+    parser.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS",
+                        help="how long to wait for the flush and unmount (default 600)")
+
+
+def _ask_shutdown(sock_path: str) -> int:
+    """The daemon's pid once it has accepted the shutdown; OSError if nobody answers."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(10.0)
+        s.connect(sock_path)
+        s.sendall(json.dumps({"op": "shutdown"}).encode() + b"\n")
+        buf = b""
+        while not buf.endswith(b"\n"):
+            chunk = s.recv(65536)
+            if not chunk:
+                raise ConnectionResetError("the daemon hung up")
+            buf += chunk
+    reply = json.loads(buf)
+    if not reply.get("ok"):
+        raise UnmountError(f"the daemon refused to shut down: {reply.get('error')}")
+    return int(reply["result"]["pid"])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _lazy_unmount(mountpoint: str) -> None:
+    tool = shutil.which("fusermount3") or shutil.which("fusermount")
+    cmd = [tool, "-u", "-z", mountpoint] if tool else ["umount", "-l", mountpoint]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode != 0:
+        raise UnmountError(f"{mountpoint}: {' '.join(cmd)} failed: {res.stderr.strip()}")
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvfs.mount.daemon import mount_type
+    from kvfs.mount.paths import FSTYPE, control_socket_path, pid_path
+
+    mp = os.path.abspath(args.mountpoint)
+    kind = mount_type(mp)
+    if kind is None:
+        raise UnmountError(f"{mp}: not mounted")
+    if kind != FSTYPE:
+        raise UnmountError(f"{mp}: not a kvfs mount ({kind})")
+    try:
+        pid = _ask_shutdown(str(control_socket_path(mp)))
+    except (OSError, ValueError) as exc:
+        # nobody answers: the daemon was killed; detach the stale mount
+        if mount_type(mp) != FSTYPE:
+            return 0  # it went away meanwhile
+        _lazy_unmount(mp)
+        try:
+            pid_path(mp).unlink()
+        except OSError:
+            pass
+        print(f"kvfs: {mp}: the daemon did not answer ({exc}); detached the stale mount", file=sys.stderr)
+        return 0
+    deadline = time.monotonic() + args.timeout
+    while _alive(pid) or mount_type(mp) == FSTYPE:
+        if time.monotonic() > deadline:
+            raise UnmountError(f"{mp}: the daemon (pid {pid}) did not finish flushing within {args.timeout:.0f}s")
+        time.sleep(0.05)
+    return 0
