@@ -31,7 +31,7 @@ from pathlib import Path
 from kvfs.config import Config
 from kvfs.errors import KvfsError
 
-from .paths import FSTYPE, control_socket_path, log_path, pid_path
+from .paths import FSTYPE, control_socket_path, log_path, pid_path, real_path, unescape
 
 __all__ = ["run", "check_mountpoint", "mount_type", "MountError", "fs_options_from_env"]
 
@@ -47,37 +47,18 @@ class MountError(KvfsError):
     already mounted) or the mount itself fails; nothing is left mounted."""
 
 
-def _unescape(field: str) -> str:
-    out, i = [], 0
-    while i < len(field):
-        if field[i] == "\\" and field[i + 1 : i + 4].isdigit():
-            out.append(chr(int(field[i + 1 : i + 4], 8)))
-            i += 4
-        else:
-            out.append(field[i])
-            i += 1
-    return "".join(out)
-
-
-def _real(path: str | os.PathLike) -> str:
-    """realpath without stat()ing the last component (it may be a FUSE mount)."""
-    p = os.path.abspath(path)
-    head, tail = os.path.split(p)
-    return os.path.join(os.path.realpath(head), tail) if tail else os.path.realpath(p)
-
-
 def mount_type(path: str | os.PathLike) -> str | None:
     """The filesystem type mounted exactly at *path* (``fuse.kvfs``, ``ext4``…), or None.
 
     Reads /proc/self/mountinfo and resolves only *path*'s parent, so neither a stale
     mount nor our own not-yet-serving mount is touched (which would hang)."""
-    real = _real(path)
+    real = real_path(path)
     found = None
     try:
         with open("/proc/self/mountinfo") as f:
             for line in f:
                 left, _, right = line.partition(" - ")
-                if _unescape(left.split(" ")[4]) == real:
+                if unescape(left.split(" ")[4]) == real:
                     found = right.split(" ", 1)[0]  # the last mount there wins
     except OSError:
         pass
@@ -154,7 +135,7 @@ async def _serve(ops, store, mountpoint: str, sock: Path, on_ready) -> None:
 
     from .control import ControlHandler, serve
 
-    handler = ControlHandler(store, mountpoint)
+    handler = ControlHandler(store, mountpoint, opstats=ops.opstats)
     async with trio.open_nursery() as nursery:
         ops.attach_nursery(nursery)
         shutdown = trio.Event()
@@ -177,7 +158,7 @@ def _set_read_ahead(mountpoint: str, kb: int) -> None:
     with open("/proc/self/mountinfo") as f:
         for line in f:
             fields = line.split(" ")
-            if _unescape(fields[4]) == mountpoint:
+            if unescape(fields[4]) == mountpoint:
                 dev = fields[2]
     try:
         if dev is None:
@@ -211,7 +192,16 @@ def serve_foreground(mountpoint: str, config: Config, on_ready=lambda: None) -> 
     # afterwards would stat our own mount before its loop serves (a deadlock)
     pidfile = pid_path(mountpoint)
     sock = control_socket_path(mountpoint)
+    metrics_server = None
     try:
+        if config.mount.metrics_port is not None:  # before mounting: a busy port mounts nothing
+            from .metrics import start_metrics
+
+            try:
+                metrics_server, port = start_metrics(store, ops.opstats, config.mount.metrics_port)
+            except OSError as exc:
+                raise MountError(f"cannot serve metrics on port {config.mount.metrics_port}: {exc.strerror}") from exc
+            log.info("Prometheus metrics on http://127.0.0.1:%d/metrics", port)
         try:
             pyfuse3.init(ops, mountpoint, _mount_options(config))
         except (RuntimeError, OSError) as exc:
@@ -231,6 +221,8 @@ def serve_foreground(mountpoint: str, config: Config, on_ready=lambda: None) -> 
             n = store.flush()
             log.info("flushed %d DRAM-only blocks to persistent tiers in %.2fs", n, time.monotonic() - t0)
     finally:
+        if metrics_server is not None:
+            metrics_server.shutdown()
         store.close()
         try:
             if pidfile.read_text().strip() == str(os.getpid()):

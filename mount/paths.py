@@ -13,7 +13,7 @@ import hashlib
 import os
 from pathlib import Path
 
-__all__ = ["runtime_dir", "control_socket_path", "log_path", "pid_path", "find_mount", "kvfs_mounts", "FSTYPE"]
+__all__ = ["unescape", "real_path", "runtime_dir", "control_socket_path", "log_path", "pid_path", "find_mount", "kvfs_mounts", "FSTYPE"]
 
 FSTYPE = "fuse.kvfs"
 
@@ -41,17 +41,24 @@ def pid_path(mountpoint: str | os.PathLike) -> Path:
     return runtime_dir() / f"{_key(mountpoint)}.pid"
 
 
-def _unescape(field: str) -> str:
+def unescape(field: str) -> str:
     """mountinfo escapes space, tab, newline and backslash as octal (``\\040``)."""
     out, i = [], 0
     while i < len(field):
-        if field[i] == "\\" and i + 3 < len(field) + 0 and field[i + 1 : i + 4].isdigit():
+        if field[i] == "\\" and field[i + 1 : i + 4].isdigit():
             out.append(chr(int(field[i + 1 : i + 4], 8)))
             i += 4
         else:
             out.append(field[i])
             i += 1
     return "".join(out)
+
+
+def real_path(path: str | os.PathLike) -> str:
+    """realpath without stat()ing the last component (it may be a hung FUSE mount)."""
+    p = os.path.abspath(path)
+    head, tail = os.path.split(p)
+    return os.path.join(os.path.realpath(head), tail) if tail else os.path.realpath(p)
 
 
 def kvfs_mounts() -> list[str]:
@@ -63,7 +70,7 @@ def kvfs_mounts() -> list[str]:
                 left, _, right = line.partition(" - ")
                 fstype = right.split(" ", 1)[0]
                 if fstype == FSTYPE:
-                    found.append(_unescape(left.split(" ")[4]))
+                    found.append(unescape(left.split(" ")[4]))
     except OSError:
         pass
     return found

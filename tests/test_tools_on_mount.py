@@ -1,8 +1,7 @@
 """The ``kvfs`` tools on a real kvfs mount, through plain file I/O and path discovery.
 
-Uses the ``kvfs_mount`` fixture of the FUSE mount work (tests/conftest.py); skipped until
-that is present. The fixture may give the mountpoint itself or an object with a
-``mountpoint`` (or ``path``) attribute.
+Uses the ``kvfs_mount`` fixture (tests/conftest.py), which skips with a reason where
+/dev/fuse or pyfuse3 is missing.
 """
 
 from __future__ import annotations
@@ -19,13 +18,10 @@ from kvfs.tools.control_client import ENV_SOCKET, ControlClient
 
 
 @pytest.fixture
-def mp(request, monkeypatch) -> Path:
-    try:
-        m = request.getfixturevalue("kvfs_mount")
-    except pytest.FixtureLookupError:
-        pytest.skip("needs the kvfs_mount fixture (tests/conftest.py of the FUSE mount)")
+def mp(kvfs_mount, monkeypatch) -> Path:
+    """A fresh real mount (DRAM 8 MiB over disk 32 MiB); tools find it from the path."""
     monkeypatch.delenv(ENV_SOCKET, raising=False)
-    return Path(getattr(m, "mountpoint", getattr(m, "path", m)))
+    return kvfs_mount()
 
 
 def kvfs_json(capsys, *argv):
