@@ -72,6 +72,8 @@ class BlockStat:
     hits: int
     created: float
     accessed: float
+    parent: str | None = None
+    """The previous block of its prefix chain, when the writer said (prefix-aware eviction)."""
 
     @property
     def checksum_hex(self) -> str:
@@ -87,6 +89,7 @@ class BlockStat:
             "hits": self.hits,
             "created": self.created,
             "accessed": self.accessed,
+            "parent": self.parent,
         }
 
 
@@ -713,6 +716,7 @@ class Store:
             hits=rec.hits,
             created=rec.created,
             accessed=rec.accessed,
+            parent=rec.parent,
         )
 
     def stat(self, name: str) -> BlockStat:

@@ -70,6 +70,7 @@ XATTR_TIERS = b"user.kvfs.tiers"
 XATTR_PINNED = b"user.kvfs.pinned"
 XATTR_HITS = b"user.kvfs.hits"
 XATTR_CHECKSUM = b"user.kvfs.checksum"
+XATTR_PARENT = b"user.kvfs.parent"
 XATTRS = (XATTR_TIERS, XATTR_PINNED, XATTR_HITS, XATTR_CHECKSUM)
 
 # KvfsError class -> errno; the first matching base class wins (most specific first).
@@ -85,7 +86,7 @@ _ERRNO: tuple[tuple[type[BaseException], int], ...] = (
     (ReadOnlyBlock, errno.EPERM),
     (InvalidName, errno.EINVAL),
     (ConfigError, errno.EINVAL),
-    (TierUnavailable, errno.EIO),
+    (TierUnavailable, errno.EHOSTDOWN),  # the block exists, but the tiers holding it are down
 )
 
 
@@ -240,6 +241,7 @@ class _WriteHandle:
     name: str
     buf: bytearray = field(default_factory=bytearray)
     dirty: bool = True  # not sealed since the last change
+    parent: str | None = None  # user.kvfs.parent set before close: the prefix chain's parent
 
 
 class KvfsOperations(pyfuse3.Operations):
@@ -260,6 +262,11 @@ class KvfsOperations(pyfuse3.Operations):
         self._next_fh = 1
         self._limiters = [trio.CapacityLimiter(max(1, t.config.concurrency)) for t in store.tiers]
         self._hot_volatile = not store.tiers[0].persistent
+        # With shared tiers a name this node does not know is looked up there (a HEAD, an
+        # NFS stat): such metadata calls leave the loop, bounded by the coldest shared
+        # tier's limiter. Without them every metadata call is a catalog lookup.
+        shared = [i for i, t in enumerate(store.tiers) if t.shared]
+        self._meta_limiter = self._limiters[shared[-1]] if shared else None
         self._max_block = max((t.capacity or (1 << 62)) for t in store.tiers)
         self._nursery: trio.Nursery | None = None
         self.started = time.time()
@@ -274,6 +281,19 @@ class KvfsOperations(pyfuse3.Operations):
         """Run a store call that may touch tier *tier* (or colder) in a worker thread."""
         tier = min(max(tier, 0), len(self._limiters) - 1)
         return await trio.to_thread.run_sync(fn, *args, limiter=self._limiters[tier])
+
+    async def _meta(self, fn, *args):
+        """A store metadata call: on the loop when it can only touch the catalog, in a
+        worker thread when it may ask a shared tier."""
+        if self._meta_limiter is None:
+            return fn(*args)
+        return await trio.to_thread.run_sync(fn, *args, limiter=self._meta_limiter)
+
+    def _probe(self, name: str) -> tuple[bool, BlockStat | None]:
+        """``(is_dir, stat or None)`` of *name*: the store half of a lookup (thread-safe)."""
+        if self.store.is_dir(name):
+            return True, None
+        return False, self.store.lookup(name)
 
     def _fits_in_dram(self, n: int) -> bool:
         """True when a block of *n* bytes goes into free DRAM without evicting anything,
@@ -350,15 +370,15 @@ class KvfsOperations(pyfuse3.Operations):
         a.st_atime_ns = int((atime if atime is not None else mtime) * 1e9)
         return a
 
-    def _node_attr(self, node: _Inode) -> pyfuse3.EntryAttributes:
+    async def _node_attr(self, node: _Inode) -> pyfuse3.EntryAttributes:
         """Attributes of *node* now; ENOENT when its name holds nothing any more."""
         if node.name is None:
             return self._attr(node, node.size, node.mtime)
         if node.is_dir:
-            if not self.store.is_dir(node.name):
+            if not await self._meta(self.store.is_dir, node.name):
                 raise FUSEError(errno.ENOENT)
             return self._attr(node, 0, self.started)
-        st = self.store.lookup(node.name)
+        st = await self._meta(self.store.lookup, node.name)
         if st is not None:
             node.size = st.size
             node.mtime = node.mtime or st.created
@@ -368,13 +388,16 @@ class KvfsOperations(pyfuse3.Operations):
             return self._attr(node, len(w.buf), node.mtime or time.time())
         raise FUSEError(errno.ENOENT)
 
-    def _entry(self, name: str) -> pyfuse3.EntryAttributes:
+    async def _entry(self, name: str) -> pyfuse3.EntryAttributes:
         """Attributes for *name*, resolving it to its (possibly new) inode; ENOENT if absent.
         Does not count a lookup."""
-        if self.store.is_dir(name):
+        return self._entry_from(name, *await self._meta(self._probe, name))
+
+    def _entry_from(self, name: str, is_dir: bool, st: BlockStat | None) -> pyfuse3.EntryAttributes:
+        """The inode half of a lookup, on the loop (the inode table is the loop's)."""
+        if is_dir:
             node = self.inodes.for_name(name, True)
             return self._attr(node, 0, self.started)
-        st = self.store.lookup(name)
         if st is None:
             raise FUSEError(errno.ENOENT)
         node = self.inodes.for_name(name, False)
@@ -415,7 +438,7 @@ class KvfsOperations(pyfuse3.Operations):
     @_handler
     async def lookup(self, parent_inode, name, ctx=None):
         path = self._child(parent_inode, name)
-        attr = self._entry(path)
+        attr = await self._entry(path)
         self.inodes.get(attr.st_ino).nlookup += 1
         return attr
 
@@ -425,7 +448,7 @@ class KvfsOperations(pyfuse3.Operations):
 
     @_handler
     async def getattr(self, inode, ctx=None):
-        return self._node_attr(self.inodes.get(inode))
+        return await self._node_attr(self.inodes.get(inode))
 
     @_handler
     async def setattr(self, inode, attr, fields, fh, ctx):
@@ -445,30 +468,31 @@ class KvfsOperations(pyfuse3.Operations):
                 w.buf.extend(bytes(n - len(w.buf)))
             w.dirty = True
         # atime/mtime updates (touch) are accepted and ignored: times are kvfs's own
-        return self._node_attr(node)
+        return await self._node_attr(node)
 
     @_handler
     async def mkdir(self, parent_inode, name, mode, ctx):
         path = self._child(parent_inode, name)
         self.store.mkdir(path)
-        attr = self._entry(path)
+        attr = await self._entry(path)
         self.inodes.get(attr.st_ino).nlookup += 1
         return attr
 
     @_handler
     async def rmdir(self, parent_inode, name, ctx):
         path = self._child(parent_inode, name)
-        if not self.store.is_dir(path):
-            raise FUSEError(errno.ENOTDIR if self.store.exists(path) else errno.ENOENT)
+        is_dir, st = await self._meta(self._probe, path)
+        if not is_dir:
+            raise FUSEError(errno.ENOTDIR if st is not None else errno.ENOENT)
         self.store.rmdir(path)
         self.inodes.detach(path)
 
     @_handler
     async def unlink(self, parent_inode, name, ctx):
         path = self._child(parent_inode, name)
-        st = self.store.lookup(path)
+        is_dir, st = await self._meta(self._probe, path)
         if st is None:
-            raise FUSEError(errno.EISDIR if self.store.is_dir(path) else errno.ENOENT)
+            raise FUSEError(errno.EISDIR if is_dir else errno.ENOENT)
         await self._slow(self._coldest(st), self.store.delete, path)
         self.inodes.detach(path)
 
@@ -478,13 +502,15 @@ class KvfsOperations(pyfuse3.Operations):
         new = self._child(parent_inode_new, name_new)
         if flags & pyfuse3.RENAME_EXCHANGE:
             raise FUSEError(errno.EINVAL)
-        st = self.store.lookup(old)
+        is_dir, st = await self._meta(self._probe, old)
         if st is None:
-            if self.store.is_dir(old):
+            if is_dir:
                 raise FUSEError(errno.EXDEV)  # mv falls back to copy and remove
             raise FUSEError(errno.ENOENT)
-        if flags & pyfuse3.RENAME_NOREPLACE and (self.store.exists(new) or self.store.is_dir(new)):
-            raise FUSEError(errno.EEXIST)
+        if flags & pyfuse3.RENAME_NOREPLACE:
+            new_dir, new_st = await self._meta(self._probe, new)
+            if new_dir or new_st is not None:
+                raise FUSEError(errno.EEXIST)
         if old == new:
             return
         await self._slow(self._coldest(st), self.store.rename, old, new)
@@ -513,7 +539,7 @@ class KvfsOperations(pyfuse3.Operations):
         node = self.inodes.get(inode)
         if node.name is None:
             raise FUSEError(errno.ENOENT)
-        listing = self.store.listdir(node.name)
+        listing = await self._meta(self.store.listdir, node.name)
         fh = self._next_fh
         self._next_fh += 1
         # a sorted snapshot: offsets (index + 1) stay valid while entries come and go
@@ -529,15 +555,17 @@ class KvfsOperations(pyfuse3.Operations):
         if entries is None or node is None or node.name is None:
             raise FUSEError(errno.EBADF)
         prefix = f"{node.name}/" if node.name else ""
-        for i in range(start_id, len(entries)):
-            base, _ = entries[i]
-            try:
-                attr = self._entry(prefix + base)
-            except FUSEError:
-                continue  # removed since opendir
-            if not pyfuse3.readdir_reply(token, base.encode(), attr, i + 1):
-                return
-            self.inodes.get(attr.st_ino).nlookup += 1
+        for chunk in range(start_id, len(entries), 256):
+            names = [prefix + base for base, _ in entries[chunk : chunk + 256]]
+            probes = await self._meta(lambda: [self._probe(n) for n in names])  # one trip per 256
+            for k, (name, probe) in enumerate(zip(names, probes)):
+                try:
+                    attr = self._entry_from(name, *probe)
+                except FUSEError:
+                    continue  # removed since opendir
+                if not pyfuse3.readdir_reply(token, name.rpartition("/")[2].encode(), attr, chunk + k + 1):
+                    return
+                self.inodes.get(attr.st_ino).nlookup += 1
 
     @_handler
     async def releasedir(self, fh):
@@ -560,12 +588,13 @@ class KvfsOperations(pyfuse3.Operations):
     @_handler
     async def create(self, parent_inode, name, mode, flags, ctx):
         path = self._child(parent_inode, name)
-        if self.store.is_dir(path):
+        is_dir, st = await self._meta(self._probe, path)
+        if is_dir:
             raise FUSEError(errno.EISDIR)
         parent = path.rpartition("/")[0]
-        if not self.store.is_dir(parent):
+        if not await self._meta(self.store.is_dir, parent):
             raise FUSEError(errno.ENOENT)
-        if self.store.exists(path) and flags & os.O_EXCL:
+        if st is not None and flags & os.O_EXCL:
             raise FUSEError(errno.EEXIST)
         pending = self.inodes.by_name.get(path)
         if pending is None or self._pending(self.inodes.by_ino[pending]) is None:
@@ -586,14 +615,14 @@ class KvfsOperations(pyfuse3.Operations):
         if node.name is None:
             raise FUSEError(errno.ESTALE)  # replaced or removed: the kernel looks the name up again
         if flags & os.O_ACCMODE != os.O_RDONLY:
-            sealed = self.store.exists(node.name)
+            sealed = await self._meta(self.store.exists, node.name)
             if not sealed:
                 raise FUSEError(errno.ENOENT)  # a file being written is not visible yet
             if not flags & os.O_TRUNC or flags & os.O_APPEND:
                 raise FUSEError(errno.EPERM)  # a sealed block is immutable: replace it with O_TRUNC
             fh = self._new_fh(_WriteHandle(node, node.name))
             return self._write_info(fh, replacing=True)
-        st = self.store.lookup(node.name)
+        st = await self._meta(self.store.lookup, node.name)
         if st is None:
             raise FUSEError(errno.ENOENT)  # being written (not sealed yet), evicted or removed
         if self._hot_volatile and st.tiers and st.tiers[0] == self.store.tiers[0].name:
@@ -638,11 +667,11 @@ class KvfsOperations(pyfuse3.Operations):
     async def _seal(self, h: _WriteHandle) -> None:
         if not h.dirty:
             return
-        replaced = self.store.exists(h.name)
+        replaced = await self._meta(self.store.exists, h.name)
         if self._fits_in_dram(len(h.buf)):
-            st = self.store.put(h.name, h.buf)  # a memcpy into the arena: no need for a thread
+            st = self.store.put(h.name, h.buf, parent=h.parent)  # a memcpy into the arena: no thread
         else:
-            st = await self._slow(self._seal_tier(), self.store.put, h.name, h.buf)
+            st = await self._slow(self._seal_tier(), functools.partial(self.store.put, parent=h.parent), h.name, h.buf)
         h.dirty = False
         # The kernel's pages of a new file came from these writes (through the page cache),
         # so they are the sealed bytes: later opens may keep them. A replacement wrote with
@@ -711,17 +740,17 @@ class KvfsOperations(pyfuse3.Operations):
 
     # -- extended attributes -------------------------------------------------------
 
-    def _block_stat(self, inode: int) -> BlockStat:
+    async def _block_stat(self, inode: int) -> BlockStat:
         node = self.inodes.get(inode)
         if node.is_dir:
             raise FUSEError(pyfuse3.ENOATTR)
         if node.name is None:
             raise FUSEError(errno.ENOENT)
-        return self.store.stat(node.name)
+        return await self._meta(self.store.stat, node.name)
 
     @_handler
     async def getxattr(self, inode, name, ctx):
-        st = self._block_stat(inode)
+        st = await self._block_stat(inode)
         if name == XATTR_TIERS:
             return ",".join(st.tiers).encode()
         if name == XATTR_PINNED:
@@ -730,6 +759,8 @@ class KvfsOperations(pyfuse3.Operations):
             return str(st.hits).encode()
         if name == XATTR_CHECKSUM:
             return st.checksum_hex.encode()
+        if name == XATTR_PARENT and st.parent:
+            return st.parent.encode()
         raise FUSEError(pyfuse3.ENOATTR)
 
     @_handler
@@ -737,17 +768,26 @@ class KvfsOperations(pyfuse3.Operations):
         node = self.inodes.get(inode)
         if node.is_dir:
             return []
-        self._block_stat(inode)
+        await self._block_stat(inode)
         return list(XATTRS)
 
     @_handler
     async def setxattr(self, inode, name, value, ctx):
-        st = self._block_stat(inode)
+        if name == XATTR_PARENT:  # only while the file is being written: a sealed block is immutable
+            w = self._pending(self.inodes.get(inode))
+            if w is None:
+                raise FUSEError(errno.EPERM)
+            try:
+                w.parent = normalize(value.decode()) or None
+            except (UnicodeDecodeError, KvfsError):
+                raise FUSEError(errno.EINVAL) from None
+            return
+        st = await self._block_stat(inode)
         if name == XATTR_PINNED:
             v = value.strip()
             if v not in (b"0", b"1"):
                 raise FUSEError(errno.EINVAL)
-            self.store.pin(st.name, v == b"1")
+            await self._meta(self.store.pin, st.name, v == b"1")
             return
         if name in XATTRS:
             raise FUSEError(errno.EPERM)  # read-only kvfs state
@@ -755,9 +795,9 @@ class KvfsOperations(pyfuse3.Operations):
 
     @_handler
     async def removexattr(self, inode, name, ctx):
-        st = self._block_stat(inode)
+        st = await self._block_stat(inode)
         if name == XATTR_PINNED:
-            self.store.pin(st.name, False)
+            await self._meta(self.store.pin, st.name, False)
             return
         if name in XATTRS:
             raise FUSEError(errno.EPERM)

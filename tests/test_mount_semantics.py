@@ -358,6 +358,17 @@ def test_s22_to_s26_xattrs(kvfs_mount):
     subprocess.run(["getfattr", "-d", str(mp / "x")], capture_output=True)  # tools do not choke
 
 
+def test_s26a_parent_xattr_set_before_seal(mp):
+    write(mp / "p0", b"root")
+    with open(mp / "p1", "wb") as f:
+        f.write(b"child")
+        os.setxattr(f.fileno(), "user.kvfs.parent", b"p0")
+        assert err(os.setxattr, f.fileno(), "user.kvfs.parent", b"../x") == errno.EINVAL
+    assert os.getxattr(mp / "p1", "user.kvfs.parent") == b"p0"
+    assert err(os.getxattr, mp / "p0", "user.kvfs.parent") == errno.ENODATA
+    assert err(os.setxattr, mp / "p1", "user.kvfs.parent", b"p0") == errno.EPERM  # sealed
+
+
 def test_s27_statfs_reports_tier_capacity(mp):
     before = os.statvfs(mp)
     assert before.f_frsize == 4096 and before.f_namemax == 255
