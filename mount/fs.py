@@ -120,6 +120,10 @@ def _handler(fn):
             if code == errno.EIO:
                 log.warning("%s failed: %s", op, exc)
             raise FUSEError(code) from exc
+        except Exception as exc:  # a bug must fail one request, not take the mount down
+            self.opstats.observe(op, time.perf_counter() - t0, True)
+            log.exception("%s failed unexpectedly; answering EIO", op)
+            raise FUSEError(errno.EIO) from exc
         self.opstats.observe(op, time.perf_counter() - t0, False)
         return result
 
@@ -612,27 +616,29 @@ class KvfsOperations(pyfuse3.Operations):
         node = self.inodes.get(inode)
         if node.is_dir:
             raise FUSEError(errno.EISDIR)
-        if node.name is None:
+        name = node.name  # the node may be renamed or retired while this handler awaits
+        if name is None:
             raise FUSEError(errno.ESTALE)  # replaced or removed: the kernel looks the name up again
         if flags & os.O_ACCMODE != os.O_RDONLY:
-            sealed = await self._meta(self.store.exists, node.name)
+            sealed = await self._meta(self.store.exists, name)
             if not sealed:
                 raise FUSEError(errno.ENOENT)  # a file being written is not visible yet
             if not flags & os.O_TRUNC or flags & os.O_APPEND:
                 raise FUSEError(errno.EPERM)  # a sealed block is immutable: replace it with O_TRUNC
-            fh = self._new_fh(_WriteHandle(node, node.name))
+            fh = self._new_fh(_WriteHandle(node, name))
             return self._write_info(fh, replacing=True)
-        st = await self._meta(self.store.lookup, node.name)
+        st = await self._meta(self.store.lookup, name)
         if st is None:
             raise FUSEError(errno.ENOENT)  # being written (not sealed yet), evicted or removed
-        if self._hot_volatile and st.tiers and st.tiers[0] == self.store.tiers[0].name:
+        on_loop = self._meta_limiter is None  # with shared tiers even a lookup may leave the node
+        if on_loop and self._hot_volatile and st.tiers and st.tiers[0] == self.store.tiers[0].name:
             try:
-                ref = self.store.open(node.name)  # a DRAM hit: memory speed, served on the loop
+                ref = self.store.open(name)  # a DRAM hit: memory speed, served on the loop
             except BlockNotFound:
-                ref = await self._slow(1, self.store.open, node.name)
+                ref = await self._slow(1, self.store.open, name)
         else:
             first = self.store.tier_index(st.tiers[0]) if st.tiers else 0
-            ref = await self._slow(first, self.store.open, node.name)
+            ref = await self._slow(first, self.store.open, name)
         keep = self.options.keep_cache and node.checksum == ref.checksum
         node.checksum = ref.checksum
         node.size = len(ref.data)

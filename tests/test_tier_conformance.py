@@ -198,3 +198,11 @@ def test_persistent_copy_flip_is_detected(tier, tmp_path):
         tier.open("f/x")
     with pytest.raises(BlockCorrupt):
         tier.read_into("f/x", bytearray(20_000))
+
+
+def test_a_directory_name_is_not_a_block(tier):
+    _put(tier, "dir/sub/x", b"data")
+    assert tier.stat("dir/sub") is None
+    assert tier.stat("dir") is None
+    with pytest.raises(BlockNotFound):
+        tier.open("dir/sub")

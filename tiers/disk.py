@@ -23,6 +23,7 @@ import mmap
 import os
 import secrets
 import shutil
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -146,10 +147,16 @@ class BlockDirectory:
             raise
 
     def _open_fd(self, name: str) -> int:
+        """A descriptor of the block file; a missing name, or a directory (a name that is a
+        directory here, e.g. on another node's shared tier), is :class:`BlockNotFound`."""
         try:
-            return os.open(self.path(name), os.O_RDONLY)
+            fd = os.open(self.path(name), os.O_RDONLY)
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as exc:
             raise BlockNotFound(name) from exc
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise BlockNotFound(name)
+        return fd
 
     def read_into(self, name: str, out) -> tuple[int, int]:
         """Read and verify the block into *out*; returns ``(length, checksum)``."""

@@ -1,0 +1,196 @@
+"""Two kvfs mounts on this machine sharing a posix directory and an S3 bucket (issue 4).
+
+Each mount has its own DRAM arena and disk directory; they share one directory (standing
+in for Lustre/NFS) and one bucket on moto's S3 server on 127.0.0.1. Everything goes
+through real FUSE mounts with plain file I/O, the way engines use kvfs; the store-level
+scenarios with a fake clock are in test_two_nodes.py.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import xxhash
+
+from s3server import FAKE_ENV, moto  # noqa: F401 - moto is a fixture
+
+NEGATIVE_TTL = 0.5
+
+
+def config(root: Path, bucket: str, endpoint: str, *, posix: Path | None) -> str:
+    text = f"""
+[[tiers]]
+kind = "dram"
+capacity = "8MiB"
+prefault = false
+mlock = false
+
+[[tiers]]
+kind = "disk"
+capacity = "32MiB"
+path = "{root / 'disk'}"
+"""
+    if posix is not None:
+        text += f"""
+[[tiers]]
+kind = "posix"
+capacity = "256MiB"
+path = "{posix}"
+timeout = "2s"
+"""
+    text += f"""
+[[tiers]]
+kind = "s3"
+bucket = "{bucket}"
+prefix = "kv"
+endpoint_url = "{endpoint}"
+timeout = "1s"
+max_attempts = 2
+
+[mount]
+negative_ttl = "{NEGATIVE_TTL}s"
+listing_ttl = "1s"
+"""
+    return text
+
+
+@pytest.fixture
+def two_mounts(kvfs_mount, moto, tmp_path, request):
+    posix = getattr(request, "param", True)
+    bucket = f"kvfs-{uuid.uuid4().hex[:12]}"
+    moto.client().create_bucket(Bucket=bucket)
+    shared = tmp_path / "lustre" if posix else None
+    mps = []
+    for node in ("a", "b"):
+        text = config(tmp_path / f"node-{node}", bucket, moto.endpoint_url, posix=shared)
+        mps.append(kvfs_mount(text, env=dict(FAKE_ENV)))
+    return mps
+
+
+def content(name: str, size: int = 300_000) -> bytes:
+    """Deterministic bytes per name, as for a content-addressed block."""
+    return random.Random(xxhash.xxh3_64_intdigest(name.encode())).randbytes(size)
+
+
+def publish(path: Path, data: bytes) -> None:
+    """The engines' pattern: write a temp name in the same directory, then os.replace."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{uuid.uuid4().hex}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def check(ok: bool) -> None:
+    if not ok:
+        raise AssertionError("not yet")
+
+
+def wait_for(fn, timeout: float = 15.0, interval: float = 0.1):
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return fn()
+        except (OSError, AssertionError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(interval)
+
+
+def test_written_on_a_read_on_b_promoted_then_removed(two_mounts):
+    a, b = two_mounts
+    data = content("m/ab/x1")
+    publish(a / "m" / "ab" / "x1", data)
+    # A copies it down to posix and s3 in the background (write-through, the default)
+    wait_for(lambda: check(os.getxattr(a / "m/ab/x1", "user.kvfs.tiers") == b"dram,posix,s3"))
+    assert wait_for(lambda: (b / "m/ab/x1").read_bytes()) == data
+    tiers = os.getxattr(b / "m/ab/x1", "user.kvfs.tiers").decode().split(",")
+    assert tiers[0] == "dram" and "posix" in tiers  # B's read promoted it into B's DRAM
+    assert "x1" in os.listdir(b / "m" / "ab")
+    os.unlink(a / "m/ab/x1")
+
+    def gone_on_b():
+        try:
+            open(b / "m/ab/x1", "rb").close()
+        except FileNotFoundError:
+            return
+        raise AssertionError("still readable on B")
+
+    t0 = time.monotonic()
+    wait_for(gone_on_b, timeout=10)
+    assert time.monotonic() - t0 < 10
+
+
+def test_eight_threads_per_node_lose_nothing(two_mounts):
+    a, b = two_mounts
+    names = [f"w/{i % 8:02x}/blk{i}" for i in range(48)]
+    errors: list[str] = []
+    written: set[str] = set()
+    lock = threading.Lock()
+
+    def worker(mp: Path, seed: int) -> None:
+        rng = random.Random(seed)
+        for _ in range(25):
+            name = rng.choice(names)
+            if rng.random() < 0.5:
+                publish(mp / name, content(name, 100_000))
+                with lock:
+                    written.add(name)
+            else:
+                try:
+                    got = (mp / name).read_bytes()
+                except FileNotFoundError:
+                    continue
+                if got != content(name, 100_000):
+                    errors.append(f"{mp.name}:{name}: {len(got)} bytes, wrong or partial")
+
+    threads = [threading.Thread(target=worker, args=(mp, 10 * k + n)) for n, mp in enumerate((a, b)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert written
+    for name in sorted(written):  # every block published on either node reads on both
+        for mp in (a, b):
+            assert wait_for(lambda: (mp / name).read_bytes()) == content(name, 100_000), (mp, name)
+
+
+@pytest.mark.parametrize("two_mounts", [False], indirect=True)
+def test_s3_down_local_blocks_serve_s3_only_blocks_fail_fast_then_recover(two_mounts, moto):
+    a, b = two_mounts
+    publish(a / "s" / "only-in-s3", content("s/only-in-s3"))
+    publish(b / "s" / "local-on-b", content("s/local-on-b"))
+    wait_for(lambda: check(os.getxattr(a / "s/only-in-s3", "user.kvfs.tiers").endswith(b"s3")))
+    wait_for(lambda: os.stat(b / "s/only-in-s3"))  # B knows of it, holds no copy yet
+    assert os.getxattr(b / "s/only-in-s3", "user.kvfs.tiers") == b"s3"
+    moto.stop()
+    try:
+        assert (b / "s/local-on-b").read_bytes() == content("s/local-on-b")
+        t0 = time.monotonic()
+        with pytest.raises(OSError) as info:
+            (b / "s/only-in-s3").read_bytes()
+        took = time.monotonic() - t0
+        assert info.value.errno == errno.EHOSTDOWN, info.value
+        assert took < 10, took  # bounded: timeout 1 s, 2 attempts, no hang
+        df = subprocess_json("df", str(b))
+        assert {t["name"]: t["healthy"] for t in df["tiers"]}["s3"] is False
+    finally:
+        moto.start()
+    assert wait_for(lambda: (b / "s/only-in-s3").read_bytes(), timeout=20) == content("s/only-in-s3")
+
+
+def subprocess_json(*argv: str) -> dict:
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "kvfs.tools.cli", *argv, "--json"], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
