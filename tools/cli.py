@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {}
 # ``kvfs bench NAME``: benchmarks operators run on their own hardware.
 BENCHES: dict[str, tuple[str, str]] = {
     "tiers": ("kvfs.tools.bench_tiers", "put/get of blocks through the store per tier vs memcpy and raw file I/O"),
+    "ttft": ("kvfs.tools.bench_ttft", "time to first token of a transformers model: cold, warm from each directory, ideal"),
 }
 
 
