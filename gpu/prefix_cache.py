@@ -34,13 +34,16 @@ Only models whose every layer is a full-attention ``DynamicLayer`` are supported
 from __future__ import annotations
 
 import logging
+import math
 import os
+import sys
 import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
+import numpy as np
 import xxhash
 
 from kvfs.errors import BlockCorrupt, KvfsError
@@ -225,6 +228,13 @@ class PrefixCache:
     (LoRA name, cache salt, ...) go into every block's hash. *hash_fn* is kvfs's chain hash
     function (xxh3-128 by default). *drop_invalid* removes a block file that fails
     validation so the next store can replace it.
+
+    *reuse_buffers* keeps the host buffer of the last load and reads the next load into
+    it once nothing references it any more (transformers replaces a layer's tensors when
+    a forward pass extends the cache, which releases it). Faulting in fresh pages costs
+    more than reading the KV from the page cache, so a serving process should reuse.
+    The buffer stays allocated (the size of the largest prefix loaded) until the
+    PrefixCache is dropped.
     """
 
     def __init__(
@@ -235,12 +245,15 @@ class PrefixCache:
         extra_keys: Sequence[int | str | bytes] = (),
         hash_fn: HashFn = xxh3_128,
         drop_invalid: bool = True,
+        reuse_buffers: bool = True,
     ) -> None:
         self.directory = os.fspath(directory)
         self.namespace = namespace
         self.extra_keys = tuple(extra_keys)
         self.hash_fn = hash_fn
         self.drop_invalid = drop_invalid
+        self.reuse_buffers = reuse_buffers
+        self._pool: np.ndarray | None = None  # the reusable load buffer (bytes)
         self.dtype = _TORCH_DTYPES[namespace.dtype]
         self._itemsize = torch.empty((), dtype=self.dtype).element_size()
         self._payload = KVBlockHeader.payload_length_of(
@@ -387,7 +400,7 @@ class PrefixCache:
                              bytes_read=0, seconds=time.perf_counter() - t0)
         # [layer, K/V, token, head, dim]: a block fills one contiguous [T, H, D] run per
         # layer and K/V, and the cache's [1, H, tokens, D] tensors are views of it.
-        buf = torch.empty((L, 2, len(digests) * T, H, D), dtype=self.dtype)
+        buf = self._buffer((L, 2, len(digests) * T, H, D))
         header = bytearray(HEADER_LENGTH)
         size = HEADER_LENGTH + self._payload
         loaded = nread = 0
@@ -426,6 +439,21 @@ class PrefixCache:
             cache=cache, tokens=ntok, blocks=loaded, wanted=len(digests), stop=stop, detail=detail,
             bytes_read=nread, seconds=time.perf_counter() - t0,
         )
+
+    def _buffer(self, shape: tuple[int, ...]) -> torch.Tensor:
+        """An uninitialized host tensor of *shape*, reusing the pooled buffer when free.
+
+        The tensor is a view of a numpy array, so the array's reference count says whether
+        any tensor still uses it (the pool's reference plus getrefcount's own = 2).
+        """
+        nbytes = math.prod(shape) * self._itemsize
+        if self._pool is not None and self._pool.nbytes >= nbytes and sys.getrefcount(self._pool) == 2:
+            arr = self._pool
+        else:
+            arr = np.empty(nbytes, dtype=np.uint8)
+            if self.reuse_buffers:
+                self._pool = arr
+        return torch.from_numpy(arr[:nbytes]).view(self.dtype).view(shape)
 
     @staticmethod
     def _read_block(path: str, header: bytearray, segs: list[memoryview], size: int) -> int:

@@ -241,3 +241,26 @@ def test_header_round_trip_and_checks():
     bad[17] ^= 1
     with pytest.raises(BlockCorrupt, match="header checksum mismatch"):
         decode_header(bad)
+
+
+def test_the_load_buffer_is_reused_only_when_nothing_holds_it(kv_dir, fp32):
+    a, b = tokens(32, seed=11), tokens(32, seed=12)
+    pc = PrefixCache.for_model(kv_dir, fp32.model, fp32.name, tokens_per_block=T)
+    ca, cb = prefill(fp32.model, a).cache, prefill(fp32.model, b).cache
+    pc.store(a, ca)
+    pc.store(b, cb)
+    hit_a = pc.load(a, fp32.model)
+    hit_b = pc.load(b, fp32.model)  # hit_a still holds the pooled buffer: a new one is used
+    for layer_a, layer_b, held in zip(ca.layers, cb.layers, hit_a.cache.layers, strict=True):
+        assert torch.equal(held.keys, layer_a.keys)
+        assert not torch.equal(held.keys, layer_b.keys)
+    ptr = hit_b.cache.layers[0].keys.data_ptr()
+    del hit_a, hit_b, held
+    again = pc.load(a, fp32.model)  # nothing holds the pool now: it is reused
+    assert again.cache.layers[0].keys.data_ptr() == ptr
+    assert torch.equal(again.cache.layers[0].keys, ca.layers[0].keys)
+    # A forward pass extends the cache (new tensors), which releases the buffer.
+    del again
+    warm = prefill(fp32.model, a + [1, 2, 3], pc)
+    assert warm.cached_tokens == 32
+    assert pc.load(b, fp32.model).cache.layers[0].keys.data_ptr() == ptr
