@@ -82,6 +82,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="drop (default): evict each block file from the kernel page cache before each "
                              "warm run; keep: leave it")
     parser.add_argument("--repeat", type=int, default=3, help="runs of ideal and warm per case; the median is shown")
+    parser.add_argument("--cold-repeat", type=int, default=None,
+                        help="runs of the cold prefill per case (default 1; 3 with --quick); the median is shown")
     parser.add_argument("--turns", type=int, default=None, help="turns of the multi-turn scenario (default 4; 2 with --quick; 0 skips)")
     parser.add_argument("--turn-tokens", type=int, default=None, help="new user tokens per turn (default 1024; 256 with --quick)")
     parser.add_argument("--answer-tokens", type=int, default=16, help="tokens generated per turn (default 16)")
@@ -141,6 +143,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--block-tokens", "must be at least 1")
     if args.repeat < 1:
         raise ConfigError("--repeat", "must be at least 1")
+    if args.cold_repeat is not None and args.cold_repeat < 1:
+        raise ConfigError("--cold-repeat", "must be at least 1")
     try:
         dtype = torch_dtype(args.dtype)
     except ValueError as exc:
@@ -188,6 +192,38 @@ def run(args: argparse.Namespace) -> int:
         s, res = timed(lambda: pcm.prefill(model, prompt, t.cache))
         return s, dataclasses.replace(res.hit, cache=None)
 
+    cold_repeat = args.cold_repeat or (3 if args.quick else 1)
+
+    def cold_ttft(prompt: list[int]):
+        """Median TTFT of a full prefill, and the last run's result (its cache is stored)."""
+        runs = [timed(lambda: pcm.prefill(model, prompt)) for _ in range(cold_repeat)]
+        return statistics.median(s for s, _ in runs), runs[-1][1]
+
+    def measure(row: dict, prompt: list[int], kv, cached: int) -> None:
+        """Ideal and warm TTFT of *prompt*, interleaved round by round so that load from
+        other processes hits every variant alike; medians go into *row*."""
+        ideal: list[float] = []
+        warm: dict[str, list] = {t.label: [] for t in targets}
+        for _ in range(args.repeat):
+            if kv is not None:
+                ideal.append(timed(lambda: pcm.prefill(model, prompt, cache=pcm.cache_from_tensors(model, kv, cached)))[0])
+            for t in targets:
+                warm[t.label].append(warm_once(t, prompt))
+        row["ideal_s"] = statistics.median(ideal) if ideal else row["cold_s"]
+        for t in targets:
+            times = [s for s, _ in warm[t.label]]
+            hits = [h for _, h in warm[t.label]]
+            bad = [h for h in hits if h.tokens != cached]
+            if bad:
+                say(f"  warning: {t.label} loaded {bad[0].tokens} of {cached} tokens "
+                    f"({bad[0].stop.value}: {bad[0].detail})")
+            row["warm"][t.label] = {
+                "ttft_s": statistics.median(times),
+                "load_s": statistics.median(h.seconds for h in hits),
+                "bytes": hits[0].bytes_read,
+                "cached_tokens": hits[0].tokens,
+            }
+
     # Warm up torch's kernels and allocator so the first case is not penalized.
     pcm.prefill(model, torch.randint(0, vocab, (64,), generator=gen).tolist())
 
@@ -200,7 +236,7 @@ def run(args: argparse.Namespace) -> int:
         for n in lengths:
             prompt = torch.randint(0, vocab, (n,), generator=gen).tolist()
             seen = max(0, n - args.suffix)
-            cold_s, cold = timed(lambda: pcm.prefill(model, prompt))
+            cold_s, cold = cold_ttft(prompt)
             row = {"tokens": n, "cold_s": cold_s, "warm": {}}
             for t in targets:
                 st = t.cache.store(prompt[:seen], cold.cache)
@@ -209,31 +245,13 @@ def run(args: argparse.Namespace) -> int:
             del cold
             cached = min((seen // args.block_tokens) * args.block_tokens, n - 1)
             row["cached_tokens"] = cached
-            row["ideal_s"] = statistics.median(
-                timed(lambda: pcm.prefill(model, prompt, cache=pcm.cache_from_tensors(model, kv, cached)))[0]
-                for _ in range(args.repeat)
-            )
-            for t in targets:
-                times, hits = [], []
-                for _ in range(args.repeat):
-                    s, hit = warm_once(t, prompt)
-                    times.append(s)
-                    hits.append(hit)
-                if any(h.tokens != cached for h in hits):
-                    bad = next(h for h in hits if h.tokens != cached)
-                    say(f"  warning: {t.label} loaded {bad.tokens} of {cached} tokens ({bad.stop.value}: {bad.detail})")
-                row["warm"][t.label] = {
-                    "ttft_s": statistics.median(times),
-                    "load_s": statistics.median(h.seconds for h in hits),
-                    "bytes": hits[0].bytes_read,
-                    "cached_tokens": hits[0].tokens,
-                }
+            measure(row, prompt, kv, cached)
             del kv
             gc.collect()
             results["prompts"].append(row)
             say(_prompt_line(row, targets))
         if turns:
-            results["turns"] = _multi_turn(args, model, pcm, targets, turns, turn_tokens, gen, vocab, timed, warm_once, say)
+            results["turns"] = _multi_turn(args, model, targets, turns, turn_tokens, gen, vocab, cold_ttft, measure, say)
     finally:
         if not args.keep:
             for t in targets:
@@ -247,7 +265,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _multi_turn(args, model, pcm, targets, turns, turn_tokens, gen, vocab, timed, warm_once, say) -> list[dict]:
+def _multi_turn(args, model, targets, turns, turn_tokens, gen, vocab, cold_ttft, measure, say) -> list[dict]:
     import torch
 
     out = []
@@ -256,24 +274,10 @@ def _multi_turn(args, model, pcm, targets, turns, turn_tokens, gen, vocab, timed
     prev_tokens = 0
     for turn in range(1, turns + 1):
         convo = convo + torch.randint(0, vocab, (turn_tokens,), generator=gen).tolist()
-        cold_s, cold = timed(lambda: pcm.prefill(model, convo))
+        cold_s, cold = cold_ttft(convo)
         cached = min((prev_tokens // args.block_tokens) * args.block_tokens, len(convo) - 1)
         row = {"turn": turn, "tokens": len(convo), "cached_tokens": cached, "cold_s": cold_s, "warm": {}}
-        if prev_kv is not None:
-            row["ideal_s"] = statistics.median(
-                timed(lambda: pcm.prefill(model, convo, cache=pcm.cache_from_tensors(model, prev_kv, cached)))[0]
-                for _ in range(args.repeat)
-            )
-        else:
-            row["ideal_s"] = cold_s
-        for t in targets:
-            times, hits = [], []
-            for _ in range(args.repeat):
-                s, hit = warm_once(t, convo)
-                times.append(s)
-                hits.append(hit)
-            row["warm"][t.label] = {"ttft_s": statistics.median(times), "load_s": statistics.median(h.seconds for h in hits),
-                                    "bytes": hits[0].bytes_read, "cached_tokens": hits[0].tokens}
+        measure(row, convo, prev_kv, cached)
         # The engine answers (greedy), then stores the conversation's blocks.
         cache, logits = cold.cache, cold.logits
         answer = [int(logits.argmax())]
