@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
 import gc
 import json
 import os
@@ -117,7 +118,12 @@ def _drop_page_cache(paths: list[str]) -> None:
         except FileNotFoundError:
             continue
         try:
-            os.fsync(fd)
+            try:
+                os.fsync(fd)  # dirty pages are not dropped; block files are written just before
+            except OSError as exc:
+                # A FUSE daemon may not implement fsync; its files hold no dirty pages then.
+                if exc.errno not in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EROFS):
+                    raise
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
