@@ -37,6 +37,7 @@ import logging
 import math
 import os
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Sequence
@@ -254,6 +255,7 @@ class PrefixCache:
         self.drop_invalid = drop_invalid
         self.reuse_buffers = reuse_buffers
         self._pool: np.ndarray | None = None  # the reusable load buffer (bytes)
+        self._pool_lock = threading.Lock()  # loads from several threads never share a buffer
         self.dtype = _TORCH_DTYPES[namespace.dtype]
         self._itemsize = torch.empty((), dtype=self.dtype).element_size()
         self._payload = KVBlockHeader.payload_length_of(
@@ -447,13 +449,14 @@ class PrefixCache:
         any tensor still uses it (the pool's reference plus getrefcount's own = 2).
         """
         nbytes = math.prod(shape) * self._itemsize
-        if self._pool is not None and self._pool.nbytes >= nbytes and sys.getrefcount(self._pool) == 2:
-            arr = self._pool
-        else:
-            arr = np.empty(nbytes, dtype=np.uint8)
-            if self.reuse_buffers:
-                self._pool = arr
-        return torch.from_numpy(arr[:nbytes]).view(self.dtype).view(shape)
+        with self._pool_lock:
+            if self._pool is not None and self._pool.nbytes >= nbytes and sys.getrefcount(self._pool) == 2:
+                arr = self._pool
+            else:
+                arr = np.empty(nbytes, dtype=np.uint8)
+                if self.reuse_buffers:
+                    self._pool = arr
+            return torch.from_numpy(arr[:nbytes]).view(self.dtype).view(shape)
 
     @staticmethod
     def _read_block(path: str, header: bytearray, segs: list[memoryview], size: int) -> int:
