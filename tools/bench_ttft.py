@@ -69,7 +69,8 @@ def _dir_spec(text: str) -> tuple[str, str]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true",
                         help="small model (~31M), prompts 512 and 1024, 2 turns: for small machines")
-    parser.add_argument("--model", default=None, help="model preset: tiny, small, 250m (default 250m; small with --quick)")
+    parser.add_argument("--model", default=None,
+                        help="model preset: tiny, small, 250m (default 250m; small with --quick)")
     parser.add_argument("--dtype", default="bf16", help="bf16 (default), fp32 or fp16")
     parser.add_argument("--lengths", type=_lengths, default=None,
                         help="comma-separated prompt lengths (default 512,1024,2048,4096,8192; 512,1024 with --quick)")
@@ -85,8 +86,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeat", type=int, default=3, help="runs of ideal and warm per case; the median is shown")
     parser.add_argument("--cold-repeat", type=int, default=None,
                         help="runs of the cold prefill per case (default 1; 3 with --quick); the median is shown")
-    parser.add_argument("--turns", type=int, default=None, help="turns of the multi-turn scenario (default 4; 2 with --quick; 0 skips)")
-    parser.add_argument("--turn-tokens", type=int, default=None, help="new user tokens per turn (default 1024; 256 with --quick)")
+    parser.add_argument("--turns", type=int, default=None,
+                        help="turns of the multi-turn scenario (default 4; 2 with --quick; 0 skips)")
+    parser.add_argument("--turn-tokens", type=int, default=None,
+                        help="new user tokens per turn (default 1024; 256 with --quick)")
     parser.add_argument("--answer-tokens", type=int, default=16, help="tokens generated per turn (default 16)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the model weights and prompts")
@@ -98,7 +101,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 class _Target:
     label: str
     root: str          # the bench's own subdirectory inside the given directory
-    created_root: bool  # the given directory itself was created by the bench (defaults)
     cache: object = None
 
 
@@ -106,7 +108,8 @@ def _default_dirs() -> list[tuple[str, str, bool]]:
     out = []
     if os.path.isdir("/dev/shm"):
         out.append(("tmpfs", tempfile.mkdtemp(prefix="kvfs-ttft-", dir="/dev/shm"), True))
-    out.append(("disk", tempfile.mkdtemp(prefix="kvfs-ttft-", dir="/var/tmp" if os.path.isdir("/var/tmp") else None), True))
+    disk = "/var/tmp" if os.path.isdir("/var/tmp") else None
+    out.append(("disk", tempfile.mkdtemp(prefix="kvfs-ttft-", dir=disk), True))
     return out
 
 
@@ -170,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
         # A given directory gets the bench's own subdirectory; a default one is the bench's.
         root = path if created else os.path.join(path, f"kvfs-bench-ttft-{os.getpid()}")
         os.makedirs(root, exist_ok=True)
-        targets.append(_Target(label=label, root=root, created_root=created))
+        targets.append(_Target(label=label, root=root))
 
     t0 = time.perf_counter()
     max_len = max(max(lengths), turns * (turn_tokens + args.answer_tokens) + 16)
@@ -212,7 +215,8 @@ def run(args: argparse.Namespace) -> int:
         warm: dict[str, list] = {t.label: [] for t in targets}
         for _ in range(args.repeat):
             if kv is not None:
-                ideal.append(timed(lambda: pcm.prefill(model, prompt, cache=pcm.cache_from_tensors(model, kv, cached)))[0])
+                in_memory = lambda: pcm.prefill(model, prompt, cache=pcm.cache_from_tensors(model, kv, cached))  # noqa: E731
+                ideal.append(timed(in_memory)[0])
             for t in targets:
                 warm[t.label].append(warm_once(t, prompt))
         row["ideal_s"] = statistics.median(ideal) if ideal else row["cold_s"]
@@ -257,7 +261,9 @@ def run(args: argparse.Namespace) -> int:
             results["prompts"].append(row)
             say(_prompt_line(row, targets))
         if turns:
-            results["turns"] = _multi_turn(args, model, targets, turns, turn_tokens, gen, vocab, cold_ttft, measure, say)
+            results["turns"] = _multi_turn(
+                args, model, targets, turns, turn_tokens, gen, vocab, cold_ttft, measure, say
+            )
     finally:
         if not args.keep:
             for t in targets:
@@ -343,7 +349,8 @@ def format_tables(results: dict) -> str:
         return [fmt(cols), fmt(["-" * w for w in widths]), *(fmt(b) for b in body)]
 
     if results["prompts"]:
-        lines += ["Prompts (x = speedup over cold; /ideal = warm TTFT / ideal TTFT):", *table(results["prompts"], "prompt"), ""]
+        lines += ["Prompts (x = speedup over cold; /ideal = warm TTFT / ideal TTFT):",
+                  *table(results["prompts"], "prompt"), ""]
     if results["turns"]:
         lines += ["Multi-turn (each turn extends the previous conversation):", *table(results["turns"], "turn")]
     return "\n".join(lines).rstrip()
