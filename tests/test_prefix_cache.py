@@ -264,3 +264,11 @@ def test_the_load_buffer_is_reused_only_when_nothing_holds_it(kv_dir, fp32):
     warm = prefill(fp32.model, a + [1, 2, 3], pc)
     assert warm.cached_tokens == 32
     assert pc.load(b, fp32.model).cache.layers[0].keys.data_ptr() == ptr
+
+
+def test_the_block_format_and_the_core_do_not_import_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, kvfs, kvfs.gpu.kv_block_file; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
