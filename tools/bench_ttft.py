@@ -83,9 +83,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--page-cache", choices=("drop", "keep"), default="drop",
                         help="drop (default): evict each block file from the kernel page cache before each "
                              "warm run; keep: leave it")
-    parser.add_argument("--repeat", type=int, default=3, help="runs of ideal and warm per case; the median is shown")
+    parser.add_argument("--repeat", type=int, default=3, help="runs of ideal and warm per case (default 3)")
     parser.add_argument("--cold-repeat", type=int, default=None,
-                        help="runs of the cold prefill per case (default 1; 3 with --quick); the median is shown")
+                        help="runs of the cold prefill per case (default 1; 3 with --quick)")
+    parser.add_argument("--stat", choices=("median", "min"), default="median",
+                        help="how repeated runs are summarized (default median; min discounts other "
+                             "processes' load on a shared machine)")
     parser.add_argument("--turns", type=int, default=None,
                         help="turns of the multi-turn scenario (default 4; 2 with --quick; 0 skips)")
     parser.add_argument("--turn-tokens", type=int, default=None,
@@ -202,15 +205,16 @@ def run(args: argparse.Namespace) -> int:
         return s, dataclasses.replace(res.hit, cache=None)
 
     cold_repeat = args.cold_repeat or (3 if args.quick else 1)
+    summary = statistics.median if args.stat == "median" else min
 
     def cold_ttft(prompt: list[int]):
         """Median TTFT of a full prefill, and the last run's result (its cache is stored)."""
         runs = [timed(lambda: pcm.prefill(model, prompt)) for _ in range(cold_repeat)]
-        return statistics.median(s for s, _ in runs), runs[-1][1]
+        return summary([s for s, _ in runs]), runs[-1][1]
 
     def measure(row: dict, prompt: list[int], kv, cached: int) -> None:
         """Ideal and warm TTFT of *prompt*, interleaved round by round so that load from
-        other processes hits every variant alike; medians go into *row*."""
+        other processes hits every variant alike; the summaries (``--stat``) go into *row*."""
         ideal: list[float] = []
         warm: dict[str, list] = {t.label: [] for t in targets}
         for _ in range(args.repeat):
@@ -219,7 +223,7 @@ def run(args: argparse.Namespace) -> int:
                 ideal.append(timed(in_memory)[0])
             for t in targets:
                 warm[t.label].append(warm_once(t, prompt))
-        row["ideal_s"] = statistics.median(ideal) if ideal else row["cold_s"]
+        row["ideal_s"] = summary(ideal) if ideal else row["cold_s"]
         for t in targets:
             times = [s for s, _ in warm[t.label]]
             hits = [h for _, h in warm[t.label]]
@@ -228,8 +232,8 @@ def run(args: argparse.Namespace) -> int:
                 say(f"  warning: {t.label} loaded {bad[0].tokens} of {cached} tokens "
                     f"({bad[0].stop.value}: {bad[0].detail})")
             row["warm"][t.label] = {
-                "ttft_s": statistics.median(times),
-                "load_s": statistics.median(h.seconds for h in hits),
+                "ttft_s": summary(times),
+                "load_s": summary([h.seconds for h in hits]),
                 "bytes": hits[0].bytes_read,
                 "cached_tokens": hits[0].tokens,
             }
@@ -240,6 +244,7 @@ def run(args: argparse.Namespace) -> int:
     results: dict = {
         "model": rm.name, "parameters": rm.parameters, "dtype": args.dtype, "block_tokens": args.block_tokens,
         "suffix": args.suffix, "threads": torch.get_num_threads(), "page_cache": args.page_cache,
+        "stat": args.stat, "repeat": args.repeat, "cold_repeat": cold_repeat,
         "dirs": {t.label: t.root for t in targets}, "prompts": [], "turns": [],
     }
     try:
@@ -326,7 +331,7 @@ def format_tables(results: dict) -> str:
     lines = [
         f"model {results['model']} ({results['parameters'] / 1e6:.0f}M params, {results['dtype']}), "
         f"{results['threads']} threads, blocks of {results['block_tokens']} tokens, "
-        f"page cache {results['page_cache']}; times are median TTFT in seconds",
+        f"page cache {results['page_cache']}; times are {results['stat']} TTFT in seconds",
         "",
     ]
 
