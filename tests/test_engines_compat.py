@@ -232,6 +232,45 @@ def test_sglang_direct_tofile_and_listdir_scan_and_clear(kv_dir):
     assert store.batch_exists(keys) == 0
 
 
+def test_sglang_sharded_layout(kv_dir):
+    """HiCacheFile variants with a sharded layout: pages under '<root>/<key[:2]>/', shard
+    directories made on demand with os.makedirs(exist_ok=True) (racing writers both call
+    it), the temp file in the shard directory, and a start-up os.scandir of the root that
+    looks at top-level '.bin' files only and checks each against its shard."""
+    root = str(kv_dir)
+    keys, pages = sglang_pages(6)
+    suffix = "_m_0_1"
+
+    def sharded(key):
+        return os.path.join(root, key[:2], f"{key}{suffix}.bin")
+
+    for k, p in zip(keys, pages):
+        path = sharded(k)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = os.path.join(os.path.dirname(path), f".{uuid.uuid4()}.tmp")
+        p.contiguous().view(torch.uint8).numpy().tofile(tmp)
+        os.replace(tmp, path)
+    # One legacy flat page beside the shards.
+    flat = os.path.join(root, f"{keys[0]}{suffix}.bin")
+    pages[0].view(torch.uint8).numpy().tofile(flat)
+    with os.scandir(root) as it:
+        entries = list(it)
+    dirs = {e.name for e in entries if e.is_dir()}
+    assert dirs == {k[:2] for k in keys}
+    duplicates = [e.name[:-4] for e in entries
+                  if not e.is_dir() and e.name.endswith(".bin")
+                  and os.path.exists(os.path.join(root, e.name[:2], e.name))]
+    assert duplicates == [f"{keys[0]}{suffix}"]
+    for k, p in zip(keys, pages):
+        target = torch.empty_like(p)
+        with open(sharded(k), "rb", buffering=0) as f:
+            assert f.readinto(memoryview(target.view(torch.uint8).numpy())) == p.numel() * 2
+        assert torch.equal(target, p)
+    walked = sorted(os.path.join(d, n) for d, _, names in os.walk(root) for n in names)
+    assert walked == sorted([flat, *(sharded(k) for k in keys)])
+
+
 # -- LMCache fs:// connector -----------------------------------------------------------
 
 _META = struct.Struct("iiiiiii")  # length, memory format, dtype code, shape[4]
