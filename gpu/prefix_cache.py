@@ -40,7 +40,9 @@ import sys
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from enum import Enum
 
@@ -236,6 +238,9 @@ class PrefixCache:
     more than reading the KV from the page cache, so a serving process should reuse.
     The buffer stays allocated (the size of the largest prefix loaded) until the
     PrefixCache is dropped.
+
+    *io_threads* blocks are read concurrently (reads release the GIL; a disk or a FUSE
+    daemon serves several requests at once better than one); 1 reads them one by one.
     """
 
     def __init__(
@@ -247,6 +252,7 @@ class PrefixCache:
         hash_fn: HashFn = xxh3_128,
         drop_invalid: bool = True,
         reuse_buffers: bool = True,
+        io_threads: int = 4,
     ) -> None:
         self.directory = os.fspath(directory)
         self.namespace = namespace
@@ -256,6 +262,10 @@ class PrefixCache:
         self.reuse_buffers = reuse_buffers
         self._pool: np.ndarray | None = None  # the reusable load buffer (bytes)
         self._pool_lock = threading.Lock()  # loads from several threads never share a buffer
+        if io_threads < 1:
+            raise ValueError("io_threads must be at least 1")
+        self.io_threads = io_threads
+        self._io_pool: ThreadPoolExecutor | None = None
         self.dtype = _TORCH_DTYPES[namespace.dtype]
         self._itemsize = torch.empty((), dtype=self.dtype).element_size()
         self._payload = KVBlockHeader.payload_length_of(
@@ -403,31 +413,54 @@ class PrefixCache:
         # [layer, K/V, token, head, dim]: a block fills one contiguous [T, H, D] run per
         # layer and K/V, and the cache's [1, H, tokens, D] tensors are views of it.
         buf = self._buffer((L, 2, len(digests) * T, H, D))
-        header = bytearray(HEADER_LENGTH)
-        size = HEADER_LENGTH + self._payload
         loaded = nread = 0
         stop, detail = StopReason.COMPLETE, ""
-        for i, digest in enumerate(digests):
-            path = self.path(digest)
-            segs = [_bytes_view(buf[l, kv, i * T : (i + 1) * T]) for l in range(L) for kv in (0, 1)]
-            try:
-                got = self._read_block(path, header, segs, size)
-                self._validate(header, segs, got, size, digest)
-            except FileNotFoundError:
-                stop, detail = StopReason.MISSING, f"{path}: no such block"
-                break
-            except BlockCorrupt as exc:
-                stop, detail = StopReason.CORRUPT, f"{path}: {exc}"
-                log.warning("prefix cache: invalid block, prefix stops here: %s", detail)
-                if self.drop_invalid:
-                    self._drop(path)
-                break
-            except OSError as exc:
-                stop, detail = StopReason.UNREADABLE, f"{path}: {exc}"
-                log.warning("prefix cache: unreadable block, prefix stops here: %s", detail)
-                break
-            loaded += 1
-            nread += got
+        # Blocks are read ahead by up to io_threads workers and accepted strictly in order;
+        # the first failure ends the prefix. Reads in flight are waited for before the
+        # buffer is handed out (or reused), since they write into it.
+        pending: deque[tuple[int, Future[int] | int | BaseException]] = deque()
+        window = 2 * self.io_threads if self.io_threads > 1 else 1
+        pool = self._executor() if self.io_threads > 1 else None
+        nxt = 0
+        try:
+            while True:
+                while nxt < len(digests) and len(pending) < window:
+                    if pool is not None:
+                        pending.append((nxt, pool.submit(self._fetch, digests[nxt], nxt, buf)))
+                    else:
+                        try:
+                            pending.append((nxt, self._fetch(digests[nxt], nxt, buf)))
+                        except (OSError, BlockCorrupt) as exc:
+                            pending.append((nxt, exc))
+                    nxt += 1
+                if not pending:
+                    break
+                i, res = pending.popleft()
+                path = self.path(digests[i])
+                try:
+                    if isinstance(res, BaseException):
+                        raise res
+                    got = res.result() if isinstance(res, Future) else res
+                except FileNotFoundError:
+                    stop, detail = StopReason.MISSING, f"{path}: no such block"
+                    break
+                except BlockCorrupt as exc:
+                    stop, detail = StopReason.CORRUPT, f"{path}: {exc}"
+                    log.warning("prefix cache: invalid block, prefix stops here: %s", detail)
+                    if self.drop_invalid:
+                        self._drop(path)
+                    break
+                except OSError as exc:
+                    stop, detail = StopReason.UNREADABLE, f"{path}: {exc}"
+                    log.warning("prefix cache: unreadable block, prefix stops here: %s", detail)
+                    break
+                loaded += 1
+                nread += got
+        finally:
+            futures = [f for _, f in pending if isinstance(f, Future)]
+            for f in futures:
+                f.cancel()
+            wait(futures)
         ntok = min(loaded * T, limit)
         if ntok:
             if device is not None and torch.device(device) != buf.device:
@@ -457,6 +490,32 @@ class PrefixCache:
                 if self.reuse_buffers:
                     self._pool = arr
             return torch.from_numpy(arr[:nbytes]).view(self.dtype).view(shape)
+
+    def _fetch(self, digest: bytes, i: int, buf: torch.Tensor) -> int:
+        """Read block *i* into its place in *buf* and validate it; returns bytes read.
+
+        Raises FileNotFoundError, BlockCorrupt or another OSError.
+        """
+        T = self.namespace.tokens_per_block
+        segs = [_bytes_view(buf[l, kv, i * T : (i + 1) * T]) for l in range(buf.shape[0]) for kv in (0, 1)]
+        header = bytearray(HEADER_LENGTH)
+        size = HEADER_LENGTH + self._payload
+        got = self._read_block(self.path(digest), header, segs, size)
+        self._validate(header, segs, got, size, digest)
+        return got
+
+    def _executor(self) -> ThreadPoolExecutor:
+        with self._pool_lock:
+            if self._io_pool is None:
+                self._io_pool = ThreadPoolExecutor(self.io_threads, thread_name_prefix="kvfs-prefix-read")
+            return self._io_pool
+
+    def close(self) -> None:
+        """Stop the read threads (a later load starts them again)."""
+        with self._pool_lock:
+            pool, self._io_pool = self._io_pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
 
     @staticmethod
     def _read_block(path: str, header: bytearray, segs: list[memoryview], size: int) -> int:

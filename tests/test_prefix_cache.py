@@ -139,11 +139,12 @@ def flip_bytes(path, offset, n=4):
 
 @pytest.mark.parametrize("damage", ["payload", "header", "truncate", "missing", "wrong-name"])
 @pytest.mark.parametrize("dtype_name", ["fp32", "bf16"])
-def test_a_bad_block_in_the_middle_stops_the_prefix_there(request, kv_dir, dtype_name, damage):
+@pytest.mark.parametrize("io_threads", [1, 4])  # one by one, and read ahead by a pool
+def test_a_bad_block_in_the_middle_stops_the_prefix_there(request, kv_dir, dtype_name, damage, io_threads):
     rm = request.getfixturevalue(dtype_name)
     dtype = next(rm.model.parameters()).dtype
     prompt = tokens(45, seed=7)
-    pc = PrefixCache.for_model(kv_dir, rm.model, rm.name, tokens_per_block=T)
+    pc = PrefixCache.for_model(kv_dir, rm.model, rm.name, tokens_per_block=T, io_threads=io_threads)
     pc.store(prompt, prefill(rm.model, prompt).cache)
     paths = [pc.path(d) for d in pc.digests(prompt)]
     assert len(paths) == 5
