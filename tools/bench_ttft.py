@@ -94,6 +94,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--turn-tokens", type=int, default=None,
                         help="new user tokens per turn (default 1024; 256 with --quick)")
     parser.add_argument("--answer-tokens", type=int, default=16, help="tokens generated per turn (default 16)")
+    parser.add_argument("--io-threads", type=int, default=4,
+                        help="concurrent block reads per warm load (default 4)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the model weights and prompts")
     parser.add_argument("--keep", action="store_true", help="keep the block files written under each directory")
@@ -155,6 +157,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--block-tokens", "must be at least 1")
     if args.repeat < 1:
         raise ConfigError("--repeat", "must be at least 1")
+    if args.io_threads < 1:
+        raise ConfigError("--io-threads", "must be at least 1")
     if args.cold_repeat is not None and args.cold_repeat < 1:
         raise ConfigError("--cold-repeat", "must be at least 1")
     try:
@@ -186,7 +190,9 @@ def run(args: argparse.Namespace) -> int:
         f"{time.perf_counter() - t0:.1f}s; torch threads {torch.get_num_threads()}; "
         f"blocks of {args.block_tokens} tokens; page cache: {args.page_cache}")
     for t in targets:
-        t.cache = pcm.PrefixCache.for_model(t.root, model, rm.name, tokens_per_block=args.block_tokens)
+        t.cache = pcm.PrefixCache.for_model(
+            t.root, model, rm.name, tokens_per_block=args.block_tokens, io_threads=args.io_threads
+        )
         say(f"  {t.label}: {t.root}")
     vocab = model.config.vocab_size
     gen = torch.Generator().manual_seed(args.seed + 1)
@@ -244,7 +250,7 @@ def run(args: argparse.Namespace) -> int:
     results: dict = {
         "model": rm.name, "parameters": rm.parameters, "dtype": args.dtype, "block_tokens": args.block_tokens,
         "suffix": args.suffix, "threads": torch.get_num_threads(), "page_cache": args.page_cache,
-        "stat": args.stat, "repeat": args.repeat, "cold_repeat": cold_repeat,
+        "stat": args.stat, "repeat": args.repeat, "cold_repeat": cold_repeat, "io_threads": args.io_threads,
         "dirs": {t.label: t.root for t in targets}, "prompts": [], "turns": [],
     }
     try:
@@ -270,8 +276,9 @@ def run(args: argparse.Namespace) -> int:
                 args, model, targets, turns, turn_tokens, gen, vocab, cold_ttft, measure, say
             )
     finally:
-        if not args.keep:
-            for t in targets:
+        for t in targets:
+            t.cache.close()
+            if not args.keep:
                 shutil.rmtree(t.root, ignore_errors=True)
 
     if args.json:
