@@ -41,5 +41,7 @@ def test_bench_ttft_json_and_table(tmp_path, capsys):
 def test_bench_ttft_rejects_bad_dirs(tmp_path, capsys):
     assert main(["bench", "ttft", "--model", "tiny", "--dir", f"x={tmp_path / 'nope'}"]) == 1
     assert "--dir" in capsys.readouterr().err
+    assert main(["bench", "ttft", "--model", "huge"]) == 1
+    assert "--model" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["bench", "ttft", "--dir", "no-label"])

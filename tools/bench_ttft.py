@@ -142,12 +142,14 @@ def run(args: argparse.Namespace) -> int:
         import torch
 
         from kvfs.gpu import prefix_cache as pcm
-        from kvfs.gpu.random_llama import build_model, torch_dtype
+        from kvfs.gpu.random_llama import PRESETS, build_model, torch_dtype
     except ImportError as exc:
         print(f"kvfs bench ttft: {exc}", file=sys.stderr)
         return 1
 
     preset = args.model or ("small" if args.quick else "250m")
+    if preset not in PRESETS:
+        raise ConfigError("--model", f"unknown preset {preset!r}; expected one of {', '.join(PRESETS)}")
     lengths = args.lengths or list(QUICK_LENGTHS if args.quick else FULL_LENGTHS)
     turns = args.turns if args.turns is not None else (2 if args.quick else 4)
     turn_tokens = args.turn_tokens or (256 if args.quick else 1024)
@@ -172,11 +174,12 @@ def run(args: argparse.Namespace) -> int:
     labels = [label for label, _ in args.dirs]
     if len(set(labels)) != len(labels):
         raise ConfigError("--dir", "labels must be distinct")
+    for label, path in args.dirs:
+        if not os.path.isdir(path):
+            raise ConfigError("--dir", f"{label}={path}: not a directory")
     specs = [(label, path, False) for label, path in args.dirs] or _default_dirs()
     targets: list[_Target] = []
     for label, path, created in specs:
-        if not os.path.isdir(path):
-            raise ConfigError("--dir", f"{label}={path}: not a directory")
         # A given directory gets the bench's own subdirectory; a default one is the bench's.
         root = path if created else os.path.join(path, f"kvfs-bench-ttft-{os.getpid()}")
         os.makedirs(root, exist_ok=True)
