@@ -40,6 +40,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "s3": ("kvfs.tools.bench_s3", "block put/get through the s3 tier vs raw boto3 put_object/get_object"),
     "policy": ("kvfs.tools.bench_policy", "hit ratio of each eviction policy on traces vs Belady and LRU, and policy cost"),
     "fuse": ("kvfs.tools.bench_fuse", "file I/O through a kvfs mount next to tmpfs: GB/s, latency, stat/s, listing"),
+    "ttft": ("kvfs.tools.bench_ttft", "time to first token of a transformers model: cold, warm from each directory, ideal"),
 }
 
 

@@ -1,0 +1,640 @@
+"""A prefix cache for Hugging Face transformers models, kept as files in a directory.
+
+After a forward pass, :meth:`PrefixCache.store` splits the request's KV cache into blocks
+of ``tokens_per_block`` tokens, names each with kvfs's chained hash over the token ids
+(:func:`kvfs.hashing.chain_hashes`) under a :class:`~kvfs.hashing.Namespace` fixed by the
+model and its KV layout, and writes each block as one file
+``<dir>/<namespace dirname>/<ab>/<hex digest>`` (format: :mod:`kvfs.gpu.kv_block_file`).
+For a new request, :meth:`PrefixCache.load` reads the blocks of the longest cached prefix
+into a ``DynamicCache`` and :func:`prefill` / :func:`generate` compute only the rest.
+
+The directory is any directory: a kvfs mount (where the blocks get tiers, eviction and
+sharing) or a plain one. Only plain file I/O is used: ``open``/``readv`` into preallocated
+tensors, a temporary name in the same directory and ``os.replace``, ``os.path.exists``.
+
+Decisions (also in docs/engines.md):
+
+- Only full blocks are cached. A trailing partial block is recomputed by the next request
+  that shares it; it is never written, so a block file always holds exactly
+  ``tokens_per_block`` tokens and its name is a pure function of the tokens it covers.
+- A request always computes at least its last token (the logits come from it). When the
+  whole prompt is cached, the last block is loaded and the cache is cut one token short.
+- The prefix stops at the first block that is missing, unreadable, short, of another
+  layout, under the wrong name or failing its checksum. Nothing after it is used, so a bad
+  block costs recomputation, never wrong KV. An invalid file is removed so that the next
+  :meth:`store` can write a good one (a store skips blocks that already exist).
+- Blocks are written once: a block that exists is not rewritten (the first writer wins, as
+  every writer of a name writes KV for the same tokens under the same namespace).
+
+Only models whose every layer is a full-attention ``DynamicLayer`` are supported
+(Llama, Mistral without sliding window, Qwen2, ...); others raise
+:class:`UnsupportedModel`. Batch size 1.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import sys
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from enum import Enum
+
+import numpy as np
+import xxhash
+
+from kvfs.errors import BlockCorrupt, KvfsError
+from kvfs.hashing import HashFn, Namespace, block_path, chain_hashes, xxh3_128
+
+from .kv_block_file import HEADER_LENGTH, KVBlockHeader, decode_header, encode_header
+
+try:
+    import torch
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "kvfs.gpu.prefix_cache needs torch and transformers: pip install 'kvfs[engines]'"
+    ) from exc
+
+__all__ = [
+    "UnsupportedModel",
+    "StopReason",
+    "PrefixHit",
+    "StoreResult",
+    "Prefill",
+    "Generation",
+    "PrefixCache",
+    "namespace_for",
+    "cache_from_tensors",
+    "prefill",
+    "generate",
+]
+
+log = logging.getLogger(__name__)
+
+_DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+_TORCH_DTYPES = {name: dt for dt, name in _DTYPE_NAMES.items()}
+
+
+class UnsupportedModel(KvfsError, ValueError):
+    """Raised when a model's cache is not one the prefix cache can split: a sliding-window
+    or linear-attention layer, a batch larger than one, or a dtype without a block code."""
+
+
+class StopReason(str, Enum):
+    """Why :meth:`PrefixCache.load` stopped where it did."""
+
+    COMPLETE = "complete"      # every wanted block was loaded
+    MISSING = "missing"        # the next block does not exist
+    CORRUPT = "corrupt"        # the next block is short, damaged or of another layout
+    UNREADABLE = "unreadable"  # opening or reading the next block failed (EIO, EACCES, ...)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PrefixHit:
+    """The result of a load: a cache holding ``tokens`` tokens of the request's prefix."""
+
+    cache: DynamicCache
+    tokens: int             # tokens in ``cache`` (what the model need not compute)
+    blocks: int             # block files read and accepted
+    wanted: int             # block files the request could have used
+    stop: StopReason
+    detail: str             # why it stopped, for logs ("" when complete)
+    bytes_read: int
+    seconds: float
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StoreResult:
+    written: int            # block files written by this call
+    present: int            # blocks that already existed (not rewritten)
+    bytes_written: int
+    seconds: float
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Prefill:
+    logits: torch.Tensor    # [vocab] logits of the last prompt token, float32
+    cache: DynamicCache     # the KV of every prompt token
+    cached_tokens: int      # prompt tokens that came from the prefix cache
+    hit: PrefixHit | None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Generation:
+    tokens: list[int]       # the generated token ids (greedy)
+    logits: list[torch.Tensor]  # the logits each was chosen from, float32
+    cached_tokens: int
+
+
+def _layout(model) -> tuple[int, int, int]:
+    cfg = model.config.get_text_config(decoder=True)
+    layers = cfg.num_hidden_layers
+    heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    return layers, heads, dim
+
+
+def namespace_for(
+    model,
+    model_name: str,
+    *,
+    tokens_per_block: int = 256,
+    dtype: torch.dtype | None = None,
+    tp_rank: int = 0,
+    tp_size: int = 1,
+    extra: str = "",
+) -> Namespace:
+    """The namespace of *model*'s KV blocks: its weights' name and its KV layout.
+
+    *model_name* must identify the weights (a hub id plus revision, or a path with a
+    version): two models with the same architecture and different weights must not share
+    a name. *dtype* defaults to the model's parameter dtype.
+    """
+    if tokens_per_block < 1:
+        raise ValueError("tokens_per_block must be at least 1")
+    layers, heads, dim = _layout(model)
+    dtype = dtype or next(model.parameters()).dtype
+    if dtype not in _DTYPE_NAMES:
+        raise UnsupportedModel(f"KV dtype {dtype} is not supported; use float32, float16 or bfloat16")
+    return Namespace(
+        model=model_name,
+        dtype=_DTYPE_NAMES[dtype],
+        num_layers=layers,
+        num_kv_heads=heads,
+        head_size=dim,
+        tokens_per_block=tokens_per_block,
+        tp_rank=tp_rank,
+        tp_size=tp_size,
+        extra=extra,
+    )
+
+
+def _bytes_view(t: torch.Tensor) -> memoryview:
+    """A writable byte view of a contiguous CPU tensor (works for bfloat16 too)."""
+    return memoryview(t.reshape(-1).view(torch.uint8).numpy())
+
+
+def _read_full(fd: int, segments: list[memoryview]) -> int:
+    """``readv`` until every segment is full or the file ends; returns the bytes read."""
+    total = 0
+    segs = segments
+    while segs:
+        n = os.readv(fd, segs)
+        if n == 0:
+            break
+        total += n
+        while segs and n >= len(segs[0]):
+            n -= len(segs[0])
+            segs = segs[1:]
+        if n:
+            segs = [segs[0][n:], *segs[1:]]
+    return total
+
+
+def _write_full(fd: int, segments: list[memoryview]) -> int:
+    total = 0
+    segs = segments
+    while segs:
+        n = os.writev(fd, segs)
+        total += n
+        while segs and n >= len(segs[0]):
+            n -= len(segs[0])
+            segs = segs[1:]
+        if n:
+            segs = [segs[0][n:], *segs[1:]]
+    return total
+
+
+def _empty_cache(model) -> DynamicCache:
+    cache = DynamicCache(config=model.config)
+    for layer in cache.layers:
+        if type(layer) is not DynamicLayer:
+            raise UnsupportedModel(
+                f"layer type {type(layer).__name__} is not supported; the prefix cache handles "
+                "full-attention layers (DynamicLayer) only"
+            )
+    return cache
+
+
+class PrefixCache:
+    """Blocks of one model's KV cache, as files under *directory*.
+
+    *namespace* fixes the model and the layout (see :func:`namespace_for`); *extra_keys*
+    (LoRA name, cache salt, ...) go into every block's hash. *hash_fn* is kvfs's chain hash
+    function (xxh3-128 by default). *drop_invalid* removes a block file that fails
+    validation so the next store can replace it.
+
+    *reuse_buffers* keeps the host buffer of the last load and reads the next load into
+    it once nothing references it any more (transformers replaces a layer's tensors when
+    a forward pass extends the cache, which releases it). Faulting in fresh pages costs
+    more than reading the KV from the page cache, so a serving process should reuse.
+    The buffer stays allocated (the size of the largest prefix loaded) until the
+    PrefixCache is dropped.
+
+    *io_threads* blocks are read concurrently (reads release the GIL; a disk or a FUSE
+    daemon serves several requests at once better than one); 1 reads them one by one.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        namespace: Namespace,
+        *,
+        extra_keys: Sequence[int | str | bytes] = (),
+        hash_fn: HashFn = xxh3_128,
+        drop_invalid: bool = True,
+        reuse_buffers: bool = True,
+        io_threads: int = 4,
+    ) -> None:
+        self.directory = os.fspath(directory)
+        self.namespace = namespace
+        self.extra_keys = tuple(extra_keys)
+        self.hash_fn = hash_fn
+        self.drop_invalid = drop_invalid
+        self.reuse_buffers = reuse_buffers
+        self._pool: np.ndarray | None = None  # the reusable load buffer (bytes)
+        self._pool_lock = threading.Lock()  # loads from several threads never share a buffer
+        if io_threads < 1:
+            raise ValueError("io_threads must be at least 1")
+        self.io_threads = io_threads
+        self._io_pool: ThreadPoolExecutor | None = None
+        self.dtype = _TORCH_DTYPES[namespace.dtype]
+        self._itemsize = torch.empty((), dtype=self.dtype).element_size()
+        self._payload = KVBlockHeader.payload_length_of(
+            namespace.dtype, namespace.num_layers, namespace.num_kv_heads, namespace.head_size,
+            namespace.tokens_per_block,
+        )
+
+    @classmethod
+    def for_model(
+        cls, directory: str | os.PathLike[str], model, model_name: str, *, tokens_per_block: int = 256, **kwargs
+    ) -> PrefixCache:
+        """A prefix cache for *model* (see :func:`namespace_for` for *model_name*)."""
+        ns_keys = {k: kwargs.pop(k) for k in ("dtype", "tp_rank", "tp_size", "extra") if k in kwargs}
+        ns = namespace_for(model, model_name, tokens_per_block=tokens_per_block, **ns_keys)
+        return cls(directory, ns, **kwargs)
+
+    # -- names ---------------------------------------------------------------------------
+
+    @property
+    def tokens_per_block(self) -> int:
+        return self.namespace.tokens_per_block
+
+    def digests(self, tokens: Sequence[int]) -> list[bytes]:
+        """The chain hashes of the full blocks of *tokens*."""
+        return chain_hashes(self.namespace, list(tokens), extra_keys=self.extra_keys, hash_fn=self.hash_fn)
+
+    def path(self, digest: bytes) -> str:
+        """The file of the block with *digest*."""
+        return os.path.join(self.directory, block_path(self.namespace, digest, self.hash_fn))
+
+    def lookup(self, tokens: Sequence[int]) -> int:
+        """Tokens of *tokens* whose blocks exist (by ``os.path.exists``; not validated)."""
+        n = 0
+        for d in self.digests(tokens):
+            if not os.path.exists(self.path(d)):
+                break
+            n += 1
+        return n * self.tokens_per_block
+
+    # -- store ---------------------------------------------------------------------------
+
+    def store(self, tokens: Sequence[int], cache: DynamicCache) -> StoreResult:
+        """Write the full blocks of *tokens* whose KV is in *cache* and are not stored yet.
+
+        *cache* holds the KV of ``tokens[:cache_len]`` (a batch of one); tokens beyond it
+        and a trailing partial block are not written. Raises :class:`UnsupportedModel`
+        for a cache it cannot split and ``OSError`` when the directory refuses a write
+        (the temporary file is removed first).
+        """
+        t0 = time.perf_counter()
+        ns = self.namespace
+        T = ns.tokens_per_block
+        layers = cache.layers
+        if len(layers) != ns.num_layers:
+            raise UnsupportedModel(f"cache has {len(layers)} layers, namespace says {ns.num_layers}")
+        seq = cache.get_seq_length()
+        digests = self.digests(list(tokens)[: min(len(tokens), seq)])
+        todo = [(i, d) for i, d in enumerate(digests) if not os.path.exists(self.path(d))]
+        if not todo:
+            return StoreResult(written=0, present=len(digests), bytes_written=0, seconds=time.perf_counter() - t0)
+        first = todo[0][0] * T
+        end = len(digests) * T
+        # One [tokens, heads, dim] contiguous copy per layer and K/V; a block is then a
+        # contiguous slice of each.
+        rows: list[torch.Tensor] = []
+        for layer in layers:
+            if type(layer) is not DynamicLayer:
+                raise UnsupportedModel(f"layer type {type(layer).__name__} is not supported")
+            for t in (layer.keys, layer.values):
+                if t.dim() != 4 or t.shape[0] != 1:
+                    raise UnsupportedModel(f"expected a [1, heads, tokens, dim] cache, got {tuple(t.shape)}")
+                if t.shape[1] != ns.num_kv_heads or t.shape[3] != ns.head_size or t.dtype != self.dtype:
+                    raise UnsupportedModel(
+                        f"cache layout {tuple(t.shape)} {t.dtype} does not match the namespace "
+                        f"({ns.num_kv_heads} heads of {ns.head_size}, {ns.dtype})"
+                    )
+                rows.append(t.detach()[0, :, first:end].transpose(0, 1).to("cpu").contiguous())
+        written = nbytes = 0
+        for i, digest in todo:
+            lo = i * T - first
+            segs = [_bytes_view(r[lo : lo + T]) for r in rows]
+            h = xxhash.xxh3_64()
+            for s in segs:
+                h.update(s)
+            header = encode_header(
+                KVBlockHeader(
+                    dtype=ns.dtype, num_layers=ns.num_layers, num_kv_heads=ns.num_kv_heads,
+                    head_size=ns.head_size, tokens=T, payload_length=self._payload,
+                    checksum=h.intdigest(), digest=digest[:16],
+                )
+            )
+            nbytes += self._publish(self.path(digest), [memoryview(header), *segs])
+            written += 1
+        return StoreResult(
+            written=written, present=len(digests) - written, bytes_written=nbytes,
+            seconds=time.perf_counter() - t0,
+        )
+
+    def _publish(self, path: str, segments: list[memoryview]) -> int:
+        """Write *segments* to a temporary name beside *path*, then rename it into place."""
+        parent = os.path.dirname(path)
+        os.makedirs(parent, exist_ok=True)
+        tmp = os.path.join(parent, f".{uuid.uuid4().hex}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            try:
+                n = _write_full(fd, segments)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            raise
+        return n
+
+    # -- load ----------------------------------------------------------------------------
+
+    def load(
+        self, tokens: Sequence[int], model, *, max_tokens: int | None = None, device: torch.device | str | None = None
+    ) -> PrefixHit:
+        """Load the longest cached prefix of *tokens* into a fresh cache for *model*.
+
+        At most *max_tokens* tokens end up in the cache (default: all full blocks); the
+        block holding the last of them is loaded whole and the cache is cut. Reading
+        stops at the first block that is missing or fails validation (see
+        :class:`StopReason`); nothing from it or after it is used. Never raises for a bad
+        or vanished block file; raises :class:`UnsupportedModel` for a model it cannot serve.
+        """
+        t0 = time.perf_counter()
+        ns = self.namespace
+        T = ns.tokens_per_block
+        L, H, D = ns.num_layers, ns.num_kv_heads, ns.head_size
+        if _layout(model) != (L, H, D):
+            raise UnsupportedModel(f"model layout {_layout(model)} does not match the namespace {(L, H, D)}")
+        tokens = list(tokens)
+        limit = len(tokens) if max_tokens is None else max(0, min(max_tokens, len(tokens)))
+        digests = self.digests(tokens)[: -(-limit // T)]
+        cache = _empty_cache(model)
+        if not digests:
+            return PrefixHit(cache=cache, tokens=0, blocks=0, wanted=0, stop=StopReason.COMPLETE, detail="",
+                             bytes_read=0, seconds=time.perf_counter() - t0)
+        # [layer, K/V, token, head, dim]: a block fills one contiguous [T, H, D] run per
+        # layer and K/V, and the cache's [1, H, tokens, D] tensors are views of it.
+        buf = self._buffer((L, 2, len(digests) * T, H, D))
+        loaded = nread = 0
+        stop, detail = StopReason.COMPLETE, ""
+        # Blocks are read ahead by up to io_threads workers and accepted strictly in order;
+        # the first failure ends the prefix. Reads in flight are waited for before the
+        # buffer is handed out (or reused), since they write into it.
+        pending: deque[tuple[int, Future[int] | int | BaseException]] = deque()
+        window = 2 * self.io_threads if self.io_threads > 1 else 1
+        pool = self._executor() if self.io_threads > 1 else None
+        nxt = 0
+        try:
+            while True:
+                while nxt < len(digests) and len(pending) < window:
+                    if pool is not None:
+                        pending.append((nxt, pool.submit(self._fetch, digests[nxt], nxt, buf)))
+                    else:
+                        try:
+                            pending.append((nxt, self._fetch(digests[nxt], nxt, buf)))
+                        except (OSError, BlockCorrupt) as exc:
+                            pending.append((nxt, exc))
+                    nxt += 1
+                if not pending:
+                    break
+                i, res = pending.popleft()
+                path = self.path(digests[i])
+                try:
+                    if isinstance(res, BaseException):
+                        raise res
+                    got = res.result() if isinstance(res, Future) else res
+                except FileNotFoundError:
+                    stop, detail = StopReason.MISSING, f"{path}: no such block"
+                    break
+                except BlockCorrupt as exc:
+                    stop, detail = StopReason.CORRUPT, f"{path}: {exc}"
+                    log.warning("prefix cache: invalid block, prefix stops here: %s", detail)
+                    if self.drop_invalid:
+                        self._drop(path)
+                    break
+                except OSError as exc:
+                    stop, detail = StopReason.UNREADABLE, f"{path}: {exc}"
+                    log.warning("prefix cache: unreadable block, prefix stops here: %s", detail)
+                    break
+                loaded += 1
+                nread += got
+        finally:
+            futures = [f for _, f in pending if isinstance(f, Future)]
+            for f in futures:
+                f.cancel()
+            wait(futures)
+        ntok = min(loaded * T, limit)
+        if ntok:
+            if device is not None and torch.device(device) != buf.device:
+                buf = buf[:, :, :ntok].to(device)
+            for l, layer in enumerate(cache.layers):
+                k = buf[l, 0, :ntok].permute(1, 0, 2).unsqueeze(0)
+                v = buf[l, 1, :ntok].permute(1, 0, 2).unsqueeze(0)
+                layer.lazy_initialization(k, v)
+                layer.keys, layer.values = k, v
+        return PrefixHit(
+            cache=cache, tokens=ntok, blocks=loaded, wanted=len(digests), stop=stop, detail=detail,
+            bytes_read=nread, seconds=time.perf_counter() - t0,
+        )
+
+    def _buffer(self, shape: tuple[int, ...]) -> torch.Tensor:
+        """An uninitialized host tensor of *shape*, reusing the pooled buffer when free.
+
+        The tensor is a view of a numpy array, so the array's reference count says whether
+        any tensor still uses it (the pool's reference plus getrefcount's own = 2).
+        """
+        nbytes = math.prod(shape) * self._itemsize
+        with self._pool_lock:
+            if self._pool is not None and self._pool.nbytes >= nbytes and sys.getrefcount(self._pool) == 2:
+                arr = self._pool
+            else:
+                arr = np.empty(nbytes, dtype=np.uint8)
+                if self.reuse_buffers:
+                    self._pool = arr
+            return torch.from_numpy(arr[:nbytes]).view(self.dtype).view(shape)
+
+    def _fetch(self, digest: bytes, i: int, buf: torch.Tensor) -> int:
+        """Read block *i* into its place in *buf* and validate it; returns bytes read.
+
+        Raises FileNotFoundError, BlockCorrupt or another OSError.
+        """
+        T = self.namespace.tokens_per_block
+        segs = [_bytes_view(buf[l, kv, i * T : (i + 1) * T]) for l in range(buf.shape[0]) for kv in (0, 1)]
+        header = bytearray(HEADER_LENGTH)
+        size = HEADER_LENGTH + self._payload
+        got = self._read_block(self.path(digest), header, segs, size)
+        self._validate(header, segs, got, size, digest)
+        return got
+
+    def _executor(self) -> ThreadPoolExecutor:
+        with self._pool_lock:
+            if self._io_pool is None:
+                self._io_pool = ThreadPoolExecutor(self.io_threads, thread_name_prefix="kvfs-prefix-read")
+            return self._io_pool
+
+    def close(self) -> None:
+        """Stop the read threads (a later load starts them again)."""
+        with self._pool_lock:
+            pool, self._io_pool = self._io_pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+
+    @staticmethod
+    def _read_block(path: str, header: bytearray, segs: list[memoryview], size: int) -> int:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            actual = os.fstat(fd).st_size
+            if actual != size:
+                raise BlockCorrupt(f"file is {actual} bytes, expected {size}")
+            return _read_full(fd, [memoryview(header), *segs])
+        finally:
+            os.close(fd)
+
+    def _validate(self, header: bytearray, segs: list[memoryview], got: int, size: int, digest: bytes) -> None:
+        if got != size:
+            raise BlockCorrupt(f"short read: {got} of {size} bytes")
+        h = decode_header(header)
+        ns = self.namespace
+        if (h.dtype, h.num_layers, h.num_kv_heads, h.head_size, h.tokens) != (
+            ns.dtype, ns.num_layers, ns.num_kv_heads, ns.head_size, ns.tokens_per_block
+        ):
+            raise BlockCorrupt("block layout does not match the namespace")
+        if h.digest != digest[:16].ljust(16, b"\0"):
+            raise BlockCorrupt("block is stored under another block's name")
+        x = xxhash.xxh3_64()
+        for s in segs:
+            x.update(s)
+        if x.intdigest() != h.checksum:
+            raise BlockCorrupt("payload checksum mismatch")
+
+    @staticmethod
+    def _drop(path: str) -> None:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:  # a read-only or foreign directory: keep going, it is logged
+            log.warning("prefix cache: could not remove invalid block %s: %s", path, exc)
+
+
+# -- running a model with the prefix cache ----------------------------------------------
+
+
+def cache_from_tensors(model, kv: Sequence[tuple[torch.Tensor, torch.Tensor]], tokens: int) -> DynamicCache:
+    """A cache for *model* whose layers are views of the first *tokens* tokens of *kv*
+    (per layer ``(keys, values)`` shaped ``[1, heads, n, dim]``); nothing is copied.
+
+    This is the "ideal" prefix cache: the KV already in process memory.
+    """
+    cache = _empty_cache(model)
+    if tokens:
+        for layer, (k, v) in zip(cache.layers, kv, strict=True):
+            k, v = k[:, :, :tokens], v[:, :, :tokens]
+            layer.lazy_initialization(k, v)
+            layer.keys, layer.values = k, v
+    return cache
+
+
+@torch.no_grad()
+def prefill(
+    model,
+    tokens: Sequence[int],
+    prefix_cache: PrefixCache | None = None,
+    *,
+    cache: DynamicCache | None = None,
+) -> Prefill:
+    """Run the prompt *tokens* through *model*, computing only what is not cached.
+
+    With *prefix_cache*, the longest cached prefix is loaded first (at most
+    ``len(tokens) - 1`` tokens: the last token is always computed). With *cache* (a cache
+    already holding a prefix of *tokens*, e.g. from :func:`cache_from_tensors`), that is
+    used instead. Nothing is stored; call :meth:`PrefixCache.store` when you want to.
+    """
+    tokens = list(tokens)
+    if not tokens:
+        raise ValueError("prefill needs at least one token")
+    device = next(model.parameters()).device
+    hit = None
+    if cache is None:
+        if prefix_cache is not None:
+            hit = prefix_cache.load(tokens, model, max_tokens=len(tokens) - 1, device=device)
+            cache = hit.cache
+        else:
+            cache = _empty_cache(model)
+    start = cache.get_seq_length()
+    if start >= len(tokens):
+        raise ValueError(f"the cache holds {start} tokens; the prompt has {len(tokens)}")
+    ids = torch.tensor([tokens[start:]], dtype=torch.long, device=device)
+    out = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
+    return Prefill(logits=out.logits[0, -1].float(), cache=out.cache, cached_tokens=start, hit=hit)
+
+
+@torch.no_grad()
+def generate(
+    model,
+    tokens: Sequence[int],
+    max_new_tokens: int,
+    prefix_cache: PrefixCache | None = None,
+    *,
+    store: bool = True,
+) -> Generation:
+    """Greedy generation of *max_new_tokens* tokens after *tokens*.
+
+    Uses the longest cached prefix from *prefix_cache*; when *store* is true, the full
+    blocks of the prompt are stored after the first token and those of prompt plus
+    output at the end (everything whose KV the cache holds).
+    """
+    first = prefill(model, tokens, prefix_cache)
+    cache = first.cache
+    if prefix_cache is not None and store:
+        prefix_cache.store(tokens, cache)
+    logits = [first.logits]
+    out = [int(first.logits.argmax())]
+    device = next(model.parameters()).device
+    while len(out) < max_new_tokens:
+        ids = torch.tensor([[out[-1]]], dtype=torch.long, device=device)
+        res = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
+        cache = res.cache
+        logits.append(res.logits[0, -1].float())
+        out.append(int(logits[-1].argmax()))
+    if prefix_cache is not None and store and len(out) > 1:
+        prefix_cache.store([*tokens, *out[:-1]], cache)
+    return Generation(tokens=out, logits=logits, cached_tokens=first.cached_tokens)
