@@ -6,9 +6,8 @@ fs_connector.py``, ``FSConnector``) write KV pages to a plain directory. These t
 import the engines (installing them on a CPU machine takes separate venvs with pinned
 dependencies); each test reproduces the exact file calls one engine code path makes, as
 read from the engines' source (see docs/engines.md and the facts gathered in ENGINES.md),
-and says which one. Only POSIX file I/O is used, so the same tests run unchanged on a kvfs
-mount: ``kv_dir`` is a plain temporary directory here and is meant to be switched to the
-kvfs FUSE mount fixture once it exists.
+and says which one. Only POSIX file I/O is used; every test runs on a real kvfs FUSE
+mount and, for reference, on a plain directory (``kv_dir``).
 """
 
 from __future__ import annotations
@@ -24,10 +23,12 @@ import pytest
 torch = pytest.importorskip("torch")
 
 
-@pytest.fixture
-def kv_dir(tmp_path):
-    """The directory under test. Today a plain directory; later a kvfs mount."""
-    return tmp_path
+@pytest.fixture(params=["kvfs", "plain-dir"])
+def kv_dir(request, tmp_path):
+    """The directory under test: a kvfs mount (DRAM over disk), or a plain directory."""
+    if request.param == "plain-dir":
+        return tmp_path
+    return request.getfixturevalue("kvfs_mount")(dram="16MiB", disk="64MiB")
 
 
 # -- SGLang HiCacheFile ------------------------------------------------------------------

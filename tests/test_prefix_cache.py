@@ -1,8 +1,8 @@
 """The transformers prefix cache: cached-prefix output equals a full recomputation.
 
 Real parts throughout: a real transformers Llama model (random weights, tiny), real
-files in a directory, real torch tensors. The directory is the ``kv_dir`` fixture, a
-plain temporary directory today; a kvfs mount fixture can replace it.
+files, real torch tensors. Every test runs twice: on a real kvfs FUSE mount and, for
+reference, on a plain directory (``kv_dir``).
 """
 
 from __future__ import annotations
@@ -31,9 +31,11 @@ from kvfs.hashing import block_path  # noqa: E402
 T = 8  # tokens per block in these tests
 
 
-@pytest.fixture
-def kv_dir(tmp_path):
-    return tmp_path
+@pytest.fixture(params=["kvfs", "plain-dir"])
+def kv_dir(request, tmp_path):
+    if request.param == "plain-dir":
+        return tmp_path
+    return request.getfixturevalue("kvfs_mount")(dram="16MiB", disk="64MiB")
 
 
 @pytest.fixture(scope="module")
@@ -129,12 +131,18 @@ def test_a_longer_request_extends_the_stored_prefix(kv_dir, fp32):
         convo = convo + got.tokens + tokens(11, seed=10 + turn)
 
 
+def rewrite(path, data: bytes) -> None:
+    """Replace the file's bytes. kvfs blocks are immutable once sealed, so damage is done the
+    way kvfs allows, by an O_TRUNC rewrite: the engine's own checks must catch it."""
+    with open(path, "wb") as f:
+        f.write(data)
+
+
 def flip_bytes(path, offset, n=4):
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        data = bytearray(f.read(n))
-        f.seek(offset)
-        f.write(bytes(b ^ 0xFF for b in data))
+    with open(path, "rb") as f:
+        data = bytearray(f.read())
+    data[offset : offset + n] = bytes(b ^ 0xFF for b in data[offset : offset + n])
+    rewrite(path, bytes(data))
 
 
 @pytest.mark.parametrize("damage", ["payload", "header", "truncate", "missing", "wrong-name"])
@@ -154,7 +162,8 @@ def test_a_bad_block_in_the_middle_stops_the_prefix_there(request, kv_dir, dtype
     elif damage == "header":
         flip_bytes(bad, 20)
     elif damage == "truncate":
-        os.truncate(bad, os.path.getsize(bad) - 1)
+        with open(bad, "rb") as f:
+            rewrite(bad, f.read()[:-1])
     elif damage == "missing":
         os.unlink(bad)
     else:  # another block's bytes under this block's name
