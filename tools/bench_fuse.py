@@ -23,11 +23,11 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
+
+from .scratch import mount, umount
 
 MiB = 1 << 20
 BLOCK = 2 * MiB
@@ -158,26 +158,6 @@ def _config(base: Path, dram: int) -> Path:
     return cfg
 
 
-def _mount(mp: Path, cfg: Path, options: dict) -> int:
-    from kvfs.mount.paths import pid_path
-
-    mp.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "KVFS_FUSE_OPTIONS": json.dumps(options)}
-    res = subprocess.run([sys.executable, "-m", "kvfs.tools.cli", "mount", str(mp), "--config", str(cfg)],
-                         capture_output=True, text=True, env=env, timeout=120)
-    if res.returncode != 0:
-        raise SystemExit(f"kvfs bench fuse: mount failed: {res.stderr.strip()}")
-    return int(pid_path(mp).read_text())
-
-
-def _umount(mp: Path) -> None:
-    subprocess.run([sys.executable, "-m", "kvfs.tools.cli", "umount", str(mp)], capture_output=True, timeout=600)
-    from kvfs.mount.daemon import mount_type
-
-    if mount_type(mp) is not None:
-        subprocess.run(["fusermount3", "-u", "-z", str(mp)], capture_output=True)
-
-
 def _rss_anon(pid: int) -> int:
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -203,13 +183,13 @@ def run(args: argparse.Namespace) -> int:
         tmpfs = run_suite(shm, blocks, entries, payloads)
         shutil.rmtree(shm, ignore_errors=True)
         shm.mkdir()
-        pid = _mount(mp, cfg, {})
+        pid = mount(mp, cfg)
         try:
             kvfs = run_suite(mp, blocks, entries, payloads)
             if args.rss_rounds:
                 result["rss"] = _rss_run(mp, pid, blocks, args.rss_rounds, payloads)
         finally:
-            _umount(mp)
+            umount(mp)
         result["tmpfs"] = tmpfs
         result["kvfs"] = kvfs
         result["ratio"] = {k: kvfs[k] / tmpfs[k] if tmpfs[k] else None for k in kvfs}
@@ -217,14 +197,14 @@ def run(args: argparse.Namespace) -> int:
             result["settings"] = {}
             for label, opts in VARIANTS.items():
                 shutil.rmtree(base / "disk", ignore_errors=True)
-                _mount(mp, cfg, opts)
+                mount(mp, cfg, opts)
                 try:
                     buf = bytearray(BLOCK)
                     w = write_blocks(mp / "v", blocks, payloads)
                     c = read_blocks(mp / "v", blocks, buf)
                     rep = max(read_blocks(mp / "v", blocks, buf) for _ in range(2))
                 finally:
-                    _umount(mp)
+                    umount(mp)
                 result["settings"][label] = {"write_GBps": w, "read_cold_GBps": c, "read_repeat_GBps": rep}
     finally:
         shutil.rmtree(shm, ignore_errors=True)

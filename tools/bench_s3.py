@@ -17,9 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import time
 import uuid
@@ -30,6 +28,7 @@ from kvfs.config import S3Config
 from kvfs.names import TierName
 from kvfs.units import parse_size
 
+from .scratch import start_moto
 from .table import print_table
 
 
@@ -42,30 +41,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--concurrency", default="1,8", help="comma-separated thread counts (default: %(default)s)")
     p.add_argument("--rounds", type=int, default=3, help="rounds per measurement; the median is reported")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _start_moto() -> tuple[subprocess.Popen, str]:
-    port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return proc, f"http://127.0.0.1:{port}"
-        except OSError:
-            time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError("moto server did not start within 30 s (is moto[server] installed?)")
 
 
 def _timed(fn, items, threads: int) -> float:
@@ -93,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         for k, v in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"), ("AWS_DEFAULT_REGION", "us-east-1")):
             os.environ.setdefault(k, v)
-        proc, endpoint = _start_moto()
+        proc, endpoint = start_moto()
         bucket = f"kvfs-bench-{uuid.uuid4().hex[:8]}"
     try:
         cfg = S3Config(

@@ -40,8 +40,11 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from kvfs.errors import ConfigError
+
+from .scratch import drop_page_cache_under
 
 __all__ = ["add_arguments", "run"]
 
@@ -80,6 +83,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dir", dest="dirs", action="append", type=_dir_spec, default=[], metavar="LABEL=PATH",
                         help="a directory to store blocks in and read them from (repeatable): a kvfs mount "
                              "or a plain directory. Default: tmpfs=/dev/shm and disk=/var/tmp")
+    parser.add_argument("--kvfs", type=_kvfs_spec, default=["auto"], metavar="TIERS",
+                        help="kvfs mounts to measure, each with the blocks in one tier: a list of "
+                             "dram,disk,posix,s3 (s3 on a local moto server); 'auto' (default) = all "
+                             "whose packages are installed; 'none' = only the --dir directories")
     parser.add_argument("--page-cache", choices=("drop", "keep"), default="drop",
                         help="drop (default): evict each block file from the kernel page cache before each "
                              "warm run; keep: leave it")
@@ -107,6 +114,107 @@ class _Target:
     label: str
     root: str          # the bench's own subdirectory inside the given directory
     cache: object = None
+    backing: str | None = None  # a kvfs tier's own directory, whose page cache is dropped too
+
+
+KVFS_TIERS = ("dram", "disk", "posix", "s3")
+
+
+def _kvfs_spec(text: str) -> list[str]:
+    if text in ("auto", "none"):
+        return [text]
+    kinds = [k.strip() for k in text.split(",") if k.strip()]
+    bad = [k for k in kinds if k not in KVFS_TIERS]
+    if bad or not kinds:
+        raise argparse.ArgumentTypeError(f"--kvfs: expected auto, none or a list of {', '.join(KVFS_TIERS)}")
+    return kinds
+
+
+def _kvfs_config(kind: str, base: Path, dram_bytes: int, endpoint: str | None, bucket: str) -> str:
+    """A config whose blocks live in tier *kind*: the hottest (or only) tier of the mount."""
+    if kind == "dram":
+        return (f'[[tiers]]\nkind = "dram"\ncapacity = {dram_bytes}\n\n'
+                f'[[tiers]]\nkind = "disk"\ncapacity = "8GiB"\npath = "{base}/disk"\n')
+    if kind == "disk":
+        return f'[[tiers]]\nkind = "disk"\ncapacity = "8GiB"\npath = "{base}/disk"\n'
+    if kind == "posix":
+        return f'[[tiers]]\nkind = "posix"\ncapacity = "8GiB"\npath = "{base}/shared"\n'
+    return f'[[tiers]]\nkind = "s3"\nbucket = "{bucket}"\nendpoint_url = "{endpoint}"\n'
+
+
+class _KvfsMounts:
+    """kvfs mounts made for the bench, one per tier kind, each with its blocks in that
+    tier; everything is unmounted and removed on close."""
+
+    def __init__(self, kinds: list[str], dram_bytes: int, say) -> None:
+        from kvfs.tools.scratch import mount, start_moto
+
+        self.bases: list[Path] = []
+        self.mounts: list[Path] = []
+        self.moto = None
+        self.targets: list[tuple[str, str, str | None]] = []
+        env = {}
+        endpoint, bucket = None, f"kvfs-ttft-{os.getpid()}"
+        try:
+            if "s3" in kinds:
+                import boto3
+
+                for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                             "AWS_DEFAULT_REGION": "us-east-1"}.items():
+                    env[k] = os.environ.get(k, v)
+                self.moto, endpoint = start_moto()
+                boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+                             aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+                             region_name=env["AWS_DEFAULT_REGION"]).create_bucket(Bucket=bucket)
+            for kind in kinds:
+                base = Path(tempfile.mkdtemp(prefix=f"kvfs-ttft-{kind}-", dir="/var/tmp"))
+                self.bases.append(base)
+                cfg = base / "kvfs.toml"
+                cfg.write_text(_kvfs_config(kind, base, dram_bytes, endpoint, bucket))
+                mp = base / "mnt"
+                mount(mp, cfg, env=env)
+                self.mounts.append(mp)
+                backing = {"disk": base / "disk", "posix": base / "shared"}.get(kind)
+                self.targets.append((f"kvfs-{kind}", str(mp), str(backing) if backing else None))
+                say(f"  mounted kvfs with its blocks in a {kind} tier at {mp}")
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        from kvfs.tools.scratch import umount
+
+        for mp in self.mounts:
+            umount(mp)
+        self.mounts = []
+        if self.moto is not None:
+            self.moto.kill()
+            self.moto.wait()
+            self.moto = None
+        for b in self.bases:
+            shutil.rmtree(b, ignore_errors=True)
+        self.bases = []
+
+
+def _kvfs_kinds(spec: list[str]) -> list[str]:
+    """The tier kinds to mount kvfs with: explicit, none, or every one that can run here."""
+    if spec == ["none"]:
+        return []
+    if spec != ["auto"]:
+        return spec
+    try:
+        import pyfuse3  # noqa: F401
+    except ImportError:
+        return []
+    if not os.path.exists("/dev/fuse"):
+        return []
+    kinds = ["dram", "disk", "posix"]
+    try:
+        import boto3  # noqa: F401
+        import moto.server  # noqa: F401
+    except ImportError:
+        return kinds
+    return kinds + ["s3"]
 
 
 def _default_dirs() -> list[tuple[str, str, bool]]:
@@ -177,17 +285,32 @@ def run(args: argparse.Namespace) -> int:
     for label, path in args.dirs:
         if not os.path.isdir(path):
             raise ConfigError("--dir", f"{label}={path}: not a directory")
-    specs = [(label, path, False) for label, path in args.dirs] or _default_dirs()
+    specs = [(label, path, False, None) for label, path in args.dirs] or [
+        (label, path, created, None) for label, path, created in _default_dirs()]
+    kinds = _kvfs_kinds(args.kvfs)
+    mounts = None
+    if kinds:
+        per_token = 2 * PRESETS[preset]["num_hidden_layers"] * PRESETS[preset]["num_key_value_heads"] * (
+            PRESETS[preset]["hidden_size"] // PRESETS[preset]["num_attention_heads"]) * (4 if args.dtype == "fp32" else 2)
+        total = sum(lengths) + turns * (turn_tokens + args.answer_tokens) * turns
+        dram_bytes = max(256 << 20, 2 * total * per_token)  # every block of the run fits twice
+        mounts = _KvfsMounts(kinds, dram_bytes, say)
+        specs += [(label, path, False, backing) for label, path, backing in mounts.targets]
     targets: list[_Target] = []
-    for label, path, created in specs:
+    for label, path, created, backing in specs:
         # A given directory gets the bench's own subdirectory; a default one is the bench's.
         root = path if created else os.path.join(path, f"kvfs-bench-ttft-{os.getpid()}")
         os.makedirs(root, exist_ok=True)
-        targets.append(_Target(label=label, root=root))
+        targets.append(_Target(label=label, root=root, backing=backing))
 
     t0 = time.perf_counter()
     max_len = max(max(lengths), turns * (turn_tokens + args.answer_tokens) + 16)
-    rm = build_model(preset, dtype=dtype, seed=args.seed, max_positions=max(4096, max_len))
+    try:
+        rm = build_model(preset, dtype=dtype, seed=args.seed, max_positions=max(4096, max_len))
+    except BaseException:
+        if mounts is not None:
+            mounts.close()
+        raise
     model = rm.model
     say(f"model {rm.name}: {rm.parameters / 1e6:.0f}M parameters, {args.dtype}, built in "
         f"{time.perf_counter() - t0:.1f}s; torch threads {torch.get_num_threads()}; "
@@ -210,6 +333,8 @@ def run(args: argparse.Namespace) -> int:
         """One warm request; returns (ttft seconds, the load's PrefixHit without its cache)."""
         if args.page_cache == "drop":
             _drop_page_cache([t.cache.path(d) for d in t.cache.digests(prompt[: len(prompt) - 1])])
+            if t.backing:  # the kvfs tier's own files: the read must come from the device
+                drop_page_cache_under(Path(t.backing))
         s, res = timed(lambda: pcm.prefill(model, prompt, t.cache))
         return s, dataclasses.replace(res.hit, cache=None)
 
@@ -283,6 +408,8 @@ def run(args: argparse.Namespace) -> int:
             t.cache.close()
             if not args.keep:
                 shutil.rmtree(t.root, ignore_errors=True)
+        if mounts is not None:
+            mounts.close()
 
     if args.json:
         print(json.dumps(results, indent=2))

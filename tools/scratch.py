@@ -1,0 +1,86 @@
+"""Throwaway kvfs mounts and a local S3 endpoint for the benchmarks.
+
+``kvfs bench fuse`` and ``kvfs bench ttft`` mount kvfs themselves, with a config of
+their own, in a temporary directory; ``kvfs bench s3`` and ``bench ttft`` start moto's S3
+server on 127.0.0.1 when no endpoint is given. Everything here is undone on exit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+__all__ = ["mount", "umount", "start_moto", "drop_page_cache_under"]
+
+
+def mount(mp: Path, config: Path, fuse_options: dict | None = None, env: dict | None = None) -> int:
+    """``kvfs mount MP --config CONFIG`` (background daemon); returns the daemon's pid."""
+    from kvfs.mount.paths import pid_path
+
+    mp.mkdir(parents=True, exist_ok=True)
+    full_env = {**os.environ, **(env or {})}
+    if fuse_options:
+        full_env["KVFS_FUSE_OPTIONS"] = json.dumps(fuse_options)
+    res = subprocess.run([sys.executable, "-m", "kvfs.tools.cli", "mount", str(mp), "--config", str(config)],
+                         capture_output=True, text=True, env=full_env, timeout=120)
+    if res.returncode != 0:
+        raise SystemExit(f"kvfs bench: mount of {mp} failed: {res.stderr.strip()}")
+    return int(pid_path(mp).read_text())
+
+
+def umount(mp: Path) -> None:
+    """``kvfs umount MP``, then a lazy ``fusermount3 -u -z`` if anything is left."""
+    from kvfs.mount.daemon import mount_type
+
+    subprocess.run([sys.executable, "-m", "kvfs.tools.cli", "umount", str(mp)], capture_output=True, timeout=600)
+    if mount_type(mp) is not None:
+        subprocess.run(["fusermount3", "-u", "-z", str(mp)], capture_output=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_moto() -> tuple[subprocess.Popen, str]:
+    """moto's S3 server in a subprocess on 127.0.0.1; returns ``(process, endpoint url)``."""
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return proc, f"http://127.0.0.1:{port}"
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("moto server did not start within 30 s (is moto[server] installed?)")
+
+
+def drop_page_cache_under(root: Path) -> int:
+    """Ask the kernel to drop the cached pages of every file under *root* (e.g. a disk
+    tier's block files, so a read really comes from the device); returns the file count."""
+    n = 0
+    for dirpath, _dirs, files in os.walk(root):
+        for fn in files:
+            try:
+                fd = os.open(os.path.join(dirpath, fn), os.O_RDONLY)
+            except OSError:
+                continue
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                n += 1
+            finally:
+                os.close(fd)
+    return n
