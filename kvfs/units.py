@@ -59,6 +59,9 @@ def format_size(n: int | float) -> str:
     n = float(n)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
-            return f"{int(n)} B" if unit == "B" else f"{n:.3g} {unit}"
+            if unit == "B":
+                return f"{int(n)} B"
+            text = f"{n:.3g}"
+            return f"{text if 'e' not in text else f'{n:.0f}'} {unit}"  # 1020 MiB, not 1.02e+03
         n /= 1024
     raise AssertionError("unreachable")

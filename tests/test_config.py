@@ -88,3 +88,10 @@ def test_load_config_errors(tmp_path):
     good = tmp_path / "good.toml"
     good.write_text('[[tiers]]\nkind = "dram"\ncapacity = "8MiB"\n')
     assert load_config(good).tiers[0].capacity == 8 << 20
+
+
+def test_format_size_never_scientific():
+    from kvfs.units import format_size
+
+    assert [format_size(n) for n in (5, 1536, 1020 << 20, int(999.7 * 2**20), 3 << 40)] == [
+        "5 B", "1.5 KiB", "1020 MiB", "1000 MiB", "3 TiB"]
