@@ -49,6 +49,6 @@ def run(args: argparse.Namespace) -> int:
             t["blocks"],
             "ok" if t["healthy"] else "UNHEALTHY",
         ])
-    print(f"{mountpoint}: {st['blocks']} blocks")
+    print(f"{mountpoint}: {st['blocks']} block{'' if st['blocks'] == 1 else 's'}")
     print(table(["TIER", "KIND", "CAPACITY", "USED", "FREE", "USE%", "BLOCKS", "HEALTH"], rows, right=(2, 3, 4, 5, 6)))
     return 0
