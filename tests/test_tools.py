@@ -216,7 +216,7 @@ def test_df(server, capsys):
 
     rc, out, _ = kvfs(capsys, "df")
     lines = out.splitlines()
-    assert lines[0] == "/mnt/kvfs: 1 blocks"
+    assert lines[0] == "/mnt/kvfs: 1 block"
     assert lines[1].split() == ["TIER", "KIND", "CAPACITY", "USED", "FREE", "USE%", "BLOCKS", "HEALTH"]
     assert lines[2].split() == ["dram", "dram", "64", "KiB", "4", "KiB", "60", "KiB", "6%", "1", "ok"]
 
