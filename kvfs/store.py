@@ -586,17 +586,18 @@ class Store:
 
     # -- shared tiers: discovery, revalidation, listings (issue 4) --------------------
 
-    def _stat_shared(self, name: str) -> tuple[list[tuple[int, object]], bool]:
-        """Stat *name* in every usable shared tier, outside the lock. Returns the tiers that
-        hold it with their answers, and whether every shared tier answered."""
-        found = []
+    def _ask_shared(self, call) -> tuple[list[tuple[int, object]], bool]:
+        """``call(tier)`` on every usable shared tier, outside the lock. Returns the tiers'
+        answers that are not None, and whether every shared tier answered; a tier that
+        fails is marked unhealthy."""
+        answers = []
         complete = True
         for i in self._shared:
             if not self._usable(i):
                 complete = False
                 continue
             try:
-                info = self.tiers[i].stat(name)
+                answer = call(self.tiers[i])
             except TierUnavailable as exc:
                 with self._lock:
                     self._mark_unhealthy(i, exc)
@@ -604,9 +605,14 @@ class Store:
                 continue
             with self._lock:
                 self._mark_healthy(i)
-            if info is not None:
-                found.append((i, info))
-        return found, complete
+            if answer is not None:
+                answers.append((i, answer))
+        return answers, complete
+
+    def _stat_shared(self, name: str) -> tuple[list[tuple[int, object]], bool]:
+        """Stat *name* in every usable shared tier: the tiers holding it with their
+        answers, and whether every shared tier answered."""
+        return self._ask_shared(lambda tier: tier.stat(name))
 
     def _refresh(self, name: str) -> None:
         """Bring the record of *name* in line with the shared tiers, when it is due.
@@ -683,18 +689,8 @@ class Store:
             if hit is not None and hit[0] > now:
                 return hit[1]
         merged: dict[str, bool] = {}
-        complete = True
-        for i in self._shared:
-            if not self._usable(i):
-                complete = False
-                continue
-            try:
-                listing = self.tiers[i].listdir(directory)
-            except TierUnavailable as exc:
-                with self._lock:
-                    self._mark_unhealthy(i, exc)
-                complete = False
-                continue
+        listings, complete = self._ask_shared(lambda tier: tier.listdir(directory))
+        for _, listing in listings:
             for base, is_dir in listing.items():
                 merged[base] = merged.get(base, False) or is_dir
         with self._lock:

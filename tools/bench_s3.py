@@ -29,7 +29,7 @@ from kvfs.names import TierName
 from kvfs.units import parse_size
 
 from .scratch import start_moto
-from .table import print_table
+from .render import table
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -128,8 +128,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(f"kvfs bench s3: {size} B blocks x {args.blocks}, median of {args.rounds} rounds, "
               f"endpoint {'moto on 127.0.0.1' if proc else endpoint}")
-        print_table(
+        print(table(
             ["op", "threads", "kvfs MB/s", "boto3 MB/s", "kvfs/boto3"],
             [[r["op"], r["threads"], f"{r['kvfs_MBps']:.1f}", f"{r['boto3_MBps']:.1f}", f"{r['ratio']:.3f}"] for r in rows],
-        )
+        ))
     return 0

@@ -29,7 +29,7 @@ from kvfs.policies import DEFAULT_POLICY, make_policy
 from kvfs.store import Store
 from kvfs.units import format_size, parse_size
 
-from .table import print_table
+from .render import table
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -183,16 +183,16 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"block_size": size, "blocks": args.blocks, "throughput": rows, "catalog": cat}, indent=2))
         return 0
-    print_table(
+    print(table(
         ["tier", "op", "GB/s", "baseline", "baseline GB/s", "ratio"],
         [[r["tier"], r["op"], f"{r['GB/s']:.2f}", r["baseline"], f"{r['baseline GB/s']:.2f}", f"{r['ratio']:.2f}"] for r in rows],
-    )
+    ))
     print()
-    print_table(
+    print(table(
         ["catalog blocks", "bytes/block (catalog+policy)", "name bytes/block", "lookup", "lookup+touch"],
         [[f"{cat['blocks']:,}", f"{cat['bytes_per_block']:.0f}", f"{cat['name_bytes_per_block']:.0f}",
           f"{cat['lookup_us']:.2f} µs", f"{cat['lookup_and_touch_us']:.2f} µs"]],
-    )
+    ))
     return 0
 
 

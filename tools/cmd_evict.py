@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .control_client import about, add_socket_option, clients_for
-from .render import Progress
+from .control_client import add_socket_option, clients_for, run_with_progress
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,16 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     rc = 0
     for target, client in clients_for(args.paths, args.socket):
-        bar = Progress(f"evict {target.display()}", force=args.progress)
-        stream = client.stream("evict", paths=[target.name], tier=args.tier, force=args.force)
-        try:
-            with about(target):
-                for item in stream:
-                    if "progress" in item:
-                        bar.update(item["progress"]["done"], item["progress"]["total"])
-        finally:
-            bar.close()
-        res = stream.result
+        res = run_with_progress(client, target, "evict", f"evict {target.display()}", args.progress,
+                                paths=[target.name], tier=args.tier, force=args.force)
         print(f"evicted {res['evicted']} of {res['blocks']} blocks under {target.display()}"
               f" ({res['removed']} removed entirely, {len(res['failed'])} kept)")
         for f in res["failed"]:

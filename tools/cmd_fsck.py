@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from .control_client import about, add_socket_option, clients_for
-from .render import Progress, print_json
+from .control_client import add_socket_option, clients_for, run_with_progress
+from .render import print_json
 
 # Exit codes follow fsck(8): 0 clean, 1 errors corrected, 4 errors left uncorrected.
 CLEAN, CORRECTED, UNCORRECTED = 0, 1, 4
@@ -29,16 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     [(target, client)] = clients_for([args.mountpoint], args.socket)
-    bar = Progress("fsck", force=args.progress)
-    stream = client.stream("fsck", name=target.name, repair=args.repair)
-    try:
-        with about(target):
-            for item in stream:
-                if "progress" in item:
-                    bar.update(item["progress"]["done"], item["progress"]["total"])
-    finally:
-        bar.close()
-    res = stream.result
+    res = run_with_progress(client, target, "fsck", "fsck", args.progress, name=target.name, repair=args.repair)
     rc = CLEAN if not res["bad"] else CORRECTED if args.repair else UNCORRECTED
     if args.json:
         print_json(res)

@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .control_client import about, add_socket_option, clients_for
-from .render import Progress
+from .control_client import add_socket_option, clients_for, run_with_progress
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,16 +22,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     rc = 0
     for target, client in clients_for(args.paths, args.socket):
-        bar = Progress(f"prefetch {target.display()}", force=args.progress)
-        stream = client.stream("prefetch", paths=[target.name], tier=args.tier)
-        try:
-            with about(target):
-                for item in stream:
-                    if "progress" in item:
-                        bar.update(item["progress"]["done"], item["progress"]["total"])
-        finally:
-            bar.close()
-        res = stream.result
+        res = run_with_progress(client, target, "prefetch", f"prefetch {target.display()}", args.progress,
+                                paths=[target.name], tier=args.tier)
         print(f"prefetched {res['fetched']} of {res['blocks']} blocks under {target.display()} into {res['tier']}"
               f" ({res['already']} already there, {len(res['failed'])} failed)")
         for f in res["failed"]:

@@ -235,3 +235,20 @@ def about(target: Target) -> Iterator[None]:
             what = "a directory" if exc.type == "IsADirectory" else "not a directory"
             raise DaemonError(f"{target.display()}: is {what}", exc.type) from None
         raise
+
+
+def run_with_progress(client: ControlClient, target: Target, op: str, label: str, force: bool, **args) -> dict:
+    """Run streaming *op* with a progress bar on stderr (``--progress``, or a terminal and
+    many blocks); returns the op's final result, errors worded with *target*'s path."""
+    from .render import Progress
+
+    bar = Progress(label, force=force)
+    stream = client.stream(op, **args)
+    try:
+        with about(target):
+            for item in stream:
+                if "progress" in item:
+                    bar.update(item["progress"]["done"], item["progress"]["total"])
+    finally:
+        bar.close()
+    return stream.result
