@@ -78,3 +78,26 @@ def test_events_of_a_write_through_the_mount(mp):
             if ev["kind"] == "removed":
                 break
     assert kinds[0] == "stored" and kinds[-1] == "removed"
+
+
+def test_metrics_of_a_real_mount_change_as_files_flow(kvfs_mount):
+    """``kvfs mount --metrics-port``: the daemon serves Prometheus metrics over HTTP, and
+    the tier and FUSE series move as files are written and read through the mount."""
+    import socket
+
+    from test_metrics import scrape, tier
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    m0 = kvfs_mount(args=("--metrics-port", str(port)))
+    before = scrape(port)
+    for i in range(3):
+        write(m0 / f"b{i}", bytes([i]) * 100_000)
+    assert (m0 / "b1").read_bytes() == bytes([1]) * 100_000
+    after = scrape(port)
+    assert after[("kvfs_blocks", ())] == before[("kvfs_blocks", ())] + 3
+    assert tier(after, "kvfs_tier_stored_total", "dram") == tier(before, "kvfs_tier_stored_total", "dram") + 3
+    assert tier(after, "kvfs_tier_used_bytes", "dram", "dram") > tier(before, "kvfs_tier_used_bytes", "dram", "dram")
+    assert after[("kvfs_fuse_operations_total", (("op", "create"),))] >= 3
+    assert after[("kvfs_fuse_operations_total", (("op", "read"),))] >= 1

@@ -237,12 +237,12 @@ def about(target: Target) -> Iterator[None]:
         raise
 
 
-def run_with_progress(client: ControlClient, target: Target, op: str, label: str, force: bool, **args) -> dict:
+def run_with_progress(client: ControlClient, target: Target, op: str, label: str, progress: bool, **args) -> dict:
     """Run streaming *op* with a progress bar on stderr (``--progress``, or a terminal and
     many blocks); returns the op's final result, errors worded with *target*'s path."""
     from .render import Progress
 
-    bar = Progress(label, force=force)
+    bar = Progress(label, force=progress)
     stream = client.stream(op, **args)
     try:
         with about(target):
