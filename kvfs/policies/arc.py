@@ -6,7 +6,18 @@ from collections import OrderedDict
 
 from .base import EvictionPolicy
 
-__all__ = ["ARC"]
+__all__ = ["ARC", "remember_evicted"]
+
+
+def remember_evicted(ghost: OrderedDict, key, b1: OrderedDict, b2: OrderedDict, t1: int, t2: int, c: int) -> None:
+    """Record an evicted *key* in its *ghost* list and trim the ghosts to ARC's bounds:
+    ``|T1| + |B1| <= c`` and ``|T1| + |T2| + |B1| + |B2| <= 2c`` (oldest ghosts go first)."""
+    ghost[key] = None
+    while b1 and t1 + len(b1) > c:
+        b1.popitem(last=False)
+    while t1 + t2 + len(b1) + len(b2) > 2 * c:
+        (b2 or b1).popitem(last=False)
+
 
 
 class ARC(EvictionPolicy):
@@ -70,12 +81,7 @@ class ARC(EvictionPolicy):
             return
         if self._pending is not None and self._pending == key:
             self._pending = None
-            ghost[key] = None
-            c = self._c
-            while self._b1 and len(self._t1) + len(self._b1) > c:
-                self._b1.popitem(last=False)
-            while len(self._t1) + len(self._t2) + len(self._b1) + len(self._b2) > 2 * c:
-                (self._b2 or self._b1).popitem(last=False)
+            remember_evicted(ghost, key, self._b1, self._b2, len(self._t1), len(self._t2), self._c)
 
     def victim(self):
         t1, t2 = self._t1, self._t2

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from .arc import remember_evicted
 from .base import EvictionPolicy
 from .recency import RecencyList
 
@@ -73,12 +74,7 @@ class PrefixARC(EvictionPolicy):
         self._parent.pop(key, None)
         if self._pending is not None and self._pending == key:
             self._pending = None
-            ghost[key] = None
-            c = self._c
-            while self._b1 and len(self._t1) + len(self._b1) > c:
-                self._b1.popitem(last=False)
-            while len(self._t1) + len(self._t2) + len(self._b1) + len(self._b2) > 2 * c:
-                (self._b2 or self._b1).popitem(last=False)
+            remember_evicted(ghost, key, self._b1, self._b2, len(self._t1), len(self._t2), self._c)
 
     def victim(self):
         t1, t2 = self._t1, self._t2
