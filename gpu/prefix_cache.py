@@ -182,34 +182,33 @@ def _bytes_view(t: torch.Tensor) -> memoryview:
     return memoryview(t.reshape(-1).view(torch.uint8).numpy())
 
 
+def _advance(segs: list[memoryview], n: int) -> list[memoryview]:
+    """The segments still to fill after a vectored call moved *n* bytes."""
+    while segs and n >= len(segs[0]):
+        n -= len(segs[0])
+        segs = segs[1:]
+    return [segs[0][n:], *segs[1:]] if n else segs
+
+
 def _read_full(fd: int, segments: list[memoryview]) -> int:
     """``readv`` until every segment is full or the file ends; returns the bytes read."""
-    total = 0
-    segs = segments
+    total, segs = 0, segments
     while segs:
         n = os.readv(fd, segs)
         if n == 0:
             break
         total += n
-        while segs and n >= len(segs[0]):
-            n -= len(segs[0])
-            segs = segs[1:]
-        if n:
-            segs = [segs[0][n:], *segs[1:]]
+        segs = _advance(segs, n)
     return total
 
 
 def _write_full(fd: int, segments: list[memoryview]) -> int:
-    total = 0
-    segs = segments
+    """``writev`` until every segment is written; returns the bytes written."""
+    total, segs = 0, segments
     while segs:
         n = os.writev(fd, segs)
         total += n
-        while segs and n >= len(segs[0]):
-            n -= len(segs[0])
-            segs = segs[1:]
-        if n:
-            segs = [segs[0][n:], *segs[1:]]
+        segs = _advance(segs, n)
     return total
 
 
