@@ -379,3 +379,19 @@ def test_concurrent_writers_and_readers(make_store):
     assert errors == []
     for n in s:
         assert s.read(n) in versions[n]
+
+
+def test_stale_arenas_of_dead_daemons_are_removed(tmp_path):
+    import subprocess
+    import sys
+
+    from kvfs.tiers.dram import remove_stale_arenas
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
+    stale = tmp_path / f"kvfs-{int(dead.stdout)}-0123abcd"
+    live = tmp_path / f"kvfs-{os.getpid()}-89abcdef"
+    other = tmp_path / "kvfs-not-an-arena"
+    for p in (stale, live, other):
+        p.write_bytes(b"x")
+    assert remove_stale_arenas(str(tmp_path)) == [str(stale)]
+    assert not stale.exists() and live.exists() and other.exists()

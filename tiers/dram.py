@@ -17,6 +17,7 @@ import ctypes.util
 import logging
 import mmap
 import os
+import re
 import secrets
 import threading
 from collections.abc import Iterator
@@ -58,6 +59,40 @@ def _mlock(buf: mmap.mmap, length: int) -> bool:
     return ok
 
 
+_SHM = "/dev/shm"
+_ARENA_NAME = re.compile(r"^kvfs-(\d+)-[0-9a-f]{8}$")
+
+
+def remove_stale_arenas(directory: str = _SHM) -> list[str]:
+    """Delete private arenas (``kvfs-<pid>-<hex>``) left by daemons that died without
+    closing (killed, crashed): their memory stays allocated in tmpfs until someone does.
+    An arena whose pid is alive is kept. Returns the paths removed."""
+    removed = []
+    try:
+        entries = os.listdir(directory)
+    except OSError:
+        return removed
+    for entry in entries:
+        m = _ARENA_NAME.match(entry)
+        if not m:
+            continue
+        try:
+            os.kill(int(m.group(1)), 0)
+            continue  # alive (or not ours to signal): leave it
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        path = os.path.join(directory, entry)
+        try:
+            os.unlink(path)
+            removed.append(path)
+            log.info("removed the DRAM arena %s left by a daemon that is gone", path)
+        except OSError:
+            pass
+    return removed
+
+
 class DramTier(Tier):
     kind = TierKind.DRAM
     persistent = False
@@ -67,7 +102,8 @@ class DramTier(Tier):
         super().__init__(config)
         assert config.capacity is not None
         if config.path is None:
-            self.path = Path(f"/dev/shm/kvfs-{os.getpid()}-{secrets.token_hex(4)}")
+            remove_stale_arenas()
+            self.path = Path(f"{_SHM}/kvfs-{os.getpid()}-{secrets.token_hex(4)}")
             self._owns_file = True
         else:
             self.path = Path(config.path)
