@@ -47,11 +47,16 @@ from .policies import EvictionPolicy, make_policy
 from .stats import StoreStatistics, TierCounters, TierStatistics
 from .tier import BlockRef, Tier
 
-__all__ = ["Store", "BlockStat", "LastCopy", "Usage"]
+__all__ = ["Store", "BlockStat", "LastCopy", "StoreBusy", "Usage"]
 
 log = logging.getLogger("kvfs.store")
 
 _RETRY_UNHEALTHY = 5.0  # seconds before an unhealthy tier is tried again
+
+
+class StoreBusy(KvfsError):
+    """Raised by :meth:`Store.nowait` when the store's lock is held right now (a placement
+    or eviction is running in another thread); the caller retries from a worker thread."""
 
 
 class LastCopy(KvfsError):
@@ -699,6 +704,52 @@ class Store:
             if len(self._listings) > 10_000:
                 self._listings = {k: v for k, v in self._listings.items() if v[0] > now}
         return merged
+
+    # -- calls that never wait ------------------------------------------------------
+
+    def nowait(self, fn, *args, **kwargs):
+        """Run ``fn(*args)`` (a store method) only if the store's lock is free now, holding
+        it throughout; otherwise raise :class:`StoreBusy` at once. For an event loop that
+        must not wait behind an eviction that is writing to disk: on StoreBusy it makes the
+        same call from a worker thread. Only for calls that touch nothing but the catalog
+        and volatile tiers (no shared tiers configured), since the lock is held throughout.
+        """
+        if not self._lock.acquire(blocking=False):
+            raise StoreBusy("the store is busy")
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            self._lock.release()
+
+    def open_hot(self, name: str) -> BlockRef | None:
+        """A view of the block if its hottest copy is in a volatile tier (DRAM) and the
+        store's lock is free now; ``None`` otherwise, never waiting: the caller then uses
+        :meth:`open` from a worker thread. Counts a hit like :meth:`open`. *name* must be
+        normalized."""
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            rec = self.catalog.get(name)
+            if rec is None or not rec.tiers:
+                return None
+            i = next(rec.tier_indexes())
+            tier = self.tiers[i]
+            if tier.persistent or not self._usable(i):
+                return None
+            try:
+                ref = tier.open(name)
+            except BlockNotFound:
+                return None
+            self._lookups += 1
+            rec.hits += 1
+            rec.accessed = self._clock()
+            self._policies[i].touch(name)
+            c = self._counters[i]
+            c.hits += 1
+            c.bytes_read += rec.size
+            return ref
+        finally:
+            self._lock.release()
 
     # -- lookups -------------------------------------------------------------------
 

@@ -54,7 +54,7 @@ from kvfs.errors import (
     TierUnavailable,
 )
 from kvfs.names import normalize
-from kvfs.store import BlockStat, Store
+from kvfs.store import BlockStat, Store, StoreBusy
 
 from .opstats import OpStats
 
@@ -287,10 +287,15 @@ class KvfsOperations(pyfuse3.Operations):
         return await trio.to_thread.run_sync(fn, *args, limiter=self._limiters[tier])
 
     async def _meta(self, fn, *args):
-        """A store metadata call: on the loop when it can only touch the catalog, in a
-        worker thread when it may ask a shared tier."""
+        """A store metadata call: on the loop when it can only touch the catalog and the
+        store's lock is free; in a worker thread when the lock is held (an eviction may be
+        writing to disk under it) or when the call may ask a shared tier. The loop never
+        waits behind a slow tier."""
         if self._meta_limiter is None:
-            return fn(*args)
+            try:
+                return self.store.nowait(fn, *args)
+            except StoreBusy:
+                return await trio.to_thread.run_sync(fn, *args, limiter=self._limiters[0])
         return await trio.to_thread.run_sync(fn, *args, limiter=self._meta_limiter)
 
     def _probe(self, name: str) -> tuple[bool, BlockStat | None]:
@@ -477,7 +482,7 @@ class KvfsOperations(pyfuse3.Operations):
     @_handler
     async def mkdir(self, parent_inode, name, mode, ctx):
         path = self._child(parent_inode, name)
-        self.store.mkdir(path)
+        await self._meta(self.store.mkdir, path)
         attr = await self._entry(path)
         self.inodes.get(attr.st_ino).nlookup += 1
         return attr
@@ -488,7 +493,7 @@ class KvfsOperations(pyfuse3.Operations):
         is_dir, st = await self._meta(self._probe, path)
         if not is_dir:
             raise FUSEError(errno.ENOTDIR if st is not None else errno.ENOENT)
-        self.store.rmdir(path)
+        await self._meta(self.store.rmdir, path)
         self.inodes.detach(path)
 
     @_handler
@@ -631,11 +636,11 @@ class KvfsOperations(pyfuse3.Operations):
         if st is None:
             raise FUSEError(errno.ENOENT)  # being written (not sealed yet), evicted or removed
         on_loop = self._meta_limiter is None  # with shared tiers even a lookup may leave the node
-        if on_loop and self._hot_volatile and st.tiers and st.tiers[0] == self.store.tiers[0].name:
-            try:
-                ref = self.store.open(name)  # a DRAM hit: memory speed, served on the loop
-            except BlockNotFound:
-                ref = await self._slow(1, self.store.open, name)
+        hot = self.store.open_hot(name) if on_loop and self._hot_volatile else None
+        if hot is not None:
+            ref = hot  # a DRAM hit: memory speed, served on the loop
+        elif st.tiers and st.tiers[0] == self.store.tiers[0].name:
+            ref = await self._slow(1, self.store.open, name)
         else:
             first = self.store.tier_index(st.tiers[0]) if st.tiers else 0
             ref = await self._slow(first, self.store.open, name)
@@ -675,7 +680,10 @@ class KvfsOperations(pyfuse3.Operations):
             return
         replaced = await self._meta(self.store.exists, h.name)
         if self._fits_in_dram(len(h.buf)):
-            st = self.store.put(h.name, h.buf, parent=h.parent)  # a memcpy into the arena: no thread
+            try:  # a memcpy into the arena: no thread, unless the store is busy
+                st = self.store.nowait(self.store.put, h.name, h.buf, parent=h.parent)
+            except StoreBusy:
+                st = await self._slow(self._seal_tier(), functools.partial(self.store.put, parent=h.parent), h.name, h.buf)
         else:
             st = await self._slow(self._seal_tier(), functools.partial(self.store.put, parent=h.parent), h.name, h.buf)
         h.dirty = False
@@ -724,7 +732,7 @@ class KvfsOperations(pyfuse3.Operations):
 
     @_handler
     async def statfs(self, ctx):
-        s = self.store.statistics()
+        s = await self._meta(self.store.statistics)
         bs = 4096
         cap = sum(t.capacity for t in s.tiers if t.capacity is not None)
         used = sum(t.used for t in s.tiers if t.capacity is not None)

@@ -395,3 +395,34 @@ def test_stale_arenas_of_dead_daemons_are_removed(tmp_path):
         p.write_bytes(b"x")
     assert remove_stale_arenas(str(tmp_path)) == [str(stale)]
     assert not stale.exists() and live.exists() and other.exists()
+
+
+def test_nowait_calls_never_wait_for_a_busy_store(make_store):
+    from kvfs.store import StoreBusy
+
+    s = make_store()
+    for i in range(5):
+        s.put(f"b{i}", blob(i))  # b0 ends up on disk only
+    held, release = threading.Event(), threading.Event()
+
+    def placement_in_progress():  # stands for a put that is demoting a block to disk
+        with s._lock:
+            held.set()
+            release.wait(10)
+
+    t = threading.Thread(target=placement_in_progress)
+    t.start()
+    held.wait(10)
+    try:
+        with pytest.raises(StoreBusy):
+            s.nowait(s.lookup, "b4")
+        assert s.open_hot("b4") is None
+    finally:
+        release.set()
+        t.join()
+    assert s.nowait(s.lookup, "b4").tiers == ("dram",)
+    hits = s.stat("b4").hits
+    with s.open_hot("b4") as ref:
+        assert bytes(ref.data) == blob(4)
+    assert s.stat("b4").hits == hits + 1
+    assert s.open_hot("b0") is None  # its hottest copy is on disk: that read belongs in a thread
