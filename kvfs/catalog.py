@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from .errors import BlockExists, DirectoryNotEmpty, IsADirectory, NotADirectory, BlockNotFound
 from .names import ROOT, parent_of, split
 
-__all__ = ["BlockRecord", "Catalog"]
+__all__ = ["BlockRecord", "Catalog", "DirTotals"]
 
 
 @dataclass(slots=True, eq=False)
@@ -47,6 +47,32 @@ class BlockRecord:
             i += 1
 
 
+@dataclass(slots=True, eq=False)
+class DirTotals:
+    """Running totals of everything at or under one directory: per tier the bytes counted
+    against capacity (``used``) and the copies (``copies``); in all, the blocks and their
+    payload bytes. Kept up to date on every change, so ``kvfs du`` of any directory is a
+    dictionary lookup, not a walk."""
+
+    used: list[int]
+    copies: list[int]
+    blocks: int = 0
+    size: int = 0
+
+    def empty(self) -> bool:
+        return not self.blocks and not any(self.copies)
+
+
+def _ancestors(name: str):
+    """Every directory holding *name*, innermost first, ending with the root."""
+    i = name.rfind("/")
+    while i >= 0:
+        name = name[:i]
+        yield name
+        i = name.rfind("/")
+    yield ROOT
+
+
 class Catalog:
     """Name → :class:`BlockRecord`, plus the directory tree and per-tier byte counts."""
 
@@ -56,6 +82,7 @@ class Catalog:
         self.dirs: dict[str, dict[str, bool]] = {ROOT: {}}
         self.used = [0] * ntiers
         self.counts = [0] * ntiers
+        self.totals: dict[str, DirTotals] = {}  # directory -> totals at or under it
 
     def __len__(self) -> int:
         return len(self.blocks)
@@ -139,6 +166,7 @@ class Catalog:
         self.ensure_dir(parent)
         self.blocks[rec.name] = rec
         self.dirs[parent][base] = False
+        self._count_block(rec.name, 1, rec.size)
 
     def discard(self, rec: BlockRecord) -> None:
         """Remove *rec* (if it is still the record under its name); the parent dir stays."""
@@ -146,6 +174,22 @@ class Catalog:
             del self.blocks[rec.name]
             parent, base = split(rec.name)
             self.dirs[parent].pop(base, None)
+            self._count_block(rec.name, -1, -rec.size)
+
+    def _dir_totals(self, d: str) -> DirTotals:
+        t = self.totals.get(d)
+        if t is None:
+            n = len(self.used)
+            t = self.totals[d] = DirTotals([0] * n, [0] * n)
+        return t
+
+    def _count_block(self, name: str, blocks: int, size: int) -> None:
+        for d in _ancestors(name):
+            t = self._dir_totals(d)
+            t.blocks += blocks
+            t.size += size
+            if t.empty():
+                del self.totals[d]
 
     def rename(self, rec: BlockRecord, new: str) -> None:
         """Move *rec* to *new*; *new* must be free (the store discards a replaced record)."""
@@ -153,13 +197,27 @@ class Catalog:
         rec.name = new
         self.add(rec)
 
-    def count_in(self, tier: int, footprint: int) -> None:
+    def count_in(self, tier: int, footprint: int, name: str | None = None) -> None:
+        """A copy of *footprint* bytes arrived in *tier*; with *name*, its directories'
+        totals count it too (a reservation passes no name)."""
         self.used[tier] += footprint
         self.counts[tier] += 1
+        if name is not None:
+            self._count_copy(name, tier, footprint, 1)
 
-    def count_out(self, tier: int, footprint: int) -> None:
+    def count_out(self, tier: int, footprint: int, name: str | None = None) -> None:
         self.used[tier] -= footprint
         self.counts[tier] -= 1
+        if name is not None:
+            self._count_copy(name, tier, -footprint, -1)
+
+    def _count_copy(self, name: str, tier: int, footprint: int, copies: int) -> None:
+        for d in _ancestors(name):
+            t = self._dir_totals(d)
+            t.used[tier] += footprint
+            t.copies[tier] += copies
+            if t.empty():
+                del self.totals[d]
 
     def under(self, directory: str) -> Iterator[BlockRecord]:
         """Every block at or below *directory* (walks the subtree, not the whole catalog)."""

@@ -197,7 +197,7 @@ class Store:
 
     def _add_copy(self, i: int, rec: BlockRecord) -> None:
         rec.tiers |= 1 << i
-        self.catalog.count_in(i, self._footprint(i, rec))
+        self.catalog.count_in(i, self._footprint(i, rec), rec.name)
         if not rec.pinned:
             self._policy_insert(i, rec)
 
@@ -206,7 +206,7 @@ class Store:
         ``policy=False`` leaves the policy entry, which belongs to a replacing record."""
         if rec.tiers & (1 << i):
             rec.tiers &= ~(1 << i)
-            self.catalog.count_out(i, self._footprint(i, rec))
+            self.catalog.count_out(i, self._footprint(i, rec), rec.name)
             if policy:
                 self._policies[i].remove(rec.name)
 
@@ -900,11 +900,11 @@ class Store:
                 self.catalog.discard(target)
             # footprints depend on the name (header length): recount under the new name
             for i in rec.tier_indexes():
-                self.catalog.count_out(i, self._footprint(i, rec))
+                self.catalog.count_out(i, self._footprint(i, rec), rec.name)
                 self._policies[i].remove(old)
             self.catalog.rename(rec, new)
             for i in rec.tier_indexes():
-                self.catalog.count_in(i, self._footprint(i, rec))
+                self.catalog.count_in(i, self._footprint(i, rec), rec.name)
                 if not rec.pinned:
                     self._policy_insert(i, rec)
             self._emit(EventKind.RENAMED, rec, detail=old)
@@ -992,33 +992,27 @@ class Store:
     def usage(self, directory: str = "") -> Usage:
         """Bytes and blocks per tier at or under *directory* (a block name counts itself).
 
-        From the catalog, no tier I/O. The root is answered from the catalog's running
-        totals; a subdirectory walks its catalog subtree (about 0.1 s per 100k blocks). The
-        lock is held only to snapshot the records, not while footprints are summed.
+        From the catalog's running totals per directory: a dictionary lookup, however
+        many blocks lie below, and no tier I/O.
         """
         directory = normalize(directory)
-        n = len(self.tiers)
         with self._lock:
-            if not directory:
-                return Usage(
-                    tiers=tuple((t.name, self.catalog.used[i], self.catalog.counts[i]) for i, t in enumerate(self.tiers)),
-                    blocks=len(self.catalog),
-                    size=sum(r.size for r in self.catalog.blocks.values()),
-                )
-            if not self.catalog.is_dir(directory):
-                self.catalog.require(directory)  # BlockNotFound when it is neither
-            records = [(r.name, r.size, r.tiers) for r in self.catalog.under(directory)]
-        used, counts = [0] * n, [0] * n
-        for name, size, mask in records:
-            for i in range(n):
-                if mask >> i & 1:
-                    used[i] += self.tiers[i].footprint(name, size)
-                    counts[i] += 1
-        return Usage(
-            tiers=tuple((t.name, used[i], counts[i]) for i, t in enumerate(self.tiers)),
-            blocks=len(records),
-            size=sum(r[1] for r in records),
-        )
+            rec = self.catalog.get(directory)
+            if rec is not None:
+                per_tier = [(self._footprint(i, rec), 1) if rec.tiers >> i & 1 else (0, 0) for i in range(len(self.tiers))]
+                blocks, size = 1, rec.size
+            elif self.catalog.is_dir(directory):
+                t = self.catalog.totals.get(directory)
+                n = len(self.tiers)
+                per_tier = list(zip(t.used, t.copies)) if t else [(0, 0)] * n
+                blocks, size = (t.blocks, t.size) if t else (0, 0)
+            else:
+                raise BlockNotFound(directory)
+            return Usage(
+                tiers=tuple((tier.name, used, count) for tier, (used, count) in zip(self.tiers, per_tier)),
+                blocks=blocks,
+                size=size,
+            )
 
     def verify(self, name: str, *, repair: bool = False) -> dict[str, str | None]:
         """Read every copy of block *name* and check it against the block's size and

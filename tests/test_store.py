@@ -426,3 +426,42 @@ def test_nowait_calls_never_wait_for_a_busy_store(make_store):
         assert bytes(ref.data) == blob(4)
     assert s.stat("b4").hits == hits + 1
     assert s.open_hot("b0") is None  # its hottest copy is on disk: that read belongs in a thread
+
+
+def _walked_usage(s: Store, directory: str):
+    recs = s.walk(directory)
+    per_tier = []
+    for i, t in enumerate(s.tiers):
+        held = [r for r in recs if t.name in r.tiers]
+        per_tier.append((t.name, sum(t.footprint(r.name, r.size) for r in held), len(held)))
+    return tuple(per_tier), len(recs), sum(r.size for r in recs)
+
+
+def test_directory_totals_match_a_walk_through_every_change(make_store):
+    s = make_store(dram_blocks=6, disk_bytes=20 * BLOCK)
+    rng = random.Random(3)
+    dirs = ["a/x", "a/y", "b"]
+    names = [f"{d}/{i}" for d in dirs for i in range(8)]
+    for step in range(250):
+        name = rng.choice(names)
+        op = rng.random()
+        try:
+            if op < 0.4:
+                s.put(name, rng.randbytes(rng.choice([10, 5000, BLOCK])))
+            elif op < 0.55:
+                s.read(name)
+            elif op < 0.65:
+                s.delete(name)
+            elif op < 0.75:
+                s.rename(name, rng.choice(names))
+            elif op < 0.85:
+                s.evict(name, "dram")
+            else:
+                s.pin(name, rng.random() < 0.5)
+        except (BlockNotFound, LastCopy, NoSpace):
+            pass
+        for d in ("", "a", "a/x", "a/y", "b"):
+            if not s.is_dir(d):
+                continue
+            u = s.usage(d)
+            assert (u.tiers, u.blocks, u.size) == _walked_usage(s, d), (step, d)
