@@ -6,12 +6,10 @@ background for write-through tiers, promotes blocks read from colder tiers, veri
 every copy read from a persistent tier against the block's checksum, and rebuilds the
 catalog from the local persistent tiers when it starts.
 
-Shared tiers (posix, s3; ``Tier.shared``) are what other nodes write too, so the catalog
-is never complete for them: a name this node does not know is looked up in them (stat,
-i.e. a HEAD for s3) and a miss is remembered for ``negative_ttl`` seconds; a known block
-held by a shared tier is re-checked after the same TTL, so a block deleted on another
-node reads as missing here soon after; directory listings merge the shared tiers' own
-listings, cached for ``listing_ttl`` seconds (docs/shared-tiers.md).
+The store is one class assembled from one module per concern: this one (placement,
+eviction, reads, names), ``kvfs.writeback`` (write-through copies and the flush),
+``kvfs.discovery`` (what shared tiers hold: other nodes' blocks, negative cache,
+listings) and ``kvfs.steering`` (pin, prefetch, evict, du, fsck).
 
 Threading: every public method is thread-safe. Catalog and policy changes happen under
 one lock; reads from persistent tiers run outside it, so a slow disk read never stalls a
@@ -44,8 +42,11 @@ from .errors import (
 from .events import EventKind, EventLog
 from .names import normalize
 from .policies import EvictionPolicy, make_policy
+from .discovery import SharedTierDiscovery
 from .stats import StoreStatistics, TierCounters, TierStatistics
+from .steering import LastCopy, StoreSteering, Usage
 from .tier import BlockRef, Tier
+from .writeback import WriteBack
 
 __all__ = ["Store", "BlockStat", "LastCopy", "StoreBusy", "Usage"]
 
@@ -57,11 +58,6 @@ _RETRY_UNHEALTHY = 5.0  # seconds before an unhealthy tier is tried again
 class StoreBusy(KvfsError):
     """Raised by :meth:`Store.nowait` when the store's lock is held right now (a placement
     or eviction is running in another thread); the caller retries from a worker thread."""
-
-
-class LastCopy(KvfsError):
-    """Raised by :meth:`Store.evict` when dropping the copy would lose the block and no
-    colder tier can take it; pass ``force=True`` to drop it anyway."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -98,18 +94,7 @@ class BlockStat:
         }
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Usage:
-    """What the blocks at or under one path take: per tier ``(name, used bytes, blocks)``
-    hottest first (bytes as counted against the tier's capacity), and in total the number
-    of distinct blocks and their payload bytes."""
-
-    tiers: tuple[tuple[str, int, int], ...]
-    blocks: int
-    size: int
-
-
-class Store:
+class Store(WriteBack, SharedTierDiscovery, StoreSteering):
     """Blocks by name over a stack of tiers, hottest first.
 
     *tiers* are open :class:`Tier` objects; *policy* picks the eviction policy and when
@@ -359,91 +344,6 @@ class Store:
         i = name.rfind("/")
         return name[:i] if i >= 0 else ""
 
-    def run_pending(self, limit: int | None = None) -> int:
-        """Copy up to *limit* queued blocks down to their write-through tiers; returns how
-        many were copied. Safe to call from a worker thread while the store serves: the
-        copy itself (an upload to S3, a write to NFS) runs outside the lock, against room
-        reserved in the target tier beforehand. A copy that fails is queued again."""
-        done = 0
-        while limit is None or done < limit:
-            with self._lock:
-                if not self._pending:
-                    break
-                rec, j = self._pending.popleft()
-                if self.catalog.get(rec.name) is not rec or rec.tiers & (1 << j) or not rec.tiers:
-                    continue
-                if not self._usable(j):
-                    self._pending.append((rec, j))  # keep it for when the tier answers
-                    break
-                fp = self._footprint(j, rec)
-                if not self._make_room(j, fp):
-                    log.warning("write-through of %s skipped: tier %s cannot make room", rec.name, self.tiers[j].name)
-                    continue
-                src = next(rec.tier_indexes())
-                try:
-                    ref = self.tiers[src].open(rec.name)
-                except (BlockNotFound, BlockCorrupt, TierUnavailable) as exc:
-                    log.warning("write-through of %s skipped: %s", rec.name, exc)
-                    continue
-                self.catalog.count_in(j, fp)  # reserve the room while the copy runs
-            error: Exception | None = None
-            with ref:
-                try:
-                    self.tiers[j].put(rec.name, ref.data, rec.checksum)
-                except (TierUnavailable, TierFull) as exc:
-                    error = exc
-            with self._lock:
-                self.catalog.count_out(j, fp)
-                if error is not None:
-                    if isinstance(error, TierUnavailable):
-                        self._mark_unhealthy(j, error)
-                    self._pending.append((rec, j))
-                    break
-                self._mark_healthy(j)
-                current = self.catalog.get(rec.name)
-                if current is rec and not rec.tiers & (1 << j):
-                    self._add_copy(j, rec)
-                    self._counters[j].bytes_written += rec.size
-                    self._counters[j].demotions += 1
-                    self._emit(EventKind.DEMOTED, rec, j, "write-through")
-                    done += 1
-                    continue
-                orphan = current is None
-            if orphan:  # deleted while it was being copied: do not leave it behind
-                try:
-                    self.tiers[j].delete(rec.name)
-                except TierUnavailable as exc:
-                    log.warning("could not remove orphan copy of %s from %s: %s", rec.name, self.tiers[j].name, exc)
-        return done
-
-    @property
-    def pending(self) -> int:
-        return len(self._pending)
-
-    def flush(self) -> int:
-        """Run every pending write-through, then write each block whose only copies are in
-        volatile tiers (DRAM) down to the first persistent tier that takes it. Returns the
-        number of blocks written down. Called before unmount: a clean unmount loses nothing."""
-        self.run_pending()
-        written = 0
-        with self._lock:
-            volatile = [r for r in self.catalog.blocks.values() if r.tiers and not r.tiers & self._persistent_mask]
-            for rec in volatile:
-                src = next(rec.tier_indexes())
-                try:
-                    ref = self.tiers[src].open(rec.name)
-                except (BlockNotFound, BlockCorrupt, TierUnavailable) as exc:
-                    log.error("flush: cannot read %s: %s", rec.name, exc)
-                    continue
-                with ref:
-                    for j in range(src + 1, len(self.tiers)):
-                        if self.tiers[j].persistent and self._place(j, rec, ref.data, EventKind.DEMOTED):
-                            written += 1
-                            break
-                    else:
-                        log.error("flush: no persistent tier took %s", rec.name)
-        return written
-
     # -- reading -------------------------------------------------------------------
 
     def open(self, name: str, *, count_hit: bool = True) -> BlockRef:
@@ -588,122 +488,6 @@ class Store:
             self._emit(EventKind.CORRUPT, rec, i, why)
             if self.catalog.get(rec.name) is rec and rec.tiers & (1 << i):
                 self._drop_copy(i, rec)
-
-    # -- shared tiers: discovery, revalidation, listings (issue 4) --------------------
-
-    def _ask_shared(self, call) -> tuple[list[tuple[int, object]], bool]:
-        """``call(tier)`` on every usable shared tier, outside the lock. Returns the tiers'
-        answers that are not None, and whether every shared tier answered; a tier that
-        fails is marked unhealthy."""
-        answers = []
-        complete = True
-        for i in self._shared:
-            if not self._usable(i):
-                complete = False
-                continue
-            try:
-                answer = call(self.tiers[i])
-            except TierUnavailable as exc:
-                with self._lock:
-                    self._mark_unhealthy(i, exc)
-                complete = False
-                continue
-            with self._lock:
-                self._mark_healthy(i)
-            if answer is not None:
-                answers.append((i, answer))
-        return answers, complete
-
-    def _stat_shared(self, name: str) -> tuple[list[tuple[int, object]], bool]:
-        """Stat *name* in every usable shared tier: the tiers holding it with their
-        answers, and whether every shared tier answered."""
-        return self._ask_shared(lambda tier: tier.stat(name))
-
-    def _refresh(self, name: str) -> None:
-        """Bring the record of *name* in line with the shared tiers, when it is due.
-
-        Unknown here and not known missing: stat the shared tiers and create a record
-        holding the tiers that have it (this is how a block written on another node
-        appears), or remember the miss for ``negative_ttl``. Known and held by a shared
-        tier, last confirmed more than ``negative_ttl`` ago: stat again; gone from every
-        shared tier means another node deleted it, so this node's copies go too. A tier
-        that does not answer changes nothing (local copies keep serving).
-        """
-        if not self._shared:
-            return
-        now = self._clock()
-        with self._lock:
-            if self.catalog.is_dir(name):
-                return
-            rec = self.catalog.get(name)
-            if rec is None:
-                if self._negative.get(name, 0.0) > now:
-                    return
-            elif not rec.tiers & self._shared_mask or now - rec.checked < self.negative_ttl:
-                return
-        found, complete = self._stat_shared(name)
-        with self._lock:
-            if self.catalog.get(name) is not rec:
-                return  # written or deleted here meanwhile: the local answer is newer
-            if found:
-                first = found[0][1]
-                if rec is not None and (rec.size, rec.checksum) == (first.size, first.checksum):
-                    rec.checked = now
-                    for i, info in found:
-                        if (info.size, info.checksum) == (rec.size, rec.checksum) and not rec.tiers & (1 << i):
-                            self._add_copy(i, rec)
-                    return
-                if rec is not None:  # replaced on another node: our copies are stale
-                    self._discard_stale(rec, "replaced on another node")
-                new = BlockRecord(name, first.size, first.checksum, created=now, accessed=now, checked=now)
-                try:
-                    self.catalog.add(new)
-                except KvfsError as exc:  # e.g. a local directory of that name
-                    log.warning("block %s in a shared tier is hidden here: %s", name, exc)
-                    return
-                for i, info in found:
-                    if (info.size, info.checksum) == (first.size, first.checksum):
-                        self._add_copy(i, new)
-                self._negative.pop(name, None)
-                return
-            if not complete:
-                return  # some shared tier did not answer: neither "gone" nor "missing" is known
-            if rec is not None:
-                self._discard_stale(rec, "deleted on another node")
-            self._negative[name] = now + self.negative_ttl
-            if len(self._negative) > 100_000:  # bound the memory of misses
-                self._negative = {k: t for k, t in self._negative.items() if t > now}
-
-    def _discard_stale(self, rec: BlockRecord, why: str) -> None:
-        """Drop a record whose block another node removed or replaced: delete this node's
-        local copies, forget (never delete) the shared ones. Under the lock."""
-        for i in list(rec.tier_indexes()):
-            if self.tiers[i].shared:
-                self._forget_copy(i, rec)
-            else:
-                self._drop_copy(i, rec)
-        self.catalog.discard(rec)
-        self._emit(EventKind.REMOVED, rec, detail=why)
-
-    def _shared_listing(self, directory: str) -> dict[str, bool]:
-        """What the shared tiers hold directly in *directory*, merged; cached for
-        ``listing_ttl`` seconds so listing a large namespace does not list S3 each time."""
-        now = self._clock()
-        with self._lock:
-            hit = self._listings.get(directory)
-            if hit is not None and hit[0] > now:
-                return hit[1]
-        merged: dict[str, bool] = {}
-        listings, complete = self._ask_shared(lambda tier: tier.listdir(directory))
-        for _, listing in listings:
-            for base, is_dir in listing.items():
-                merged[base] = merged.get(base, False) or is_dir
-        with self._lock:
-            # a partial answer (a tier down) is cached briefly, so it is retried soon
-            self._listings[directory] = (now + (self.listing_ttl if complete else min(1.0, self.listing_ttl)), merged)
-            if len(self._listings) > 10_000:
-                self._listings = {k: v for k, v in self._listings.items() if v[0] > now}
-        return merged
 
     # -- calls that never wait ------------------------------------------------------
 
@@ -911,152 +695,6 @@ class Store:
             if not rec.tiers:
                 self._lose_if_empty(rec, "no copy survived the rename")
                 raise BlockNotFound(old)
-
-    def pin(self, name: str, pinned: bool = True) -> BlockStat:
-        """Pin (or unpin) a block: a pinned block is never evicted from the tiers it is in."""
-        name = normalize(name)
-        self._refresh(name)
-        with self._lock:
-            rec = self.catalog.require(name)
-            if pinned and not rec.pinned:
-                for i in rec.tier_indexes():
-                    self._policies[i].remove(rec.name)
-            elif not pinned and rec.pinned:
-                for i in rec.tier_indexes():
-                    self._policy_insert(i, rec)
-            rec.pinned = pinned
-            return self._stat(rec)
-
-    def prefetch(self, name: str, tier: str | None = None) -> BlockStat:
-        """Copy the block into *tier* (the hottest by default) now. Raises :class:`NoSpace`
-        if the tier cannot make room, :class:`BlockNotFound` if no copy is readable."""
-        name = normalize(name)
-        k = 0 if tier is None else self.tier_index(tier)
-        self._refresh(name)
-        with self._lock:
-            rec = self.catalog.require(name)
-            if rec.tiers & (1 << k):
-                self._policies[k].touch(rec.name)
-                return self._stat(rec)
-        with self.open(name, count_hit=False) as ref:
-            with self._lock:
-                if self.catalog.get(name) is not rec:
-                    raise BlockNotFound(name)
-                if not rec.tiers & (1 << k) and not self._place(k, rec, ref.data, EventKind.PROMOTED):
-                    raise NoSpace(f"tier {self.tiers[k].name!r} cannot make room for {name!r}")
-                return self._stat(rec)
-
-    def evict(self, name: str, tier: str | None = None, *, force: bool = False) -> BlockStat | None:
-        """Drop the block's copies in *tier*, or in every local (non-shared) tier.
-
-        A copy that is the block's last is first demoted to a colder tier; when none takes
-        it, :class:`LastCopy` is raised unless *force*, which drops it (the block is gone
-        and ``None`` is returned).
-        """
-        name = normalize(name)
-        with self._lock:
-            rec = self.catalog.require(name)
-            if tier is None:
-                targets = [i for i in rec.tier_indexes() if not self.tiers[i].shared]
-            else:
-                k = self.tier_index(tier)
-                targets = [k] if rec.tiers & (1 << k) else []
-            dropping = sum(1 << i for i in targets)
-            for i in targets:
-                if not rec.tiers & ~dropping:
-                    saved = False
-                    try:
-                        ref = self.tiers[i].open(rec.name)
-                    except (BlockNotFound, BlockCorrupt, TierUnavailable):
-                        ref = None
-                    if ref is not None:
-                        with ref:
-                            saved = any(
-                                self._place(j, rec, ref.data, EventKind.DEMOTED)
-                                for j in range(i + 1, len(self.tiers))
-                                if not dropping & (1 << j)
-                            )
-                    if not saved and not force:
-                        raise LastCopy(
-                            f"{name!r}: the copy in {self.tiers[i].name!r} is the last one and no colder tier "
-                            "took it; use --force to drop it"
-                        )
-                self._drop_copy(i, rec)
-                self._counters[i].evictions += 1
-                self._emit(EventKind.EVICTED, rec, i, "by request")
-            self._lose_if_empty(rec, "evicted by request")
-            return self._stat(rec) if rec.tiers else None
-
-    # -- inspection (kvfs du, kvfs fsck) ------------------------------------------
-
-    def usage(self, directory: str = "") -> Usage:
-        """Bytes and blocks per tier at or under *directory* (a block name counts itself).
-
-        From the catalog's running totals per directory: a dictionary lookup, however
-        many blocks lie below, and no tier I/O.
-        """
-        directory = normalize(directory)
-        with self._lock:
-            rec = self.catalog.get(directory)
-            if rec is not None:
-                per_tier = [(self._footprint(i, rec), 1) if rec.tiers >> i & 1 else (0, 0) for i in range(len(self.tiers))]
-                blocks, size = 1, rec.size
-            elif self.catalog.is_dir(directory):
-                t = self.catalog.totals.get(directory)
-                n = len(self.tiers)
-                per_tier = list(zip(t.used, t.copies)) if t else [(0, 0)] * n
-                blocks, size = (t.blocks, t.size) if t else (0, 0)
-            else:
-                raise BlockNotFound(directory)
-            return Usage(
-                tiers=tuple((tier.name, used, count) for tier, (used, count) in zip(self.tiers, per_tier)),
-                blocks=blocks,
-                size=size,
-            )
-
-    def verify(self, name: str, *, repair: bool = False) -> dict[str, str | None]:
-        """Read every copy of block *name* and check it against the block's size and
-        checksum; returns ``{tier name: None if good, else why it is bad}``, hottest first.
-
-        Without *repair* nothing changes (fsck reports). With *repair* a bad copy is
-        dropped, counted and reported as a ``corrupt`` event exactly like a bad copy found
-        by a read; a block left with no copy is removed. A copy in an unavailable tier is
-        reported (``"tier unavailable: …"``) and never dropped. Copies that move while
-        being checked (evicted, replaced) are skipped. :class:`BlockNotFound` if absent.
-        """
-        name = normalize(name)
-        with self._lock:
-            rec = self.catalog.require(name)
-            order = list(rec.tier_indexes())
-        out: dict[str, str | None] = {}
-        for i in order:
-            tier = self.tiers[i]
-            why: str | None = None
-            try:
-                ref = tier.open(rec.name)
-            except BlockNotFound:
-                why = "the copy is missing"
-            except BlockCorrupt as exc:
-                why = str(exc) or "the copy is corrupt"
-            except TierUnavailable as exc:
-                out[tier.name] = f"tier unavailable: {exc}"
-                continue
-            else:
-                with ref:
-                    if len(ref.data) != rec.size:
-                        why = f"the copy has {len(ref.data)} bytes, the block {rec.size}"
-                    elif compute_checksum(ref.data) != rec.checksum:
-                        why = "the copy does not match the block's checksum"
-            with self._lock:
-                if self.catalog.get(rec.name) is not rec or not rec.tiers & (1 << i):
-                    continue  # moved or replaced meanwhile: not this copy's fault
-            out[tier.name] = why
-            if why is not None and repair:
-                self._corrupt(i, rec, why)
-        if repair:
-            with self._lock:
-                self._lose_if_empty(rec, "no good copy left")
-        return out
 
     # -- rebuild and lifecycle -----------------------------------------------------
 
