@@ -48,7 +48,6 @@ def _load(module: str):
     return importlib.import_module(module)
 
 
-
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kvfs",
