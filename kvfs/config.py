@@ -200,7 +200,7 @@ def _convert(where: str, f: dataclasses.Field, value: Any) -> Any:
         if name == "path":
             if not isinstance(value, str) or not value:
                 raise ValueError("expected a non-empty path string")
-            return Path(os.path.expanduser(value))
+            return Path(os.path.abspath(os.path.expanduser(value)))  # the daemon runs in /
         if name in ("mlock", "prefault", "allow_other", "direct_io"):
             if not isinstance(value, bool):
                 raise ValueError("expected true or false")

@@ -241,6 +241,7 @@ def _spawn_background(mountpoint: str, config: Config) -> int:
             [sys.executable, "-m", "kvfs.mount.daemon", "--ready-fd", str(w), mountpoint],
             stdin=subprocess.PIPE, stdout=out, stderr=out, pass_fds=(w,),
             start_new_session=True, close_fds=True,
+            cwd="/",  # a daemon pins no directory (and "fsname=kvfs" never resolves to ./kvfs)
         )
     os.close(w)
     try:

@@ -95,3 +95,9 @@ def test_format_size_never_scientific():
 
     assert [format_size(n) for n in (5, 1536, 1020 << 20, int(999.7 * 2**20), 3 << 40)] == [
         "5 B", "1.5 KiB", "1020 MiB", "1000 MiB", "3 TiB"]
+
+
+def test_relative_paths_are_made_absolute(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = parse_config({"tiers": [{"kind": "disk", "capacity": "1GiB", "path": "data/disk"}]})
+    assert cfg.tiers[0].path == tmp_path / "data" / "disk"  # the daemon runs in /, so no relative paths
