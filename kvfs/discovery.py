@@ -112,8 +112,10 @@ class SharedTierDiscovery:
                 self._negative = {k: t for k, t in self._negative.items() if t > now}
 
     def _discard_stale(self, rec: BlockRecord, why: str) -> None:
-        """Drop a record whose block another node removed or replaced: delete this node's
-        local copies, forget (never delete) the shared ones. Under the lock."""
+        """Drop a record: delete this node's local copies, forget the shared ones. For a
+        block another node removed or replaced (whose shared copies must never be deleted
+        from here), and for ``delete``, which removes the shared copies itself, outside
+        the lock. Under the lock."""
         for i in list(rec.tier_indexes()):
             if self.tiers[i].shared:
                 self._forget_copy(i, rec)

@@ -635,13 +635,7 @@ class Store(WriteBack, SharedTierDiscovery, StoreSteering):
         self._refresh(name)
         with self._lock:
             rec = self.catalog.require(name)
-            for i in list(rec.tier_indexes()):
-                if self.tiers[i].shared:
-                    self._forget_copy(i, rec)
-                else:
-                    self._drop_copy(i, rec)
-            self.catalog.discard(rec)
-            self._emit(EventKind.REMOVED, rec, detail="deleted")
+            self._discard_stale(rec, "deleted")  # local copies now; shared ones below
             self._negative[name] = self._clock() + self.negative_ttl
             self._listings.pop(self._parent_dir(name), None)
             shared = [i for i in self._shared if self._usable(i)]

@@ -23,6 +23,15 @@ log = logging.getLogger("kvfs.store")
 class WriteBack:
     """Write-through copies and the flush (see the module doc)."""
 
+    def _open_hottest(self, rec, why: str):
+        """The hottest copy of *rec* to copy down from, or None (logged) when it cannot be
+        read; the read path deals with the bad copy when a reader next asks."""
+        try:
+            return self.tiers[next(rec.tier_indexes())].open(rec.name)
+        except (BlockNotFound, BlockCorrupt, TierUnavailable) as exc:
+            log.warning("%s of %s skipped: cannot read it: %s", why, rec.name, exc)
+            return None
+
     def run_pending(self, limit: int | None = None) -> int:
         """Copy up to *limit* queued blocks down to their write-through tiers; returns how
         many were copied. Safe to call from a worker thread while the store serves: the
@@ -43,11 +52,8 @@ class WriteBack:
                 if not self._make_room(j, fp):
                     log.warning("write-through of %s skipped: tier %s cannot make room", rec.name, self.tiers[j].name)
                     continue
-                src = next(rec.tier_indexes())
-                try:
-                    ref = self.tiers[src].open(rec.name)
-                except (BlockNotFound, BlockCorrupt, TierUnavailable) as exc:
-                    log.warning("write-through of %s skipped: %s", rec.name, exc)
+                ref = self._open_hottest(rec, "write-through")
+                if ref is None:
                     continue
                 self.catalog.count_in(j, fp)  # reserve the room while the copy runs
             error: Exception | None = None
@@ -94,10 +100,8 @@ class WriteBack:
             volatile = [r for r in self.catalog.blocks.values() if r.tiers and not r.tiers & self._persistent_mask]
             for rec in volatile:
                 src = next(rec.tier_indexes())
-                try:
-                    ref = self.tiers[src].open(rec.name)
-                except (BlockNotFound, BlockCorrupt, TierUnavailable) as exc:
-                    log.error("flush: cannot read %s: %s", rec.name, exc)
+                ref = self._open_hottest(rec, "flush")
+                if ref is None:
                     continue
                 with ref:
                     for j in range(src + 1, len(self.tiers)):
