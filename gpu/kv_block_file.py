@@ -37,14 +37,14 @@ import xxhash
 from kvfs.errors import BlockCorrupt
 
 __all__ = [
+    "DTYPE_CODES",
+    "HEADER_LENGTH",
+    "ITEMSIZE",
     "MAGIC",
     "VERSION",
-    "HEADER_LENGTH",
-    "DTYPE_CODES",
-    "ITEMSIZE",
     "KVBlockHeader",
-    "encode_header",
     "decode_header",
+    "encode_header",
 ]
 
 MAGIC = b"KVFSHKV\x01"

@@ -59,22 +59,20 @@ try:
     from transformers import DynamicCache
     from transformers.cache_utils import DynamicLayer
 except ImportError as exc:  # pragma: no cover - depends on the environment
-    raise ImportError(
-        "kvfs.gpu.prefix_cache needs torch and transformers: pip install 'kvfs[engines]'"
-    ) from exc
+    raise ImportError("kvfs.gpu.prefix_cache needs torch and transformers: pip install 'kvfs[engines]'") from exc
 
 __all__ = [
-    "UnsupportedModel",
-    "StopReason",
-    "PrefixHit",
-    "StoreResult",
-    "Prefill",
     "Generation",
+    "Prefill",
     "PrefixCache",
-    "namespace_for",
+    "PrefixHit",
+    "StopReason",
+    "StoreResult",
+    "UnsupportedModel",
     "cache_from_tensors",
-    "prefill",
     "generate",
+    "namespace_for",
+    "prefill",
 ]
 
 log = logging.getLogger(__name__)
@@ -91,9 +89,9 @@ class UnsupportedModel(KvfsError, ValueError):
 class StopReason(str, Enum):
     """Why :meth:`PrefixCache.load` stopped where it did."""
 
-    COMPLETE = "complete"      # every wanted block was loaded
-    MISSING = "missing"        # the next block does not exist
-    CORRUPT = "corrupt"        # the next block is short, damaged or of another layout
+    COMPLETE = "complete"  # every wanted block was loaded
+    MISSING = "missing"  # the next block does not exist
+    CORRUPT = "corrupt"  # the next block is short, damaged or of another layout
     UNREADABLE = "unreadable"  # opening or reading the next block failed (EIO, EACCES, ...)
 
 
@@ -102,34 +100,34 @@ class PrefixHit:
     """The result of a load: a cache holding ``tokens`` tokens of the request's prefix."""
 
     cache: DynamicCache
-    tokens: int             # tokens in ``cache`` (what the model need not compute)
-    blocks: int             # block files read and accepted
-    wanted: int             # block files the request could have used
+    tokens: int  # tokens in ``cache`` (what the model need not compute)
+    blocks: int  # block files read and accepted
+    wanted: int  # block files the request could have used
     stop: StopReason
-    detail: str             # why it stopped, for logs ("" when complete)
+    detail: str  # why it stopped, for logs ("" when complete)
     bytes_read: int
     seconds: float
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class StoreResult:
-    written: int            # block files written by this call
-    present: int            # blocks that already existed (not rewritten)
+    written: int  # block files written by this call
+    present: int  # blocks that already existed (not rewritten)
     bytes_written: int
     seconds: float
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Prefill:
-    logits: torch.Tensor    # [vocab] logits of the last prompt token, float32
-    cache: DynamicCache     # the KV of every prompt token
-    cached_tokens: int      # prompt tokens that came from the prefix cache
+    logits: torch.Tensor  # [vocab] logits of the last prompt token, float32
+    cache: DynamicCache  # the KV of every prompt token
+    cached_tokens: int  # prompt tokens that came from the prefix cache
     hit: PrefixHit | None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Generation:
-    tokens: list[int]       # the generated token ids (greedy)
+    tokens: list[int]  # the generated token ids (greedy)
     logits: list[torch.Tensor]  # the logits each was chosen from, float32
     cached_tokens: int
 
@@ -268,7 +266,10 @@ class PrefixCache:
         self.dtype = _TORCH_DTYPES[namespace.dtype]
         self._itemsize = torch.empty((), dtype=self.dtype).element_size()
         self._payload = KVBlockHeader.payload_length_of(
-            namespace.dtype, namespace.num_layers, namespace.num_kv_heads, namespace.head_size,
+            namespace.dtype,
+            namespace.num_layers,
+            namespace.num_kv_heads,
+            namespace.head_size,
             namespace.tokens_per_block,
         )
 
@@ -351,15 +352,22 @@ class PrefixCache:
                 h.update(s)
             header = encode_header(
                 KVBlockHeader(
-                    dtype=ns.dtype, num_layers=ns.num_layers, num_kv_heads=ns.num_kv_heads,
-                    head_size=ns.head_size, tokens=T, payload_length=self._payload,
-                    checksum=h.intdigest(), digest=digest[:16],
+                    dtype=ns.dtype,
+                    num_layers=ns.num_layers,
+                    num_kv_heads=ns.num_kv_heads,
+                    head_size=ns.head_size,
+                    tokens=T,
+                    payload_length=self._payload,
+                    checksum=h.intdigest(),
+                    digest=digest[:16],
                 )
             )
             nbytes += self._publish(self.path(digest), [memoryview(header), *segs])
             written += 1
         return StoreResult(
-            written=written, present=len(digests) - written, bytes_written=nbytes,
+            written=written,
+            present=len(digests) - written,
+            bytes_written=nbytes,
             seconds=time.perf_counter() - t0,
         )
 
@@ -407,8 +415,16 @@ class PrefixCache:
         digests = self.digests(tokens)[: -(-limit // T)]
         cache = _empty_cache(model)
         if not digests:
-            return PrefixHit(cache=cache, tokens=0, blocks=0, wanted=0, stop=StopReason.COMPLETE, detail="",
-                             bytes_read=0, seconds=time.perf_counter() - t0)
+            return PrefixHit(
+                cache=cache,
+                tokens=0,
+                blocks=0,
+                wanted=0,
+                stop=StopReason.COMPLETE,
+                detail="",
+                bytes_read=0,
+                seconds=time.perf_counter() - t0,
+            )
         # [layer, K/V, token, head, dim]: a block fills one contiguous [T, H, D] run per
         # layer and K/V, and the cache's [1, H, tokens, D] tensors are views of it.
         buf = self._buffer((L, 2, len(digests) * T, H, D))
@@ -470,8 +486,14 @@ class PrefixCache:
                 layer.lazy_initialization(k, v)
                 layer.keys, layer.values = k, v
         return PrefixHit(
-            cache=cache, tokens=ntok, blocks=loaded, wanted=len(digests), stop=stop, detail=detail,
-            bytes_read=nread, seconds=time.perf_counter() - t0,
+            cache=cache,
+            tokens=ntok,
+            blocks=loaded,
+            wanted=len(digests),
+            stop=stop,
+            detail=detail,
+            bytes_read=nread,
+            seconds=time.perf_counter() - t0,
         )
 
     def _buffer(self, shape: tuple[int, ...]) -> torch.Tensor:
@@ -533,7 +555,11 @@ class PrefixCache:
         h = decode_header(header)
         ns = self.namespace
         if (h.dtype, h.num_layers, h.num_kv_heads, h.head_size, h.tokens) != (
-            ns.dtype, ns.num_layers, ns.num_kv_heads, ns.head_size, ns.tokens_per_block
+            ns.dtype,
+            ns.num_layers,
+            ns.num_kv_heads,
+            ns.head_size,
+            ns.tokens_per_block,
         ):
             raise BlockCorrupt("block layout does not match the namespace")
         if h.digest != digest[:16].ljust(16, b"\0"):

@@ -15,33 +15,49 @@ try:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 except ImportError as exc:  # pragma: no cover - depends on the environment
-    raise ImportError(
-        "kvfs.gpu.random_llama needs torch and transformers: pip install 'kvfs[engines]'"
-    ) from exc
+    raise ImportError("kvfs.gpu.random_llama needs torch and transformers: pip install 'kvfs[engines]'") from exc
 
 __all__ = ["PRESETS", "RandomModel", "build_model", "torch_dtype"]
 
 # name -> LlamaConfig keyword arguments
 PRESETS: dict[str, dict[str, int]] = {
     # For tests: runs a 100-token prefill in milliseconds.
-    "tiny": dict(
-        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2,
-    ),
+    "tiny": {
+        "vocab_size": 256,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+    },
     # ~31M parameters: the `--quick` benchmark on small machines.
-    "small": dict(
-        vocab_size=8192, hidden_size=512, intermediate_size=1408, num_hidden_layers=8,
-        num_attention_heads=8, num_key_value_heads=4,
-    ),
+    "small": {
+        "vocab_size": 8192,
+        "hidden_size": 512,
+        "intermediate_size": 1408,
+        "num_hidden_layers": 8,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+    },
     # ~254M parameters, Llama-3.2-like GQA (16 layers, 8 KV heads of 64): the real benchmark.
-    "250m": dict(
-        vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=16,
-        num_attention_heads=16, num_key_value_heads=8,
-    ),
+    "250m": {
+        "vocab_size": 32000,
+        "hidden_size": 1024,
+        "intermediate_size": 2816,
+        "num_hidden_layers": 16,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+    },
 }
 
-_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -55,7 +71,7 @@ def torch_dtype(name: str) -> torch.dtype:
 @dataclass(frozen=True, slots=True)
 class RandomModel:
     model: LlamaForCausalLM
-    name: str          # identifies the weights: goes into the KV namespace
+    name: str  # identifies the weights: goes into the KV namespace
     parameters: int
 
 

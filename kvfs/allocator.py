@@ -20,9 +20,9 @@ class ExtentAllocator:
             raise ValueError("arena size and granule must be positive")
         self.granule = granule
         self.size = size - size % granule
-        self._by_size: list[tuple[int, int]] = []   # (length, offset), sorted
-        self._starts: dict[int, int] = {}           # offset -> length
-        self._ends: dict[int, int] = {}             # offset + length -> offset
+        self._by_size: list[tuple[int, int]] = []  # (length, offset), sorted
+        self._starts: dict[int, int] = {}  # offset -> length
+        self._ends: dict[int, int] = {}  # offset + length -> offset
         self.allocated = 0
         if self.size:
             self._add_free(0, self.size)

@@ -35,12 +35,12 @@ __all__ = [
     "MAGIC",
     "VERSION",
     "BlockHeader",
-    "checksum",
-    "header_length",
-    "file_length",
-    "encode_header",
-    "decode_header",
     "align_up",
+    "checksum",
+    "decode_header",
+    "encode_header",
+    "file_length",
+    "header_length",
     "verify",
 ]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from .errors import BlockExists, DirectoryNotEmpty, IsADirectory, NotADirectory, BlockNotFound
+from .errors import BlockExists, BlockNotFound, DirectoryNotEmpty, IsADirectory, NotADirectory
 from .names import ROOT, parent_of, split
 
 __all__ = ["BlockRecord", "Catalog", "DirTotals"]
@@ -238,5 +238,3 @@ class Catalog:
 
     def names(self) -> Iterator[str]:
         return iter(self.blocks)
-
-

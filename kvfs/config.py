@@ -34,24 +34,24 @@ from typing import Any
 
 from .errors import ConfigError
 from .names import TierName
-from .policies import POLICIES, DEFAULT_POLICY
+from .policies import DEFAULT_POLICY, POLICIES
 from .units import parse_duration, parse_size
 
 __all__ = [
+    "Config",
+    "DiskConfig",
+    "DramConfig",
+    "MountConfig",
+    "PolicyConfig",
+    "PosixConfig",
+    "PromoteMode",
+    "S3Config",
+    "TierConfig",
     "TierKind",
     "WriteMode",
-    "PromoteMode",
-    "TierConfig",
-    "DramConfig",
-    "DiskConfig",
-    "PosixConfig",
-    "S3Config",
-    "PolicyConfig",
-    "MountConfig",
-    "Config",
+    "default_config",
     "load_config",
     "parse_config",
-    "default_config",
 ]
 
 
@@ -238,7 +238,8 @@ def _build(cls: type, where: str, table: Any, skip: tuple[str, ...] = ()) -> Any
             continue
         kwargs[key] = _convert(f"{where}.{key}" if where else key, fields[key], value)
     missing = [
-        n for n, f in fields.items()
+        n
+        for n, f in fields.items()
         if n not in kwargs and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
     ]
     if missing:
@@ -271,11 +272,11 @@ def parse_config(data: dict[str, Any]) -> Config:
         raw.setdefault("name", kind)
         cls = _KIND_CLASSES[kind]
         if cls is not S3Config and "capacity" not in raw:
-            raise ConfigError(f"{where}.capacity", "missing required key (e.g. capacity = \"4GiB\")")
+            raise ConfigError(f"{where}.capacity", 'missing required key (e.g. capacity = "4GiB")')
         raw.setdefault("capacity", "unlimited")
         tier = _build(cls, where, raw, skip=("kind",))
         if tier.capacity is None and cls is not S3Config:
-            raise ConfigError(f"{where}.capacity", "only s3 tiers may be unlimited; give a size like \"100GiB\"")
+            raise ConfigError(f"{where}.capacity", 'only s3 tiers may be unlimited; give a size like "100GiB"')
         if tier.capacity == 0:
             raise ConfigError(f"{where}.capacity", "must be larger than zero")
         if not tier.name or "/" in tier.name or not tier.name.isprintable():

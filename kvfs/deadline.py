@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 from .errors import TierUnavailable
 

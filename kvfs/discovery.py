@@ -27,7 +27,6 @@ log = logging.getLogger("kvfs.store")
 class SharedTierDiscovery:
     """Discovery and revalidation against the store's shared tiers (see the module doc)."""
 
-
     def _ask_shared(self, call) -> tuple[list[tuple[int, object]], bool]:
         """``call(tier)`` on every usable shared tier, outside the lock. Returns the tiers'
         answers that are not None, and whether every shared tier answered; a tier that

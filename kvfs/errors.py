@@ -8,19 +8,19 @@ from a filesystem, botocore's, kvikio's) are translated at the tier boundary wit
 from __future__ import annotations
 
 __all__ = [
-    "KvfsError",
-    "ConfigError",
-    "BlockNotFound",
-    "BlockExists",
     "BlockCorrupt",
+    "BlockExists",
+    "BlockNotFound",
+    "ConfigError",
+    "DirectoryNotEmpty",
+    "InvalidName",
+    "IsADirectory",
+    "KvfsError",
     "NoSpace",
+    "NotADirectory",
+    "ReadOnlyBlock",
     "TierFull",
     "TierUnavailable",
-    "InvalidName",
-    "NotADirectory",
-    "DirectoryNotEmpty",
-    "IsADirectory",
-    "ReadOnlyBlock",
 ]
 
 

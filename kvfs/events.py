@@ -12,17 +12,17 @@ import threading
 from collections import deque
 from dataclasses import dataclass
 
-__all__ = ["EventKind", "Event", "EventLog"]
+__all__ = ["Event", "EventKind", "EventLog"]
 
 
 class EventKind(enum.Enum):
-    STORED = "stored"        # a block was sealed (written or replaced) into a tier
-    PROMOTED = "promoted"    # copied into a hotter tier after a read or prefetch
-    DEMOTED = "demoted"      # copied into a colder tier (eviction or write-through)
-    EVICTED = "evicted"      # a copy was dropped from a tier to make room (or by request)
-    REMOVED = "removed"      # the block was deleted (unlink) or lost its last copy
-    CORRUPT = "corrupt"      # a copy failed its checksum and was dropped
-    RENAMED = "renamed"      # the block was renamed (``detail`` holds the old name)
+    STORED = "stored"  # a block was sealed (written or replaced) into a tier
+    PROMOTED = "promoted"  # copied into a hotter tier after a read or prefetch
+    DEMOTED = "demoted"  # copied into a colder tier (eviction or write-through)
+    EVICTED = "evicted"  # a copy was dropped from a tier to make room (or by request)
+    REMOVED = "removed"  # the block was deleted (unlink) or lost its last copy
+    CORRUPT = "corrupt"  # a copy failed its checksum and was dropped
+    RENAMED = "renamed"  # the block was renamed (``detail`` holds the old name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +57,9 @@ class EventLog:
         self._lock = threading.Lock()
         self.dropped = 0
 
-    def emit(self, time: float, kind: EventKind, name: str, tier: str | None = None, size: int = 0, detail: str = "") -> None:
+    def emit(
+        self, time: float, kind: EventKind, name: str, tier: str | None = None, size: int = 0, detail: str = ""
+    ) -> None:
         with self._lock:
             self._seq += 1
             if len(self._q) >= self._maxlen:

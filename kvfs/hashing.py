@@ -21,7 +21,7 @@ import xxhash
 from .errors import InvalidName
 from .names import BlockName
 
-__all__ = ["HashFn", "xxh3_128", "Namespace", "block_hash", "chain_hashes", "block_path"]
+__all__ = ["HashFn", "Namespace", "block_hash", "block_path", "chain_hashes", "xxh3_128"]
 
 HashFn = Callable[[bytes], bytes]
 """A hash function from bytes to a digest (16 bytes for the default)."""

@@ -11,7 +11,7 @@ from typing import NewType
 
 from .errors import InvalidName
 
-__all__ = ["BlockName", "TierName", "ROOT", "normalize", "parent_of", "basename", "split", "is_under"]
+__all__ = ["ROOT", "BlockName", "TierName", "basename", "is_under", "normalize", "parent_of", "split"]
 
 BlockName = NewType("BlockName", str)
 """A normalized path inside the namespace (a block or a directory)."""

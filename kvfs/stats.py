@@ -4,22 +4,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-__all__ = ["TierCounters", "TierStatistics", "StoreStatistics"]
+__all__ = ["StoreStatistics", "TierCounters", "TierStatistics"]
 
 
 @dataclass(slots=True)
 class TierCounters:
     """Mutable counters of one tier, updated under the store's lock."""
 
-    hits: int = 0            # reads served from this tier
+    hits: int = 0  # reads served from this tier
     bytes_read: int = 0
     bytes_written: int = 0
-    stored: int = 0          # blocks sealed into this tier by a write
-    promotions: int = 0      # blocks copied into this tier from a colder one
-    demotions: int = 0       # blocks copied into this tier from a hotter one
-    evictions: int = 0       # copies dropped from this tier to make room or by request
-    corrupt: int = 0         # copies that failed their checksum
-    errors: int = 0          # operations that failed (timeouts, backend errors)
+    stored: int = 0  # blocks sealed into this tier by a write
+    promotions: int = 0  # blocks copied into this tier from a colder one
+    demotions: int = 0  # blocks copied into this tier from a hotter one
+    evictions: int = 0  # copies dropped from this tier to make room or by request
+    corrupt: int = 0  # copies that failed their checksum
+    errors: int = 0  # operations that failed (timeouts, backend errors)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -15,7 +15,7 @@ from .errors import BlockCorrupt, BlockNotFound, KvfsError, NoSpace, TierUnavail
 from .events import EventKind
 from .names import normalize
 
-__all__ = ["StoreSteering", "Usage", "LastCopy"]
+__all__ = ["LastCopy", "StoreSteering", "Usage"]
 
 if TYPE_CHECKING:
     from .store import BlockStat
@@ -68,13 +68,12 @@ class StoreSteering:
             if rec.tiers & (1 << k):
                 self._policies[k].touch(rec.name)
                 return self._stat(rec)
-        with self.open(name, count_hit=False) as ref:
-            with self._lock:
-                if self.catalog.get(name) is not rec:
-                    raise BlockNotFound(name)
-                if not rec.tiers & (1 << k) and not self._place(k, rec, ref.data, EventKind.PROMOTED):
-                    raise NoSpace(f"tier {self.tiers[k].name!r} cannot make room for {name!r}")
-                return self._stat(rec)
+        with self.open(name, count_hit=False) as ref, self._lock:
+            if self.catalog.get(name) is not rec:
+                raise BlockNotFound(name)
+            if not rec.tiers & (1 << k) and not self._place(k, rec, ref.data, EventKind.PROMOTED):
+                raise NoSpace(f"tier {self.tiers[k].name!r} cannot make room for {name!r}")
+            return self._stat(rec)
 
     def evict(self, name: str, tier: str | None = None, *, force: bool = False) -> BlockStat | None:
         """Drop the block's copies in *tier*, or in every local (non-shared) tier.
@@ -129,7 +128,9 @@ class StoreSteering:
         with self._lock:
             rec = self.catalog.get(directory)
             if rec is not None:
-                per_tier = [(self._footprint(i, rec), 1) if rec.tiers >> i & 1 else (0, 0) for i in range(len(self.tiers))]
+                per_tier = [
+                    (self._footprint(i, rec), 1) if rec.tiers >> i & 1 else (0, 0) for i in range(len(self.tiers))
+                ]
                 blocks, size = 1, rec.size
             elif self.catalog.is_dir(directory):
                 t = self.catalog.totals.get(directory)

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from .blockfile import checksum as compute_checksum
 from .catalog import BlockRecord, Catalog
 from .config import PolicyConfig, PromoteMode, WriteMode
+from .discovery import SharedTierDiscovery
 from .errors import (
     BlockCorrupt,
     BlockNotFound,
@@ -42,13 +43,12 @@ from .errors import (
 from .events import EventKind, EventLog
 from .names import normalize
 from .policies import EvictionPolicy, make_policy
-from .discovery import SharedTierDiscovery
 from .stats import StoreStatistics, TierCounters, TierStatistics
 from .steering import LastCopy, StoreSteering, Usage
 from .tier import BlockRef, Tier
 from .writeback import WriteBack
 
-__all__ = ["Store", "BlockStat", "LastCopy", "StoreBusy", "Usage"]
+__all__ = ["BlockStat", "LastCopy", "Store", "StoreBusy", "Usage"]
 
 log = logging.getLogger("kvfs.store")
 

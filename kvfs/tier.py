@@ -14,14 +14,14 @@ now :class:`TierFull`.
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Callable, ClassVar
+from typing import ClassVar, Self
 
 from .config import TierConfig, TierKind
 from .names import TierName
 
-__all__ = ["Tier", "BlockInfo", "BlockRef"]
+__all__ = ["BlockInfo", "BlockRef", "Tier"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +42,7 @@ class BlockRef:
     context manager or call :meth:`release` exactly once.
     """
 
-    __slots__ = ("data", "checksum", "_release")
+    __slots__ = ("_release", "checksum", "data")
 
     def __init__(self, data: memoryview, checksum: int, release: Callable[[], None] | None = None) -> None:
         self.data = data
@@ -54,7 +54,7 @@ class BlockRef:
         if release is not None:
             release()
 
-    def __enter__(self) -> BlockRef:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -119,7 +119,7 @@ class Tier(abc.ABC):
         base = f"{directory}/" if directory else ""
         out: dict[str, bool] = {}
         for info in self.scan(directory):
-            rest = info.name[len(base):]
+            rest = info.name[len(base) :]
             head, sep, _ = rest.partition("/")
             out[head] = out.get(head, False) or bool(sep)
         return out
@@ -150,4 +150,3 @@ class Tier(abc.ABC):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"
-

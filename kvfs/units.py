@@ -4,12 +4,23 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["parse_size", "parse_duration", "format_size"]
+__all__ = ["format_size", "parse_duration", "parse_size"]
 
 _SIZE_UNITS = {
-    "": 1, "b": 1,
-    "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3, "t": 1000**4, "tb": 1000**4,
-    "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "kib": 1 << 10,
+    "mib": 1 << 20,
+    "gib": 1 << 30,
+    "tib": 1 << 40,
 }
 _SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*$")
 _DUR_UNITS = {"ms": 1e-3, "s": 1.0, "": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
@@ -21,13 +32,13 @@ def parse_size(value: int | str) -> int:
     Raises ``ValueError`` with the accepted forms when *value* is not one of them.
     """
     if isinstance(value, bool):
-        raise ValueError("expected a size such as 4096, \"512MiB\" or \"4GB\", got a boolean")
+        raise ValueError('expected a size such as 4096, "512MiB" or "4GB", got a boolean')
     if isinstance(value, int):
         if value < 0:
             raise ValueError(f"a size cannot be negative (got {value})")
         return value
     if not isinstance(value, str):
-        raise ValueError(f"expected a size such as \"512MiB\", got {type(value).__name__}")
+        raise ValueError(f'expected a size such as "512MiB", got {type(value).__name__}')
     m = _SIZE_RE.match(value)
     unit = m.group(2).lower() if m else None
     if not m or unit not in _SIZE_UNITS:
@@ -37,24 +48,24 @@ def parse_size(value: int | str) -> int:
     return int(float(m.group(1)) * _SIZE_UNITS[unit])
 
 
-def parse_duration(value: int | float | str) -> float:
+def parse_duration(value: float | str) -> float:
     """Seconds from a number or a string like ``"250ms"``, ``"5s"``, ``"2m"``."""
     if isinstance(value, bool):
-        raise ValueError("expected a duration such as \"5s\" or \"250ms\", got a boolean")
+        raise ValueError('expected a duration such as "5s" or "250ms", got a boolean')
     if isinstance(value, (int, float)):
         if value < 0:
             raise ValueError(f"a duration cannot be negative (got {value})")
         return float(value)
     if not isinstance(value, str):
-        raise ValueError(f"expected a duration such as \"5s\", got {type(value).__name__}")
+        raise ValueError(f'expected a duration such as "5s", got {type(value).__name__}')
     m = _SIZE_RE.match(value)
     unit = m.group(2).lower() if m else None
     if not m or unit not in _DUR_UNITS:
-        raise ValueError(f"{value!r} is not a duration; write a number with ms, s, m or h (e.g. \"5s\")")
+        raise ValueError(f'{value!r} is not a duration; write a number with ms, s, m or h (e.g. "5s")')
     return float(m.group(1)) * _DUR_UNITS[unit]
 
 
-def format_size(n: int | float) -> str:
+def format_size(n: float) -> str:
     """``1536`` → ``"1.5 KiB"``: binary units, three significant digits."""
     n = float(n)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):

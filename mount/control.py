@@ -36,13 +36,13 @@ from kvfs.events import Event
 from kvfs.names import normalize
 from kvfs.store import LastCopy, Store
 
-__all__ = ["ControlHandler", "EventHub", "ControlError", "SubscriberTooSlow", "serve"]
+__all__ = ["ControlError", "ControlHandler", "EventHub", "SubscriberTooSlow", "serve"]
 
 log = logging.getLogger("kvfs.mount.control")
 
-_BATCH = 64             # blocks handled per worker-thread call in multi-block ops
-_PROGRESS_EVERY = 0.1   # seconds between progress lines
-_EVENT_POLL = 0.02      # seconds between drains of the store's event queue
+_BATCH = 64  # blocks handled per worker-thread call in multi-block ops
+_PROGRESS_EVERY = 0.1  # seconds between progress lines
+_EVENT_POLL = 0.02  # seconds between drains of the store's event queue
 
 
 class ControlError(KvfsError):
@@ -138,9 +138,7 @@ class ControlHandler:
 
     def _check_tier(self, tier: str | None) -> None:
         if tier is not None and tier not in (t.name for t in self.store.tiers):
-            raise ControlError(
-                f"no tier named {tier!r}; tiers: {', '.join(t.name for t in self.store.tiers)}"
-            )
+            raise ControlError(f"no tier named {tier!r}; tiers: {', '.join(t.name for t in self.store.tiers)}")
 
     def _expand(self, paths: list[str]) -> list[str]:
         """Block names for *paths*: a block itself, a directory everything under it.
@@ -186,9 +184,7 @@ class ControlHandler:
 
     @staticmethod
     def _failures(results) -> list[dict]:
-        return [
-            {"name": n, "error": str(e), "type": type(e).__name__} for n, _, e in results if e is not None
-        ]
+        return [{"name": n, "error": str(e), "type": type(e).__name__} for n, _, e in results if e is not None]
 
     # -- ops -----------------------------------------------------------------------
 
@@ -394,7 +390,7 @@ class ControlHandler:
                     await _send(stream, {"event": ev.to_json()})
                 nursery.cancel_scope.cancel()  # the hub cut us off: stop watching
         if hung_up:
-            return None
+            return
         raise SubscriberTooSlow(
             f"this subscriber fell more than {self.hub.buffer} events behind and was cut off; events were lost"
         )

@@ -33,7 +33,7 @@ from kvfs.errors import KvfsError
 
 from .paths import FSTYPE, control_socket_path, log_path, pid_path, real_path, unescape
 
-__all__ = ["run", "check_mountpoint", "mount_type", "MountError", "fs_options_from_env"]
+__all__ = ["MountError", "check_mountpoint", "fs_options_from_env", "mount_type", "run"]
 
 log = logging.getLogger("kvfs.mount.daemon")
 
@@ -208,8 +208,12 @@ def serve_foreground(mountpoint: str, config: Config, on_ready=lambda: None) -> 
             raise MountError(f"{mountpoint}: mount failed: {exc}") from exc
         _set_read_ahead(mountpoint, options.read_ahead_kb)
         pidfile.write_text(f"{os.getpid()}\n")
-        log.info("kvfs mounted at %s (pid %d, tiers %s)", mountpoint, os.getpid(),
-                 ", ".join(f"{t.name}:{t.kind.value}" for t in store.tiers))
+        log.info(
+            "kvfs mounted at %s (pid %d, tiers %s)",
+            mountpoint,
+            os.getpid(),
+            ", ".join(f"{t.name}:{t.kind.value}" for t in store.tiers),
+        )
         try:
             trio.run(_serve, ops, store, mountpoint, sock, on_ready)
         finally:
@@ -239,8 +243,12 @@ def _spawn_background(mountpoint: str, config: Config) -> int:
     with open(logfile, "ab") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "kvfs.mount.daemon", "--ready-fd", str(w), mountpoint],
-            stdin=subprocess.PIPE, stdout=out, stderr=out, pass_fds=(w,),
-            start_new_session=True, close_fds=True,
+            stdin=subprocess.PIPE,
+            stdout=out,
+            stderr=out,
+            pass_fds=(w,),
+            start_new_session=True,
+            close_fds=True,
             cwd="/",  # a daemon pins no directory (and "fsname=kvfs" never resolves to ./kvfs)
         )
     os.close(w)

@@ -58,7 +58,7 @@ from kvfs.store import BlockStat, Store, StoreBusy
 
 from .opstats import OpStats
 
-__all__ = ["FsOptions", "KvfsOperations", "errno_of", "XATTRS"]
+__all__ = ["XATTRS", "FsOptions", "KvfsOperations", "errno_of"]
 
 log = logging.getLogger("kvfs.mount.fs")
 
@@ -75,7 +75,7 @@ XATTRS = (XATTR_TIERS, XATTR_PINNED, XATTR_HITS, XATTR_CHECKSUM)
 
 # KvfsError class -> errno; the first matching base class wins (most specific first).
 _ERRNO: tuple[tuple[type[BaseException], int], ...] = (
-    (BlockNotFound, errno.ENOENT),   # missing, evicted, every copy bad: a miss, never EIO
+    (BlockNotFound, errno.ENOENT),  # missing, evicted, every copy bad: a miss, never EIO
     (BlockCorrupt, errno.ENOENT),
     (NoSpace, errno.ENOSPC),
     (TierFull, errno.ENOSPC),
@@ -156,12 +156,12 @@ class FsOptions:
 @dataclass(slots=True, eq=False)
 class _Inode:
     ino: int
-    name: str | None          # None once detached (replaced or removed)
+    name: str | None  # None once detached (replaced or removed)
     is_dir: bool
     nlookup: int = 0
     handles: int = 0
     checksum: int | None = None  # checksum of the block the kernel may have cached pages of
-    size: int = 0             # last known size (answers getattr once detached)
+    size: int = 0  # last known size (answers getattr once detached)
     mtime: float = 0.0
     """Fixed for the inode's life (an inode is one block: a replacement gets a new one).
     A changing mtime would make the kernel drop the pages it cached from the writes."""
@@ -303,6 +303,9 @@ class KvfsOperations(pyfuse3.Operations):
         if self.store.is_dir(name):
             return True, None
         return False, self.store.lookup(name)
+
+    def _probe_many(self, names: list[str]) -> list[tuple[bool, BlockStat | None]]:
+        return [self._probe(n) for n in names]
 
     def _fits_in_dram(self, n: int) -> bool:
         """True when a block of *n* bytes goes into free DRAM without evicting anything,
@@ -566,7 +569,7 @@ class KvfsOperations(pyfuse3.Operations):
         prefix = f"{node.name}/" if node.name else ""
         for chunk in range(start_id, len(entries), 256):
             names = [prefix + base for base, _ in entries[chunk : chunk + 256]]
-            probes = await self._meta(lambda: [self._probe(n) for n in names])  # one trip per 256
+            probes = await self._meta(self._probe_many, names)  # one trip per 256
             for k, (name, probe) in enumerate(zip(names, probes)):
                 try:
                     attr = self._entry_from(name, *probe)
@@ -683,7 +686,9 @@ class KvfsOperations(pyfuse3.Operations):
             try:  # a memcpy into the arena: no thread, unless the store is busy
                 st = self.store.nowait(self.store.put, h.name, h.buf, parent=h.parent)
             except StoreBusy:
-                st = await self._slow(self._seal_tier(), functools.partial(self.store.put, parent=h.parent), h.name, h.buf)
+                st = await self._slow(
+                    self._seal_tier(), functools.partial(self.store.put, parent=h.parent), h.name, h.buf
+                )
         else:
             st = await self._slow(self._seal_tier(), functools.partial(self.store.put, parent=h.parent), h.name, h.buf)
         h.dirty = False

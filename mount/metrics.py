@@ -68,10 +68,18 @@ class KvfsCollector(Collector):
 
     def _store_metrics(self) -> Iterator[Metric]:
         st = self.store.statistics()
-        cap = GaugeMetricFamily("kvfs_tier_capacity_bytes", "Capacity of the tier in bytes (absent when unbounded).", labels=["tier", "kind"])
-        used = GaugeMetricFamily("kvfs_tier_used_bytes", "Bytes the tier's copies take against its capacity.", labels=["tier", "kind"])
+        cap = GaugeMetricFamily(
+            "kvfs_tier_capacity_bytes",
+            "Capacity of the tier in bytes (absent when unbounded).",
+            labels=["tier", "kind"],
+        )
+        used = GaugeMetricFamily(
+            "kvfs_tier_used_bytes", "Bytes the tier's copies take against its capacity.", labels=["tier", "kind"]
+        )
         blocks = GaugeMetricFamily("kvfs_tier_blocks", "Blocks with a copy in the tier.", labels=["tier", "kind"])
-        healthy = GaugeMetricFamily("kvfs_tier_healthy", "1 when the tier answers, 0 while it is marked unhealthy.", labels=["tier", "kind"])
+        healthy = GaugeMetricFamily(
+            "kvfs_tier_healthy", "1 when the tier answers, 0 while it is marked unhealthy.", labels=["tier", "kind"]
+        )
         misses = CounterMetricFamily(
             "kvfs_tier_misses",
             "Reads that missed every hotter tier and this one (lookups minus hits here and above).",
@@ -101,7 +109,9 @@ class KvfsCollector(Collector):
         yield CounterMetricFamily("kvfs_misses", "Reads that found no readable copy in any tier.", value=st.misses)
         yield GaugeMetricFamily("kvfs_pending_writes", "Write-through copies queued.", value=st.pending_writes)
         yield CounterMetricFamily(
-            "kvfs_events_dropped", "Block events dropped because nobody drained the queue.", value=self.store.events.dropped
+            "kvfs_events_dropped",
+            "Block events dropped because nobody drained the queue.",
+            value=self.store.events.dropped,
         )
 
     def _op_metrics(self) -> Iterator[Metric]:

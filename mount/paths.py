@@ -13,7 +13,17 @@ import hashlib
 import os
 from pathlib import Path
 
-__all__ = ["unescape", "real_path", "runtime_dir", "control_socket_path", "log_path", "pid_path", "find_mount", "kvfs_mounts", "FSTYPE"]
+__all__ = [
+    "FSTYPE",
+    "control_socket_path",
+    "find_mount",
+    "kvfs_mounts",
+    "log_path",
+    "pid_path",
+    "real_path",
+    "runtime_dir",
+    "unescape",
+]
 
 FSTYPE = "fuse.kvfs"
 
@@ -84,10 +94,10 @@ def find_mount(path: str | os.PathLike) -> tuple[str, str] | None:
     real = os.path.realpath(os.path.abspath(path))
     best = None
     for mp in kvfs_mounts():
-        if real == mp or real.startswith(mp.rstrip("/") + "/"):
-            if best is None or len(mp) > len(best):
-                best = mp
+        inside = real == mp or real.startswith(mp.rstrip("/") + "/")
+        if inside and (best is None or len(mp) > len(best)):
+            best = mp
     if best is None:
         return None
-    rel = real[len(best):].strip("/")
+    rel = real[len(best) :].strip("/")
     return best, rel

@@ -58,10 +58,18 @@ def _mount_type(path: Path) -> str | None:
     return mount_type(path)
 
 
-def run_kvfs(*args: str, timeout: float = 60, env: dict | None = None, check: bool = False) -> subprocess.CompletedProcess:
+def run_kvfs(
+    *args: str, timeout: float = 60, env: dict | None = None, check: bool = False
+) -> subprocess.CompletedProcess:
     """Run ``kvfs ARGS…`` with this interpreter; returns the completed process (text)."""
-    return subprocess.run([*KVFS, *args], capture_output=True, text=True, timeout=timeout,
-                          env=None if env is None else {**os.environ, **env}, check=check)
+    return subprocess.run(
+        [*KVFS, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=None if env is None else {**os.environ, **env},
+        check=check,
+    )
 
 
 class KvfsMounter:
@@ -98,8 +106,12 @@ class KvfsMounter:
         mp.mkdir(parents=True, exist_ok=True)
         full_env = {**os.environ, **(env or {})}
         if foreground:
-            proc = subprocess.Popen([*KVFS, "mount", str(mp), "--config", str(cfg), "--foreground", *args],
-                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=full_env)
+            proc = subprocess.Popen(
+                [*KVFS, "mount", str(mp), "--config", str(cfg), "--foreground", *args],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                env=full_env,
+            )
             self.foreground[mp] = proc
             self.mounts.append(mp)
             deadline = time.monotonic() + 30
@@ -110,8 +122,13 @@ class KvfsMounter:
                 time.sleep(0.02)
             time.sleep(0.1)  # the control socket starts right after the mount
         else:
-            res = subprocess.run([*KVFS, "mount", str(mp), "--config", str(cfg), *args],
-                                 capture_output=True, text=True, timeout=60, env=full_env)
+            res = subprocess.run(
+                [*KVFS, "mount", str(mp), "--config", str(cfg), *args],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                env=full_env,
+            )
             if res.returncode != 0:
                 raise RuntimeError(f"kvfs mount {mp} failed ({res.returncode}): {res.stderr}{res.stdout}")
             self.mounts.append(mp)

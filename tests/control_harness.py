@@ -11,6 +11,7 @@ import shutil
 import tempfile
 import threading
 from pathlib import Path
+from typing import Self
 
 import trio
 
@@ -18,7 +19,7 @@ from kvfs.config import Config, DiskConfig, DramConfig, PolicyConfig
 from kvfs.mount.control import ControlHandler, serve
 from kvfs.tiers import open_store
 
-__all__ = ["make_store", "ControlServer"]
+__all__ = ["ControlServer", "make_store"]
 
 
 def make_store(root: Path, *, dram: int = 64 << 10, disk: int = 16 << 20):
@@ -48,7 +49,7 @@ class ControlServer:
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
 
-    def __enter__(self) -> ControlServer:
+    def __enter__(self) -> Self:
         ready = threading.Event()
 
         async def main() -> None:

@@ -53,7 +53,7 @@ class MotoS3:
         self._server: ThreadedMotoServer | None = None
         self._stalled = False
 
-    def start(self) -> "MotoS3":
+    def start(self) -> MotoS3:
         self._release()
         self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
         self._server.start()

@@ -1,5 +1,6 @@
 """The arena allocator's bookkeeping and the block file format."""
 
+import itertools
 import random
 
 import pytest
@@ -37,7 +38,7 @@ def test_allocator_random_never_overlaps():
             if off is not None:
                 live[off] = n
         spans = sorted((o, o + a.round(n)) for o, n in live.items())
-        assert all(e <= s for (_, e), (s, _) in zip(spans, spans[1:]))
+        assert all(e <= s for (_, e), (s, _) in itertools.pairwise(spans))
         assert a.allocated == sum(a.round(n) for n in live.values())
     for off, n in live.items():
         a.free(off, n)

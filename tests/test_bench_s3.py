@@ -7,9 +7,26 @@ import sys
 
 def test_bench_s3_json():
     out = subprocess.run(
-        [sys.executable, "-m", "kvfs.tools.cli", "bench", "s3", "--blocks", "2", "--rounds", "1",
-         "--block-size", "64KiB", "--concurrency", "1,2", "--json"],
-        capture_output=True, text=True, timeout=120, check=True,
+        [
+            sys.executable,
+            "-m",
+            "kvfs.tools.cli",
+            "bench",
+            "s3",
+            "--blocks",
+            "2",
+            "--rounds",
+            "1",
+            "--block-size",
+            "64KiB",
+            "--concurrency",
+            "1,2",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
     ).stdout
     rows = json.loads(out)["results"]
     assert [(r["op"], r["threads"]) for r in rows] == [("put", 1), ("get", 1), ("put", 2), ("get", 2)]

@@ -6,8 +6,23 @@ from kvfs.tools.cli import main
 
 
 def test_bench_tiers_json(capsys, tmp_path):
-    rc = main(["bench", "tiers", "--block-size", "64KiB", "--blocks", "4", "--passes", "1",
-               "--catalog-blocks", "2000", "--dir", str(tmp_path), "--json"])
+    rc = main(
+        [
+            "bench",
+            "tiers",
+            "--block-size",
+            "64KiB",
+            "--blocks",
+            "4",
+            "--passes",
+            "1",
+            "--catalog-blocks",
+            "2000",
+            "--dir",
+            str(tmp_path),
+            "--json",
+        ]
+    )
     out = json.loads(capsys.readouterr().out)
     assert rc == 0
     rows = {(r["tier"], r["op"]): r for r in out["throughput"]}
@@ -18,8 +33,25 @@ def test_bench_tiers_json(capsys, tmp_path):
 
 
 def test_bench_tiers_table(capsys, tmp_path):
-    assert main(["bench", "tiers", "--block-size", "64KiB", "--blocks", "2", "--passes", "1",
-                 "--catalog-blocks", "1000", "--dir", str(tmp_path)]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "tiers",
+                "--block-size",
+                "64KiB",
+                "--blocks",
+                "2",
+                "--passes",
+                "1",
+                "--catalog-blocks",
+                "1000",
+                "--dir",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert out.splitlines()[0].split() == ["tier", "op", "GB/s", "baseline", "baseline", "GB/s", "ratio"]
     assert "lookup+touch" in out

@@ -9,19 +9,43 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from kvfs.tools.bench_ttft import format_tables  # noqa: E402
-from kvfs.tools.cli import main  # noqa: E402
+from kvfs.tools.bench_ttft import format_tables
+from kvfs.tools.cli import main
 
 
 def test_bench_ttft_json_and_table(tmp_path, capsys):
     a, b = tmp_path / "a", tmp_path / "b"
     a.mkdir()
     b.mkdir()
-    rc = main([
-        "bench", "ttft", "--model", "tiny", "--dtype", "fp32", "--lengths", "40,70", "--suffix", "8",
-        "--block-tokens", "8", "--repeat", "1", "--turns", "2", "--turn-tokens", "20", "--answer-tokens", "3",
-        "--dir", f"dram={a}", "--dir", f"disk={b}", "--json",
-    ])
+    rc = main(
+        [
+            "bench",
+            "ttft",
+            "--model",
+            "tiny",
+            "--dtype",
+            "fp32",
+            "--lengths",
+            "40,70",
+            "--suffix",
+            "8",
+            "--block-tokens",
+            "8",
+            "--repeat",
+            "1",
+            "--turns",
+            "2",
+            "--turn-tokens",
+            "20",
+            "--answer-tokens",
+            "3",
+            "--dir",
+            f"dram={a}",
+            "--dir",
+            f"disk={b}",
+            "--json",
+        ]
+    )
     assert rc == 0
     res = json.loads(capsys.readouterr().out)
     assert [r["tokens"] for r in res["prompts"]] == [40, 70]

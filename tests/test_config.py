@@ -43,25 +43,65 @@ def _with(**tier0):
         ({}, "tiers", "at least one [[tiers]] entry is required"),
         ({"tiers": {"kind": "dram"}}, "tiers", "write tiers as [[tiers]] entries (an array of tables)"),
         ({"tiers": [{"capacity": "1GiB"}]}, "tiers[0].kind", "missing; one of dram, disk, posix, s3"),
-        ({"tiers": [{"kind": "tape", "capacity": "1GiB"}]}, "tiers[0].kind", "'tape' is not one of dram, disk, posix, s3"),
-        ({"tiers": [{"kind": "disk", "path": "/x"}]}, "tiers[0].capacity", 'missing required key (e.g. capacity = "4GiB")'),
-        (_with(capacity="4XB"), "tiers[0].capacity", "'4XB' is not a size; write bytes or a number with a unit (B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)"),
+        (
+            {"tiers": [{"kind": "tape", "capacity": "1GiB"}]},
+            "tiers[0].kind",
+            "'tape' is not one of dram, disk, posix, s3",
+        ),
+        (
+            {"tiers": [{"kind": "disk", "path": "/x"}]},
+            "tiers[0].capacity",
+            'missing required key (e.g. capacity = "4GiB")',
+        ),
+        (
+            _with(capacity="4XB"),
+            "tiers[0].capacity",
+            "'4XB' is not a size; write bytes or a number with a unit (B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)",
+        ),
         (_with(capacity=0), "tiers[0].capacity", "must be larger than zero"),
         (_with(capacity="unlimited"), "tiers[0].capacity", 'only s3 tiers may be unlimited; give a size like "100GiB"'),
         (_with(path=None) | {"tiers": [{"kind": "disk", "capacity": "1GiB"}]}, "tiers[0].path", "missing required key"),
         (_with(write="sideways"), "tiers[0].write", "'sideways' is not one of 'back', 'through'"),
-        (_with(colour="red"), "tiers[0].colour", "unknown key; known keys are capacity, concurrency, direct_io, name, path, timeout, write"),
-        (_with(timeout="soon"), "tiers[0].timeout", "'soon' is not a duration; write a number with ms, s, m or h (e.g. \"5s\")"),
+        (
+            _with(colour="red"),
+            "tiers[0].colour",
+            "unknown key; known keys are capacity, concurrency, direct_io, name, path, timeout, write",
+        ),
+        (
+            _with(timeout="soon"),
+            "tiers[0].timeout",
+            "'soon' is not a duration; write a number with ms, s, m or h (e.g. \"5s\")",
+        ),
         (_with(concurrency=0), "tiers[0].concurrency", "expected a positive whole number"),
         (_with(direct_io="yes"), "tiers[0].direct_io", "expected true or false"),
         (_with(name="a/b"), "tiers[0].name", "'a/b' is not a usable tier name (letters, digits, - and _)"),
         ({"tiers": [GOOD["tiers"][1], GOOD["tiers"][1]]}, "tiers[1].name", "tier name 'nvme' is used twice"),
-        ({"tiers": [GOOD["tiers"][1], GOOD["tiers"][0]]}, "tiers[1].kind", "a dram tier must be the first (hottest) tier"),
-        ({"tiers": [{"kind": "s3", "bucket": "ab"}]}, "tiers[0].bucket", "S3 bucket names are at least 3 characters long"),
+        (
+            {"tiers": [GOOD["tiers"][1], GOOD["tiers"][0]]},
+            "tiers[1].kind",
+            "a dram tier must be the first (hottest) tier",
+        ),
+        (
+            {"tiers": [{"kind": "s3", "bucket": "ab"}]},
+            "tiers[0].bucket",
+            "S3 bucket names are at least 3 characters long",
+        ),
         ({"tiers": GOOD["tiers"], "policy": {"eviction": "random"}}, "policy.eviction", None),
-        ({"tiers": GOOD["tiers"], "policy": {"promote": "sometimes"}}, "policy.promote", "'sometimes' is not one of 'always', 'second-hit', 'never'"),
-        ({"tiers": GOOD["tiers"], "mount": {"metrics_port": 70000}}, "mount.metrics_port", "must be a TCP port number (0-65535)"),
-        ({"tiers": GOOD["tiers"], "mounts": {}}, "mounts", "unknown top-level key; expected [[tiers]], [policy] and [mount]"),
+        (
+            {"tiers": GOOD["tiers"], "policy": {"promote": "sometimes"}},
+            "policy.promote",
+            "'sometimes' is not one of 'always', 'second-hit', 'never'",
+        ),
+        (
+            {"tiers": GOOD["tiers"], "mount": {"metrics_port": 70000}},
+            "mount.metrics_port",
+            "must be a TCP port number (0-65535)",
+        ),
+        (
+            {"tiers": GOOD["tiers"], "mounts": {}},
+            "mounts",
+            "unknown top-level key; expected [[tiers]], [policy] and [mount]",
+        ),
     ],
 )
 def test_config_errors(data, field, reason):
@@ -94,7 +134,12 @@ def test_format_size_never_scientific():
     from kvfs.units import format_size
 
     assert [format_size(n) for n in (5, 1536, 1020 << 20, int(999.7 * 2**20), 3 << 40)] == [
-        "5 B", "1.5 KiB", "1020 MiB", "1000 MiB", "3 TiB"]
+        "5 B",
+        "1.5 KiB",
+        "1020 MiB",
+        "1000 MiB",
+        "3 TiB",
+    ]
 
 
 def test_relative_paths_are_made_absolute(tmp_path, monkeypatch):

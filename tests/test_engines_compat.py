@@ -84,7 +84,7 @@ class SGLangFileCalls:
             with open(self.path(key), "rb", buffering=0) as f:
                 buf = memoryview(target_location.view(torch.uint8).contiguous().numpy())
                 if f.readinto(buf) != expected:
-                    raise IOError(f"Short read for {key}")
+                    raise OSError(f"Short read for {key}")
             return target_location
         except FileNotFoundError:
             return None
@@ -259,9 +259,11 @@ def test_sglang_sharded_layout(kv_dir):
         entries = list(it)
     dirs = {e.name for e in entries if e.is_dir()}
     assert dirs == {k[:2] for k in keys}
-    duplicates = [e.name[:-4] for e in entries
-                  if not e.is_dir() and e.name.endswith(".bin")
-                  and os.path.exists(os.path.join(root, e.name[:2], e.name))]
+    duplicates = [
+        e.name[:-4]
+        for e in entries
+        if not e.is_dir() and e.name.endswith(".bin") and os.path.exists(os.path.join(root, e.name[:2], e.name))
+    ]
     assert duplicates == [f"{keys[0]}{suffix}"]
     for k, p in zip(keys, pages):
         target = torch.empty_like(p)

@@ -24,7 +24,9 @@ def test_stable_across_processes():
         "print(chain_hashes(ns, list(range(10)))[1].hex())"
     )
     for seed in ("0", "1", "random"):
-        out = subprocess.run([sys.executable, "-c", code], env={"PYTHONHASHSEED": seed}, capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [sys.executable, "-c", code], env={"PYTHONHASHSEED": seed}, capture_output=True, text=True, check=True
+        )
         assert out.stdout.strip() == "5563c43ada759afd9414bb73cf013ce8"
 
 
@@ -33,9 +35,13 @@ def test_chain_depends_on_parent_tokens_extra_and_namespace():
     b = chain_hashes(NS, [9, 2, 3, 4, 5, 6, 7, 8])
     assert a[1] != b[1]  # the second block differs because its parent differs
     assert chain_hashes(NS, [1, 2, 3, 4], extra_keys=["lora-a"])[0] != a[0]
-    other = Namespace(model="meta/llama", dtype="float16", num_layers=2, num_kv_heads=2, head_size=64, tokens_per_block=4)
+    other = Namespace(
+        model="meta/llama", dtype="float16", num_layers=2, num_kv_heads=2, head_size=64, tokens_per_block=4
+    )
     assert chain_hashes(other, [1, 2, 3, 4])[0] != a[0]
-    assert chain_hashes(NS, [1, 2, 3, 4], extra_keys=["ab", "c"]) != chain_hashes(NS, [1, 2, 3, 4], extra_keys=["a", "bc"])
+    assert chain_hashes(NS, [1, 2, 3, 4], extra_keys=["ab", "c"]) != chain_hashes(
+        NS, [1, 2, 3, 4], extra_keys=["a", "bc"]
+    )
 
 
 def test_partial_blocks():

@@ -13,7 +13,7 @@ from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvfs.blockfile import header_length
-from kvfs.errors import TierUnavailable
+from kvfs.errors import BlockNotFound, TierUnavailable
 from kvfs.mount.metrics import start_metrics
 from kvfs.mount.opstats import OpStats
 
@@ -53,9 +53,16 @@ def tier(m, name: str, t: str, kind: str | None = None) -> float:
 
 TIER_GAUGES = ["kvfs_tier_capacity_bytes", "kvfs_tier_used_bytes", "kvfs_tier_blocks", "kvfs_tier_healthy"]
 TIER_COUNTERS = [
-    "kvfs_tier_hits_total", "kvfs_tier_misses_total", "kvfs_tier_read_bytes_total", "kvfs_tier_written_bytes_total",
-    "kvfs_tier_stored_total", "kvfs_tier_promotions_total", "kvfs_tier_demotions_total", "kvfs_tier_evictions_total",
-    "kvfs_tier_corrupt_total", "kvfs_tier_errors_total",
+    "kvfs_tier_hits_total",
+    "kvfs_tier_misses_total",
+    "kvfs_tier_read_bytes_total",
+    "kvfs_tier_written_bytes_total",
+    "kvfs_tier_stored_total",
+    "kvfs_tier_promotions_total",
+    "kvfs_tier_demotions_total",
+    "kvfs_tier_evictions_total",
+    "kvfs_tier_corrupt_total",
+    "kvfs_tier_errors_total",
 ]
 
 
@@ -68,7 +75,13 @@ def test_every_listed_series_is_served(mount_metrics):
             assert (name, (("kind", kind), ("tier", t))) in m, name
         for name in TIER_COUNTERS:
             assert (name, (("tier", t),)) in m, name
-    for name in ("kvfs_blocks", "kvfs_lookups_total", "kvfs_misses_total", "kvfs_pending_writes", "kvfs_events_dropped_total"):
+    for name in (
+        "kvfs_blocks",
+        "kvfs_lookups_total",
+        "kvfs_misses_total",
+        "kvfs_pending_writes",
+        "kvfs_events_dropped_total",
+    ):
         assert (name, ()) in m
     assert m[("kvfs_fuse_operations_total", (("op", "read"),))] == 1
     assert m[("kvfs_fuse_errors_total", (("op", "read"),))] == 0
@@ -116,7 +129,7 @@ def test_series_change_as_traffic_flows(mount_metrics, tmp_path):
     data = bytearray(f.read_bytes())
     data[header_length(victim)] ^= 1
     f.write_bytes(bytes(data))
-    with pytest.raises(Exception):
+    with pytest.raises(BlockNotFound):  # the only copy was bad: a miss, never wrong bytes
         store.read(victim)
     # a failing tier is counted and shown unhealthy
     store._mark_unhealthy(1, TierUnavailable("disk stalled"))  # what a timed-out call does
@@ -155,9 +168,21 @@ def test_dashboard_queries_only_served_series(mount_metrics):
     used = {n for e in exprs for n in re.findall(r"\bkvfs_[a-z_]+", e)}
     assert used - served == set()
     # the list: every family is on the dashboard
-    for family in ["kvfs_tier_capacity_bytes", "kvfs_tier_used_bytes", "kvfs_tier_blocks", "kvfs_tier_hits_total",
-                   "kvfs_tier_misses_total", "kvfs_tier_read_bytes_total", "kvfs_tier_written_bytes_total",
-                   "kvfs_tier_promotions_total", "kvfs_tier_demotions_total", "kvfs_tier_evictions_total",
-                   "kvfs_tier_corrupt_total", "kvfs_tier_errors_total", "kvfs_tier_healthy",
-                   "kvfs_fuse_operation_seconds_bucket", "kvfs_fuse_operations_total"]:
+    for family in [
+        "kvfs_tier_capacity_bytes",
+        "kvfs_tier_used_bytes",
+        "kvfs_tier_blocks",
+        "kvfs_tier_hits_total",
+        "kvfs_tier_misses_total",
+        "kvfs_tier_read_bytes_total",
+        "kvfs_tier_written_bytes_total",
+        "kvfs_tier_promotions_total",
+        "kvfs_tier_demotions_total",
+        "kvfs_tier_evictions_total",
+        "kvfs_tier_corrupt_total",
+        "kvfs_tier_errors_total",
+        "kvfs_tier_healthy",
+        "kvfs_fuse_operation_seconds_bucket",
+        "kvfs_fuse_operations_total",
+    ]:
         assert family in used, family

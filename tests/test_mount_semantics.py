@@ -11,7 +11,6 @@ import os
 import random
 import signal
 import subprocess
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -350,7 +349,8 @@ def test_s22_to_s26_xattrs(kvfs_mount):
     assert os.getxattr(mp / "x", "user.kvfs.checksum").decode() == f"xxh3-64:{checksum(data):016x}"
     # 26: listing and unknown attributes
     assert sorted(os.listxattr(mp / "x")) == sorted(
-        ["user.kvfs.tiers", "user.kvfs.pinned", "user.kvfs.hits", "user.kvfs.checksum"])
+        ["user.kvfs.tiers", "user.kvfs.pinned", "user.kvfs.hits", "user.kvfs.checksum"]
+    )
     os.mkdir(mp / "d")
     assert os.listxattr(mp / "d") == []
     assert err(os.getxattr, mp / "x", "user.other") == errno.ENODATA
@@ -397,6 +397,7 @@ def test_s28_spill_to_disk_then_evict_to_enoent(mp):
     for i in range(5, 26):
         written[f"b{i}"] = blob(n, i)
         write(mp / f"b{i}", written[f"b{i}"])
+
     def readable(k: str) -> bool:  # open, not stat: the kernel caches names for a second
         try:
             with open(mp / k, "rb"):
@@ -407,7 +408,7 @@ def test_s28_spill_to_disk_then_evict_to_enoent(mp):
     gone = [k for k in written if not readable(k)]
     assert gone and "b25" not in gone
     assert gone == sorted(gone, key=lambda k: int(k[1:]))[: len(gone)]  # oldest first (LRU)
-    for k in written:
+    for k in written:  # noqa: PLC0206 - a list of keys
         if k in gone:
             assert err(open, mp / k, "rb") == errno.ENOENT
         else:
@@ -463,8 +464,10 @@ def test_s31_mount_refusals_leave_nothing_mounted(kvfs_mount, tmp_path):
     from kvfs.mount.daemon import mount_type
 
     good = tmp_path / "good.toml"
-    good.write_text(f'[[tiers]]\nkind = "dram"\ncapacity = "4MiB"\nprefault = false\nmlock = false\n'
-                    f'[[tiers]]\nkind = "disk"\ncapacity = "8MiB"\npath = "{tmp_path}/d"\n')
+    good.write_text(
+        f'[[tiers]]\nkind = "dram"\ncapacity = "4MiB"\nprefault = false\nmlock = false\n'
+        f'[[tiers]]\nkind = "disk"\ncapacity = "8MiB"\npath = "{tmp_path}/d"\n'
+    )
     missing = tmp_path / "missing"
     res = run_kvfs("mount", str(missing), "--config", str(good))
     assert res.returncode != 0 and "does not exist" in res.stderr

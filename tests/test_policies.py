@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from kvfs.policies import DEFAULT_POLICY, POLICIES, _REGISTRY, make_policy
+from kvfs.policies import _REGISTRY, DEFAULT_POLICY, POLICIES, make_policy
 from kvfs.policies.chains import ChainIndex
 from kvfs.tools.replay import Belady
 

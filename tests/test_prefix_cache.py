@@ -14,9 +14,9 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from kvfs.errors import BlockCorrupt  # noqa: E402
-from kvfs.gpu.kv_block_file import HEADER_LENGTH, KVBlockHeader, decode_header, encode_header  # noqa: E402
-from kvfs.gpu.prefix_cache import (  # noqa: E402
+from kvfs.errors import BlockCorrupt
+from kvfs.gpu.kv_block_file import HEADER_LENGTH, KVBlockHeader, decode_header, encode_header
+from kvfs.gpu.prefix_cache import (
     PrefixCache,
     StopReason,
     UnsupportedModel,
@@ -25,8 +25,8 @@ from kvfs.gpu.prefix_cache import (  # noqa: E402
     namespace_for,
     prefill,
 )
-from kvfs.gpu.random_llama import build_model  # noqa: E402
-from kvfs.hashing import block_path  # noqa: E402
+from kvfs.gpu.random_llama import build_model
+from kvfs.hashing import block_path
 
 T = 8  # tokens per block in these tests
 
@@ -122,6 +122,7 @@ def test_a_longer_request_extends_the_stored_prefix(kv_dir, fp32):
     """Multi-turn: each turn reuses the previous turn's blocks and stores its own."""
     pc = PrefixCache.for_model(kv_dir, fp32.model, fp32.name, tokens_per_block=T)
     convo = tokens(20, seed=5)
+    prev_len = 0
     for turn in range(3):
         ref = generate(fp32.model, convo, 3)
         got = generate(fp32.model, convo, 3, pc)
@@ -239,9 +240,16 @@ def test_unsupported_models_are_refused(kv_dir, fp32):
 
 
 def test_header_round_trip_and_checks():
-    h = KVBlockHeader(dtype="bfloat16", num_layers=2, num_kv_heads=2, head_size=16, tokens=8,
-                      payload_length=KVBlockHeader.payload_length_of("bfloat16", 2, 2, 16, 8),
-                      checksum=123, digest=b"\x01" * 16)
+    h = KVBlockHeader(
+        dtype="bfloat16",
+        num_layers=2,
+        num_kv_heads=2,
+        head_size=16,
+        tokens=8,
+        payload_length=KVBlockHeader.payload_length_of("bfloat16", 2, 2, 16, 8),
+        checksum=123,
+        digest=b"\x01" * 16,
+    )
     raw = encode_header(h)
     assert len(raw) == HEADER_LENGTH
     assert decode_header(raw) == h

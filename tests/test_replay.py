@@ -97,8 +97,11 @@ def _traces_for_bound():
     return out
 
 
-@pytest.mark.parametrize("name,requests,capacity", _traces_for_bound(),
-                         ids=lambda v: v if isinstance(v, str) else str(v) if isinstance(v, int) else "")
+@pytest.mark.parametrize(
+    "name,requests,capacity",
+    _traces_for_bound(),
+    ids=lambda v: v if isinstance(v, str) else str(v) if isinstance(v, int) else "",
+)
 def test_belady_is_never_beaten(name, requests, capacity):
     best = replay(requests, one_tier(capacity), BELADY).hits
     for policy in POLICIES:
@@ -151,9 +154,11 @@ def test_unknown_workload():
 
 def test_load_mooncake_file(tmp_path):
     f = tmp_path / "t.jsonl"
-    f.write_text('{"timestamp": 0, "input_length": 1024, "output_length": 4, "hash_ids": [0, 1]}\n'
-                 "\n"
-                 '{"timestamp": 9, "input_length": 600, "output_length": 4, "hash_ids": [0, 2]}\n')
+    f.write_text(
+        '{"timestamp": 0, "input_length": 1024, "output_length": 4, "hash_ids": [0, 1]}\n'
+        "\n"
+        '{"timestamp": 9, "input_length": 600, "output_length": 4, "hash_ids": [0, 2]}\n'
+    )
     t = load_mooncake(f)
     assert t == Trace(name="t", requests=((0, 1), (0, 2)))
     assert load_mooncake(f, limit=1).requests == ((0, 1),)
@@ -181,18 +186,25 @@ def test_shared_mooncake_trace():
 def test_parse_stack():
     assert parse_stack("2000") == (TierSpec(name="tier0", capacity=2000),)
     assert parse_stack("dram=1000, disk=8000") == (
-        TierSpec(name="dram", capacity=1000), TierSpec(name="disk", capacity=8000))
+        TierSpec(name="dram", capacity=1000),
+        TierSpec(name="disk", capacity=8000),
+    )
     assert parse_stack("dram=1%,disk=10%", distinct=2000) == (
-        TierSpec(name="dram", capacity=20), TierSpec(name="disk", capacity=200))
+        TierSpec(name="dram", capacity=20),
+        TierSpec(name="disk", capacity=200),
+    )
 
 
-@pytest.mark.parametrize("text,message", [
-    ("0", "'0': a tier holds at least one block (got 0)"),
-    ("lots", "'lots' in 'lots' is not a whole number of blocks or a percentage"),
-    ("dram=1,=2", "'=2' in 'dram=1,=2': write NAME=BLOCKS, e.g. dram=1000,disk=8000"),
-    ("a=1,a=2", "'a=1,a=2': tier names repeat"),
-    ("5%", "'5%': a percentage needs the trace's block count"),
-])
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("0", "'0': a tier holds at least one block (got 0)"),
+        ("lots", "'lots' in 'lots' is not a whole number of blocks or a percentage"),
+        ("dram=1,=2", "'=2' in 'dram=1,=2': write NAME=BLOCKS, e.g. dram=1000,disk=8000"),
+        ("a=1,a=2", "'a=1,a=2': tier names repeat"),
+        ("5%", "'5%': a percentage needs the trace's block count"),
+    ],
+)
 def test_parse_stack_errors(text, message):
     with pytest.raises(ValueError) as info:
         parse_stack(text)
@@ -203,8 +215,21 @@ def test_parse_stack_errors(text, message):
 
 
 def test_bench_policy_json(capsys):
-    rc = main(["bench", "policy", "--workload", "chat", "--requests", "150", "--capacity", "40,5%",
-               "dram=20,disk=60", "--json", "--quiet"])
+    rc = main(
+        [
+            "bench",
+            "policy",
+            "--workload",
+            "chat",
+            "--requests",
+            "150",
+            "--capacity",
+            "40,5%",
+            "dram=20,disk=60",
+            "--json",
+            "--quiet",
+        ]
+    )
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
     rows = out["results"]
@@ -214,14 +239,29 @@ def test_bench_policy_json(capsys):
         if len(r["tiers"]) == 1:
             assert r["vs_belady"] <= 1.0
     assert [s["policy"] for s in out["summary"]] == [BELADY, *POLICIES]
-    stack = [r for r in rows if r["capacity"] == "dram=20,disk=60" and r["policy"] == "lru"][0]
+    stack = next(r for r in rows if r["capacity"] == "dram=20,disk=60" and r["policy"] == "lru")
     assert stack["tiers"] == [{"name": "dram", "capacity": 20}, {"name": "disk", "capacity": 60}]
     assert stack["bytes_moved"] == (stack["promotions"] + stack["demotions"]) * out["block_bytes"]
 
 
 def test_bench_policy_table_and_cost(capsys):
-    rc = main(["bench", "policy", "--workload", "agents", "--requests", "100", "--capacity", "50",
-               "--policies", "lru,prefix-lru", "--cost", "--cost-blocks", "2000"])
+    rc = main(
+        [
+            "bench",
+            "policy",
+            "--workload",
+            "agents",
+            "--requests",
+            "100",
+            "--capacity",
+            "50",
+            "--policies",
+            "lru,prefix-lru",
+            "--cost",
+            "--cost-blocks",
+            "2000",
+        ]
+    )
     assert rc == 0
     captured = capsys.readouterr()
     assert "agents  capacity 50 (50 blocks)" in captured.out

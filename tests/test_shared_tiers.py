@@ -31,7 +31,9 @@ def new_bucket(moto) -> str:
 def s3_config(moto, bucket, **kw) -> S3Config:
     kw.setdefault("timeout", 2.0)
     kw.setdefault("max_attempts", 2)
-    return S3Config(name=TierName("s3"), capacity=None, bucket=bucket, prefix="kv", endpoint_url=moto.endpoint_url, **kw)
+    return S3Config(
+        name=TierName("s3"), capacity=None, bucket=bucket, prefix="kv", endpoint_url=moto.endpoint_url, **kw
+    )
 
 
 def corrupt_copy(tier, name: str) -> None:
@@ -96,7 +98,7 @@ def test_concurrent_publishers_of_one_name(tier):
                 put(tier, "same/name", data)
                 with tier.open("same/name") as ref:
                     assert bytes(ref.data) == data
-        except Exception as exc:  # noqa: BLE001 - collected for the assert below
+        except Exception as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=writer) for _ in range(4)]
@@ -122,7 +124,7 @@ def test_posix_publishes_by_rename_in_the_same_directory(tmp_path, monkeypatch):
     real = os.rename
     monkeypatch.setattr(os, "rename", lambda a, b: (renames.append((a, b)), real(a, b)))
     put(t, "ns/ab/abc", b"x")
-    (src, dst), = renames
+    ((src, dst),) = renames
     assert os.path.dirname(src) == os.path.dirname(dst) == str(t.dir.blocks / "ns/ab")
     assert os.path.basename(src).startswith(TMP_PREFIX)
     t.close()

@@ -33,13 +33,24 @@ class Clock:
 def make_store(tmp_path):
     stores: list[Store] = []
 
-    def make(*, dram_blocks=4, disk_bytes=64 << 20, eviction="lru", promote=PromoteMode.ALWAYS,
-             disk_write=WriteMode.BACK, tiers=("dram", "disk")) -> Store:
+    def make(
+        *,
+        dram_blocks=4,
+        disk_bytes=64 << 20,
+        eviction="lru",
+        promote=PromoteMode.ALWAYS,
+        disk_write=WriteMode.BACK,
+        tiers=("dram", "disk"),
+    ) -> Store:
         built = []
         if "dram" in tiers:
             built.append(DramTier(DramConfig(name=TierName("dram"), capacity=dram_blocks * BLOCK)))
         if "disk" in tiers:
-            built.append(DiskTier(DiskConfig(name=TierName("disk"), capacity=disk_bytes, path=tmp_path / "disk", write=disk_write)))
+            built.append(
+                DiskTier(
+                    DiskConfig(name=TierName("disk"), capacity=disk_bytes, path=tmp_path / "disk", write=disk_write)
+                )
+            )
         s = Store(built, policy=PolicyConfig(eviction=eviction, promote=promote), clock=Clock())
         stores.append(s)
         return s
@@ -82,10 +93,19 @@ def test_lru_eviction_order(make_store):
     s.put("b4", blob(4))
     s.put("b5", blob(5))
     assert moves(s) == [
-        ("demoted", "b1", "disk"), ("evicted", "b1", "dram"),
-        ("demoted", "b2", "disk"), ("evicted", "b2", "dram"),
+        ("demoted", "b1", "disk"),
+        ("evicted", "b1", "dram"),
+        ("demoted", "b2", "disk"),
+        ("evicted", "b2", "dram"),
     ]
-    assert tiers_of(s) == {"b0": ("dram",), "b1": ("disk",), "b2": ("disk",), "b3": ("dram",), "b4": ("dram",), "b5": ("dram",)}
+    assert tiers_of(s) == {
+        "b0": ("dram",),
+        "b1": ("disk",),
+        "b2": ("disk",),
+        "b3": ("dram",),
+        "b4": ("dram",),
+        "b5": ("dram",),
+    }
 
 
 def test_lfu_eviction_order(make_store):
@@ -99,8 +119,10 @@ def test_lfu_eviction_order(make_store):
     s.put("b4", blob(4))  # b2 has the fewest accesses
     s.put("b5", blob(5))  # then b4 (one access) goes before b3 (two)
     assert moves(s) == [
-        ("demoted", "b2", "disk"), ("evicted", "b2", "dram"),
-        ("demoted", "b4", "disk"), ("evicted", "b4", "dram"),
+        ("demoted", "b2", "disk"),
+        ("evicted", "b2", "dram"),
+        ("demoted", "b4", "disk"),
+        ("evicted", "b4", "dram"),
     ]
 
 
@@ -387,7 +409,9 @@ def test_stale_arenas_of_dead_daemons_are_removed(tmp_path):
 
     from kvfs.tiers.dram import remove_stale_arenas
 
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
+    )
     stale = tmp_path / f"kvfs-{int(dead.stdout)}-0123abcd"
     live = tmp_path / f"kvfs-{os.getpid()}-89abcdef"
     other = tmp_path / "kvfs-not-an-arena"

@@ -55,8 +55,17 @@ def _s3(tmp_path, request) -> Tier:
     server = request.getfixturevalue("moto")
     bucket = f"kvfs-{uuid.uuid4().hex[:12]}"
     server.client().create_bucket(Bucket=bucket)
-    return S3Tier(S3Config(name=TierName("s3"), capacity=None, bucket=bucket, prefix="kv",
-                           endpoint_url=server.endpoint_url, timeout=5.0, max_attempts=2))
+    return S3Tier(
+        S3Config(
+            name=TierName("s3"),
+            capacity=None,
+            bucket=bucket,
+            prefix="kv",
+            endpoint_url=server.endpoint_url,
+            timeout=5.0,
+            max_attempts=2,
+        )
+    )
 
 
 TIER_FACTORIES = {

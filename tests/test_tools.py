@@ -73,7 +73,9 @@ def test_help_lists_every_subcommand(capsys):
         assert f"    {name} " in out
 
 
-@pytest.mark.parametrize("name", ["ls", "du", "stat", "df", "pin", "unpin", "prefetch", "evict", "fsck", "top", "events"])
+@pytest.mark.parametrize(
+    "name", ["ls", "du", "stat", "df", "pin", "unpin", "prefetch", "evict", "fsck", "top", "events"]
+)
 def test_subcommand_help(capsys, name):
     with pytest.raises(SystemExit) as exc:
         main([name, "--help"])
@@ -86,8 +88,20 @@ def test_subcommand_help(capsys, name):
 
 @pytest.mark.parametrize(
     "argv",
-    [["ls"], ["ls", "-l"], ["du"], ["stat"], ["df"], ["pin"], ["unpin"], ["prefetch"], ["evict"], ["fsck"],
-     ["top", "--once"], ["events", "--count", "1"]],
+    [
+        ["ls"],
+        ["ls", "-l"],
+        ["du"],
+        ["stat"],
+        ["df"],
+        ["pin"],
+        ["unpin"],
+        ["prefetch"],
+        ["evict"],
+        ["fsck"],
+        ["top", "--once"],
+        ["events", "--count", "1"],
+    ],
 )
 def test_path_outside_any_mount(capsys, monkeypatch, tmp_path, argv):
     monkeypatch.delenv(ENV_SOCKET, raising=False)
@@ -99,7 +113,9 @@ def test_path_outside_any_mount(capsys, monkeypatch, tmp_path, argv):
 
 def test_outside_mount_as_a_process(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != ENV_SOCKET}
-    p = subprocess.run([sys.executable, "-m", "kvfs.tools.cli", "du", str(tmp_path)], capture_output=True, text=True, env=env)
+    p = subprocess.run(
+        [sys.executable, "-m", "kvfs.tools.cli", "du", str(tmp_path)], capture_output=True, text=True, env=env
+    )
     assert p.returncode == 1
     assert p.stderr == f"kvfs: {tmp_path} is not inside a kvfs mount\n"
 
@@ -138,7 +154,14 @@ def test_ls(server, capsys):
     assert res["path"] == "/ns/aa"
     b1, b2 = res["entries"]
     assert set(b1) >= {"name", "type", "size", "tiers", "pinned", "hits", "accessed", "created", "checksum"}
-    assert (b1["name"], b1["type"], b1["size"], b1["tiers"], b1["pinned"], b1["hits"]) == ("b1", "block", BLOCK, ["dram"], False, 1)
+    assert (b1["name"], b1["type"], b1["size"], b1["tiers"], b1["pinned"], b1["hits"]) == (
+        "b1",
+        "block",
+        BLOCK,
+        ["dram"],
+        False,
+        1,
+    )
     assert (b2["name"], b2["pinned"], b2["hits"]) == ("b2", True, 0)
 
     rc, out, _ = kvfs(capsys, "ls", "-l", "ns/aa", "ns")
@@ -154,7 +177,14 @@ def test_ls(server, capsys):
 
 
 def test_ls_missing_path(server, capsys):
-    for argv in (["ls", "nope"], ["du", "nope"], ["stat", "nope"], ["pin", "nope"], ["prefetch", "nope"], ["evict", "nope"]):
+    for argv in (
+        ["ls", "nope"],
+        ["du", "nope"],
+        ["stat", "nope"],
+        ["pin", "nope"],
+        ["prefetch", "nope"],
+        ["evict", "nope"],
+    ):
         rc, out, err = kvfs(capsys, *argv)
         assert (rc, out, err) == (1, "", "kvfs: /nope: no such block or directory\n"), argv
 
@@ -210,9 +240,22 @@ def test_df(server, capsys):
     res = kvfs_json(capsys, "df", "/")
     assert res["mountpoint"] == "/mnt/kvfs" and res["blocks"] == 1
     dram, disk = res["tiers"]
-    assert (dram["name"], dram["kind"], dram["capacity"], dram["used"], dram["free"], dram["blocks"], dram["healthy"]) == (
-        "dram", "dram", 64 << 10, 4096, (64 << 10) - 4096, 1, True)
-    assert (disk["name"], disk["capacity"], disk["used"], disk["healthy"], disk["persistent"]) == ("disk", 16 << 20, 0, True, True)
+    assert (
+        dram["name"],
+        dram["kind"],
+        dram["capacity"],
+        dram["used"],
+        dram["free"],
+        dram["blocks"],
+        dram["healthy"],
+    ) == ("dram", "dram", 64 << 10, 4096, (64 << 10) - 4096, 1, True)
+    assert (disk["name"], disk["capacity"], disk["used"], disk["healthy"], disk["persistent"]) == (
+        "disk",
+        16 << 20,
+        0,
+        True,
+        True,
+    )
 
     rc, out, _ = kvfs(capsys, "df")
     lines = out.splitlines()
@@ -355,11 +398,11 @@ def _wait_for(cond, timeout: float = 10.0) -> None:
 
 
 def _scripted_sequence(st) -> list[tuple[str, str, str | None]]:
-    st.put("ev/a", payload(1))           # stored in dram
-    st.evict("ev/a", "dram")             # demoted to disk, evicted from dram
-    st.prefetch("ev/a")                  # promoted to dram
-    st.rename("ev/a", "ev/b")            # renamed
-    st.delete("ev/b")                    # removed
+    st.put("ev/a", payload(1))  # stored in dram
+    st.evict("ev/a", "dram")  # demoted to disk, evicted from dram
+    st.prefetch("ev/a")  # promoted to dram
+    st.rename("ev/a", "ev/b")  # renamed
+    st.delete("ev/b")  # removed
     return [
         ("stored", "ev/a", "dram"),
         ("demoted", "ev/a", "disk"),
@@ -392,7 +435,11 @@ def test_events_show_a_scripted_sequence_in_order(server, tmp_path):
 
     lines = text.splitlines()
     assert [line.split()[1:4] for line in lines[:4]] == [
-        ["stored", "dram", "/ev/a"], ["demoted", "disk", "/ev/a"], ["evicted", "dram", "/ev/a"], ["promoted", "dram", "/ev/a"]]
+        ["stored", "dram", "/ev/a"],
+        ["demoted", "disk", "/ev/a"],
+        ["evicted", "dram", "/ev/a"],
+        ["promoted", "dram", "/ev/a"],
+    ]
     assert lines[4].split()[1:3] == ["renamed", "-"] and lines[4].endswith("(ev/a)")
 
 
@@ -425,7 +472,7 @@ def test_events_reach_every_subscriber_and_a_slow_one_is_cut_off(tmp_path):
                 for i in range(n):
                     st.put(f"fan/{i}", b"x")
                     if i % 500 == 499:  # pace the writer to what a Python reader keeps up with
-                        _wait_for(lambda: len(got) > i - 500)
+                        _wait_for(lambda i=i: len(got) > i - 500)
                 reader.join(30)
                 assert got == [f"fan/{i}" for i in range(n)]
                 _wait_for(lambda: hub.subscribers == 1)  # the slow one was dropped
@@ -465,8 +512,19 @@ def test_top_once(server, capsys):
     assert res["lookups_per_s"] > 0 and res["hit_ratio"] == 1.0
     dram = res["tiers"][0]
     assert dram["name"] == "dram" and dram["hit_ratio"] == 1.0 and dram["read_bytes_per_s"] > 0
-    assert set(dram) >= {"used", "capacity", "blocks", "healthy", "hits_per_s", "written_bytes_per_s",
-                         "promotions_per_s", "demotions_per_s", "evictions_per_s", "corrupt", "errors"}
+    assert set(dram) >= {
+        "used",
+        "capacity",
+        "blocks",
+        "healthy",
+        "hits_per_s",
+        "written_bytes_per_s",
+        "promotions_per_s",
+        "demotions_per_s",
+        "evictions_per_s",
+        "corrupt",
+        "errors",
+    }
     assert out.startswith("kvfs top  /mnt/kvfs")
     assert out.splitlines()[2].split()[:6] == ["TIER", "USED", "CAPACITY", "USE%", "BLOCKS", "HIT%"]
 

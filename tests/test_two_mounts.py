@@ -35,7 +35,7 @@ mlock = false
 [[tiers]]
 kind = "disk"
 capacity = "32MiB"
-path = "{root / 'disk'}"
+path = "{root / "disk"}"
 """
     if posix is not None:
         text += f"""
@@ -160,7 +160,7 @@ def test_eight_threads_per_node_lose_nothing(two_mounts):
     assert written
     for name in sorted(written):  # every block published on either node reads on both
         for mp in (a, b):
-            assert wait_for(lambda: (mp / name).read_bytes()) == content(name, 100_000), (mp, name)
+            assert wait_for(lambda mp=mp, name=name: (mp / name).read_bytes()) == content(name, 100_000), (mp, name)
 
 
 @pytest.mark.parametrize("two_mounts", [False], indirect=True)
@@ -192,5 +192,7 @@ def subprocess_json(*argv: str) -> dict:
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-m", "kvfs.tools.cli", *argv, "--json"], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "kvfs.tools.cli", *argv, "--json"], capture_output=True, text=True, check=True
+    )
     return json.loads(out.stdout)

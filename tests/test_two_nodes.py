@@ -43,7 +43,6 @@ class Clock:
         self.now += seconds
 
 
-
 class Cluster:
     """Two nodes over one shared directory and one bucket."""
 
@@ -61,8 +60,13 @@ class Cluster:
             DiskConfig(name=TierName("disk"), capacity=64 << 20, path=root / "disk"),
             PosixConfig(name=TierName("posix"), capacity=1 << 30, path=self.shared_dir, timeout=timeout),
             S3Config(
-                name=TierName("s3"), capacity=None, bucket=self.bucket, prefix="kv",
-                endpoint_url=self.moto.endpoint_url, timeout=timeout, max_attempts=max_attempts,
+                name=TierName("s3"),
+                capacity=None,
+                bucket=self.bucket,
+                prefix="kv",
+                endpoint_url=self.moto.endpoint_url,
+                timeout=timeout,
+                max_attempts=max_attempts,
             ),
         ]
         return Store([open_tier(c) for c in configs], clock=self.clock, negative_ttl=TTL, listing_ttl=5.0)
@@ -191,7 +195,7 @@ def test_eight_threads_per_node_lose_nothing_and_never_see_partial_blocks(cluste
                         continue
                     if got != data_for(name, len(got)) or len(got) != 4096 + 512 * (hash(name) % 8):
                         bad.append(f"{name}: {len(got)} bytes, wrong content")
-        except Exception as exc:  # noqa: BLE001 - reported by the assert below
+        except Exception as exc:
             bad.append(repr(exc))
 
     def background(store: Store) -> None:  # the daemon's write-through task
@@ -200,7 +204,9 @@ def test_eight_threads_per_node_lose_nothing_and_never_see_partial_blocks(cluste
                 time.sleep(0.005)
 
     bg = [threading.Thread(target=background, args=(s,)) for s in cluster.nodes]
-    workers = [threading.Thread(target=worker, args=(s, 100 * n + t)) for n, s in enumerate(cluster.nodes) for t in range(8)]
+    workers = [
+        threading.Thread(target=worker, args=(s, 100 * n + t)) for n, s in enumerate(cluster.nodes) for t in range(8)
+    ]
     for t in bg + workers:
         t.start()
     for t in workers:

@@ -11,7 +11,7 @@ import importlib
 from kvfs.config import Config, TierConfig
 from kvfs.tier import Tier
 
-__all__ = ["open_tier", "open_store", "TIER_CLASSES"]
+__all__ = ["TIER_CLASSES", "open_store", "open_tier"]
 
 # kind -> "module:Class"; a tier module is imported only when a config uses it.
 TIER_CLASSES: dict[str, str] = {

@@ -1,7 +1,7 @@
 """The ``posix`` tier: a directory every node mounts (Lustre, NFS); how nodes share blocks.
 
 Block files in the block format (:mod:`kvfs.blockfile`) under ``<path>/blocks/``, in the
-sharded directories of the block names, written by :class:`~kvfs.tiers.disk.BlockDirectory`
+sharded directories of the block names, written by :class:`~kvfs.tiers.blockdir.BlockDirectory`
 (the same code as the disk tier). What differs, because other nodes use the directory at
 the same time:
 
@@ -39,7 +39,7 @@ from kvfs.deadline import DeadlineExecutor
 from kvfs.errors import BlockCorrupt, BlockNotFound, TierFull, TierUnavailable
 from kvfs.tier import BlockInfo, BlockRef, Tier
 
-from .disk import BlockDirectory
+from .blockdir import BlockDirectory
 
 __all__ = ["PosixTier", "SharedBlockDirectory"]
 

@@ -37,7 +37,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError("the s3 tier needs boto3: pip install 'kvfs[s3]'") from exc
 
-__all__ = ["S3Tier", "ERROR_TABLE", "translate"]
+__all__ = ["ERROR_TABLE", "S3Tier", "translate"]
 
 log = logging.getLogger("kvfs.tiers.s3")
 

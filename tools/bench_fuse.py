@@ -43,10 +43,14 @@ VARIANTS: dict[str, dict] = {
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--blocks", type=int, default=None, help="2 MiB blocks per pass (default 128; quick 48)")
-    parser.add_argument("--entries", type=int, default=None, help="directory entries to list (default 100000; quick 10000)")
+    parser.add_argument(
+        "--entries", type=int, default=None, help="directory entries to list (default 100000; quick 10000)"
+    )
     parser.add_argument("--quick", action="store_true", help="a smaller run (CI, shared machines)")
     parser.add_argument("--settings", action="store_true", help="also compare per-file FUSE settings")
-    parser.add_argument("--rss-rounds", type=int, default=0, metavar="N", help="measure daemon memory over N more passes")
+    parser.add_argument(
+        "--rss-rounds", type=int, default=0, metavar="N", help="measure daemon memory over N more passes"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--dir", default=None, help="where to make the mountpoint and disk tier (default: a temp dir)")
 
@@ -56,7 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _payloads(n: int) -> list[bytes]:
     base = os.urandom(BLOCK)
-    return [base[i % 97:] + base[: i % 97] for i in range(min(n, 8))]
+    return [base[i % 97 :] + base[: i % 97] for i in range(min(n, 8))]
 
 
 def write_blocks(d: Path, n: int, payloads: list[bytes]) -> float:
@@ -230,9 +234,14 @@ def _rss_run(mp: Path, pid: int, blocks: int, rounds: int, payloads: list[bytes]
         read_blocks(d, blocks, buf)
         shutil.rmtree(d)
         samples.append(_rss_anon(pid))
-    return {"rounds": rounds, "bytes_per_round": blocks * BLOCK, "rss_anon_before": before,
-            "rss_anon_after": samples[-1], "rss_anon_max": max(samples),
-            "rss_anon_median": statistics.median(samples)}
+    return {
+        "rounds": rounds,
+        "bytes_per_round": blocks * BLOCK,
+        "rss_anon_before": before,
+        "rss_anon_after": samples[-1],
+        "rss_anon_max": max(samples),
+        "rss_anon_median": statistics.median(samples),
+    }
 
 
 _LABELS = {
@@ -261,6 +270,8 @@ def _print(r: dict) -> None:
             print(f"{label:36} {v['write_GBps']:>8.2f} {v['read_cold_GBps']:>8.2f} {v['read_repeat_GBps']:>8.2f}")
     if "rss" in r:
         s = r["rss"]
-        print(f"\ndaemon private memory (RssAnon) over {s['rounds']} passes of {s['bytes_per_round'] / 1e9:.2f} GB: "
-              f"before {s['rss_anon_before'] / MiB:.1f} MiB, after {s['rss_anon_after'] / MiB:.1f} MiB, "
-              f"max {s['rss_anon_max'] / MiB:.1f} MiB")
+        print(
+            f"\ndaemon private memory (RssAnon) over {s['rounds']} passes of {s['bytes_per_round'] / 1e9:.2f} GB: "
+            f"before {s['rss_anon_before'] / MiB:.1f} MiB, after {s['rss_anon_after'] / MiB:.1f} MiB, "
+            f"max {s['rss_anon_max'] / MiB:.1f} MiB"
+        )

@@ -31,23 +31,41 @@ class BenchError(KvfsError):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--trace", action="append", default=[], metavar="FILE",
-                        help="Mooncake-format jsonl trace (repeatable)")
-    parser.add_argument("--workload", action="append", default=[], metavar="NAME",
-                        help=f"generated workload: {', '.join(WORKLOADS)} or 'all' (repeatable)")
-    parser.add_argument("--capacity", nargs="+", default=None, metavar="CAP",
-                        help="tier capacities in blocks: '2000,8000' is two runs, 'dram=1000,disk=8000' "
-                             "is a stack (hottest first); N%% means a share of the trace's distinct "
-                             "blocks (default: 5%% 10%% 20%% 40%%)")
-    parser.add_argument("--policies", default=None, metavar="LIST",
-                        help=f"comma-separated policies, LRU always included (default: all: {', '.join(POLICIES)})")
+    parser.add_argument(
+        "--trace", action="append", default=[], metavar="FILE", help="Mooncake-format jsonl trace (repeatable)"
+    )
+    parser.add_argument(
+        "--workload",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help=f"generated workload: {', '.join(WORKLOADS)} or 'all' (repeatable)",
+    )
+    parser.add_argument(
+        "--capacity",
+        nargs="+",
+        default=None,
+        metavar="CAP",
+        help="tier capacities in blocks: '2000,8000' is two runs, 'dram=1000,disk=8000' "
+        "is a stack (hottest first); N%% means a share of the trace's distinct "
+        "blocks (default: 5%% 10%% 20%% 40%%)",
+    )
+    parser.add_argument(
+        "--policies",
+        default=None,
+        metavar="LIST",
+        help=f"comma-separated policies, LRU always included (default: all: {', '.join(POLICIES)})",
+    )
     parser.add_argument("--requests", type=int, default=4000, help="requests per generated workload")
     parser.add_argument("--seed", type=int, default=0, help="seed of the generated workloads")
     parser.add_argument("--limit", type=int, default=None, help="replay only the first N requests of each trace")
-    parser.add_argument("--block-bytes", type=int, default=BLOCK_BYTES,
-                        help=f"bytes per block (default {BLOCK_BYTES}: 512 tokens of Llama-3.1-8B fp16 KV)")
-    parser.add_argument("--cost", action="store_true",
-                        help="also time each policy with --cost-blocks blocks resident")
+    parser.add_argument(
+        "--block-bytes",
+        type=int,
+        default=BLOCK_BYTES,
+        help=f"bytes per block (default {BLOCK_BYTES}: 512 tokens of Llama-3.1-8B fp16 KV)",
+    )
+    parser.add_argument("--cost", action="store_true", help="also time each policy with --cost-blocks blocks resident")
     parser.add_argument("--cost-blocks", type=int, default=1_000_000)
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
@@ -122,15 +140,17 @@ def _summary(rows: list[dict], policies: list[str]) -> list[dict]:
         mine = [r for r in rows if r["policy"] == p]
         vb = [r["vs_belady"] for r in mine if r["vs_belady"]]
         vl = [r["vs_lru"] for r in mine if r["vs_lru"]]
-        out.append({
-            "policy": p,
-            "runs": len(mine),
-            "mean_hit_ratio": sum(r["hit_ratio"] for r in mine) / len(mine) if mine else 0.0,
-            "geomean_vs_belady": math.exp(sum(map(math.log, vb)) / len(vb)) if vb else None,
-            "min_vs_belady": min(vb) if vb else None,
-            "geomean_vs_lru": math.exp(sum(map(math.log, vl)) / len(vl)) if vl else None,
-            "min_vs_lru": min(vl) if vl else None,
-        })
+        out.append(
+            {
+                "policy": p,
+                "runs": len(mine),
+                "mean_hit_ratio": sum(r["hit_ratio"] for r in mine) / len(mine) if mine else 0.0,
+                "geomean_vs_belady": math.exp(sum(map(math.log, vb)) / len(vb)) if vb else None,
+                "min_vs_belady": min(vb) if vb else None,
+                "geomean_vs_lru": math.exp(sum(map(math.log, vl)) / len(vl)) if vl else None,
+                "min_vs_lru": min(vl) if vl else None,
+            }
+        )
     return out
 
 
@@ -147,17 +167,23 @@ def _print_tables(rows: list[dict], summary: list[dict], cost: list[dict], block
             stack = ",".join(f"{t['name']}={t['capacity']}" for t in r["tiers"])
             stack = str(r["tiers"][0]["capacity"]) if len(r["tiers"]) == 1 else stack
             print(f"\n{r['trace']}  capacity {r['capacity']} ({stack} blocks)")
-            print(f"  {'policy':<14} {'hit ratio':>9} {'x Belady':>9} {'x LRU':>7} {'written':>11} {'moved':>11}"
-                  f" {'top-tier hits':>14}")
+            print(
+                f"  {'policy':<14} {'hit ratio':>9} {'x Belady':>9} {'x LRU':>7} {'written':>11} {'moved':>11}"
+                f" {'top-tier hits':>14}"
+            )
         top = r["tier_hits"][0] / r["hits"] if r["hits"] else 0.0
-        print(f"  {r['policy']:<14} {r['hit_ratio']:>9.4f} {_fmt(r['vs_belady'], '.3f'):>9} "
-              f"{_fmt(r['vs_lru'], '.3f'):>7} {format_size(r['bytes_written']):>11} {format_size(r['bytes_moved']):>11}"
-              f" {top:>14.1%}")
+        print(
+            f"  {r['policy']:<14} {r['hit_ratio']:>9.4f} {_fmt(r['vs_belady'], '.3f'):>9} "
+            f"{_fmt(r['vs_lru'], '.3f'):>7} {format_size(r['bytes_written']):>11} {format_size(r['bytes_moved']):>11}"
+            f" {top:>14.1%}"
+        )
     print("\nacross all traces and capacities (geometric mean, worst)")
     print(f"  {'policy':<14} {'x Belady':>9} {'worst':>7} {'x LRU':>7} {'worst':>7}")
     for s in summary:
-        print(f"  {s['policy']:<14} {_fmt(s['geomean_vs_belady'], '.3f'):>9} {_fmt(s['min_vs_belady'], '.3f'):>7} "
-              f"{_fmt(s['geomean_vs_lru'], '.3f'):>7} {_fmt(s['min_vs_lru'], '.3f'):>7}")
+        print(
+            f"  {s['policy']:<14} {_fmt(s['geomean_vs_belady'], '.3f'):>9} {_fmt(s['min_vs_belady'], '.3f'):>7} "
+            f"{_fmt(s['geomean_vs_lru'], '.3f'):>7} {_fmt(s['min_vs_lru'], '.3f'):>7}"
+        )
     if cost:
         print(f"\npolicy cost at {cost[0]['blocks']:,} blocks (one decision = one insert/touch/victim/remove call)")
         print(f"  {'policy':<14} {'fill/s':>12} {'decisions/s':>12}")
@@ -190,11 +216,19 @@ def run(args) -> int:
         for p in policies:
             progress(f"cost: {p} at {args.cost_blocks:,} blocks")
             c = measure_cost(p, blocks=args.cost_blocks)
-            cost.append({"policy": p, "blocks": c.blocks, "fill_per_s": c.fill_per_s,
-                         "decisions": c.decisions, "decisions_per_s": c.decisions_per_s})
+            cost.append(
+                {
+                    "policy": p,
+                    "blocks": c.blocks,
+                    "fill_per_s": c.fill_per_s,
+                    "decisions": c.decisions,
+                    "decisions_per_s": c.decisions_per_s,
+                }
+            )
     if args.json:
-        json.dump({"block_bytes": args.block_bytes, "results": rows, "summary": summary, "cost": cost},
-                  sys.stdout, indent=1)
+        json.dump(
+            {"block_bytes": args.block_bytes, "results": rows, "summary": summary, "cost": cost}, sys.stdout, indent=1
+        )
         print()
     else:
         _print_tables(rows, summary, cost, args.block_bytes)

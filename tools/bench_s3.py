@@ -28,8 +28,8 @@ from kvfs.config import S3Config
 from kvfs.names import TierName
 from kvfs.units import parse_size
 
-from .scratch import start_moto
 from .render import table
+from .scratch import start_moto
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -66,14 +66,23 @@ def run(args: argparse.Namespace) -> int:
             return 2
         endpoint, bucket = args.endpoint_url, args.bucket
     else:
-        for k, v in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"), ("AWS_DEFAULT_REGION", "us-east-1")):
+        for k, v in (
+            ("AWS_ACCESS_KEY_ID", "testing"),
+            ("AWS_SECRET_ACCESS_KEY", "testing"),
+            ("AWS_DEFAULT_REGION", "us-east-1"),
+        ):
             os.environ.setdefault(k, v)
         proc, endpoint = start_moto()
         bucket = f"kvfs-bench-{uuid.uuid4().hex[:8]}"
     try:
         cfg = S3Config(
-            name=TierName("s3"), capacity=None, bucket=bucket, prefix=f"{args.prefix}/{uuid.uuid4().hex[:8]}",
-            endpoint_url=endpoint, region=os.environ.get("AWS_DEFAULT_REGION"), concurrency=max(levels),
+            name=TierName("s3"),
+            capacity=None,
+            bucket=bucket,
+            prefix=f"{args.prefix}/{uuid.uuid4().hex[:8]}",
+            endpoint_url=endpoint,
+            region=os.environ.get("AWS_DEFAULT_REGION"),
+            concurrency=max(levels),
         )
         tier = S3Tier(cfg)
         # the raw client: a separate client built the same way, so only kvfs's work differs
@@ -111,10 +120,17 @@ def run(args: argparse.Namespace) -> int:
                 # the ratio is the median of per-round ratios: each round's kvfs and boto3
                 # runs are back to back, so load that drifts over the run cancels out
                 ratio = statistics.median(r / k for k, r in zip(kv_t, raw_t))
-                rows.append({
-                    "op": op, "threads": threads, "block_bytes": size, "blocks": len(names),
-                    "kvfs_MBps": round(kv, 1), "boto3_MBps": round(rw, 1), "ratio": round(ratio, 3),
-                })
+                rows.append(
+                    {
+                        "op": op,
+                        "threads": threads,
+                        "block_bytes": size,
+                        "blocks": len(names),
+                        "kvfs_MBps": round(kv, 1),
+                        "boto3_MBps": round(rw, 1),
+                        "ratio": round(ratio, 3),
+                    }
+                )
         for n in names:
             tier.delete(n)
         tier.close()
@@ -126,10 +142,17 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"endpoint": "moto (local)" if proc else endpoint, "results": rows}, indent=2))
     else:
-        print(f"kvfs bench s3: {size} B blocks x {args.blocks}, median of {args.rounds} rounds, "
-              f"endpoint {'moto on 127.0.0.1' if proc else endpoint}")
-        print(table(
-            ["op", "threads", "kvfs MB/s", "boto3 MB/s", "kvfs/boto3"],
-            [[r["op"], r["threads"], f"{r['kvfs_MBps']:.1f}", f"{r['boto3_MBps']:.1f}", f"{r['ratio']:.3f}"] for r in rows],
-        ))
+        print(
+            f"kvfs bench s3: {size} B blocks x {args.blocks}, median of {args.rounds} rounds, "
+            f"endpoint {'moto on 127.0.0.1' if proc else endpoint}"
+        )
+        print(
+            table(
+                ["op", "threads", "kvfs MB/s", "boto3 MB/s", "kvfs/boto3"],
+                [
+                    [r["op"], r["threads"], f"{r['kvfs_MBps']:.1f}", f"{r['boto3_MBps']:.1f}", f"{r['ratio']:.3f}"]
+                    for r in rows
+                ],
+            )
+        )
     return 0

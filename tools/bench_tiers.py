@@ -36,8 +36,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--block-size", default="2MiB", help="block size (default 2MiB)")
     p.add_argument("--blocks", type=int, default=64, help="blocks per pass (default 64)")
     p.add_argument("--passes", type=int, default=5, help="passes; the best is reported (default 5)")
-    p.add_argument("--dir", type=Path, default=None, help="directory for the disk tier (default: a temp dir under /var/tmp)")
-    p.add_argument("--catalog-blocks", type=int, default=1_000_000, help="blocks in the catalog for the memory/lookup figures")
+    p.add_argument(
+        "--dir", type=Path, default=None, help="directory for the disk tier (default: a temp dir under /var/tmp)"
+    )
+    p.add_argument(
+        "--catalog-blocks", type=int, default=1_000_000, help="blocks in the catalog for the memory/lookup figures"
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
@@ -137,8 +141,13 @@ def catalog_figures(n: int) -> dict:
     for name in probe[:20_000]:
         pol.touch(cat.get(name))
     touch = (time.perf_counter() - t0) / min(len(probe), 20_000)
-    return {"blocks": n, "bytes_per_block": round(per_block + 0.0, 1), "name_bytes_per_block": names_bytes / n,
-            "lookup_us": lookup * 1e6, "lookup_and_touch_us": touch * 1e6}
+    return {
+        "blocks": n,
+        "bytes_per_block": round(per_block + 0.0, 1),
+        "name_bytes_per_block": names_bytes / n,
+        "lookup_us": lookup * 1e6,
+        "lookup_and_touch_us": touch * 1e6,
+    }
 
 
 def run(args: argparse.Namespace) -> int:
@@ -152,7 +161,9 @@ def run(args: argparse.Namespace) -> int:
     def gbps(seconds: float) -> float:
         return total / seconds / 1e9
 
-    print(f"kvfs bench tiers: {args.blocks} blocks of {format_size(size)}, best of {args.passes} passes", file=sys.stderr)
+    print(
+        f"kvfs bench tiers: {args.blocks} blocks of {format_size(size)}, best of {args.passes} passes", file=sys.stderr
+    )
     try:
         memcpy_in, memcpy_out = (gbps(x) for x in _memcpy(blocks, args.passes))
         from kvfs.tiers.dram import DramTier
@@ -160,8 +171,26 @@ def run(args: argparse.Namespace) -> int:
         dram = DramTier(DramConfig(name=TierName("dram"), capacity=total + (64 << 20)))
         with _closing(Store([dram], rebuild=False)) as s:
             put, get = (gbps(x) for x in _store_figures(s, blocks, args.passes))
-        rows.append({"tier": "dram", "op": "put", "GB/s": put, "baseline": "memcpy in", "baseline GB/s": memcpy_in, "ratio": put / memcpy_in})
-        rows.append({"tier": "dram", "op": "get", "GB/s": get, "baseline": "memcpy out", "baseline GB/s": memcpy_out, "ratio": get / memcpy_out})
+        rows.append(
+            {
+                "tier": "dram",
+                "op": "put",
+                "GB/s": put,
+                "baseline": "memcpy in",
+                "baseline GB/s": memcpy_in,
+                "ratio": put / memcpy_in,
+            }
+        )
+        rows.append(
+            {
+                "tier": "dram",
+                "op": "get",
+                "GB/s": get,
+                "baseline": "memcpy out",
+                "baseline GB/s": memcpy_out,
+                "ratio": get / memcpy_out,
+            }
+        )
         print("  dram done", file=sys.stderr)
 
         raw_put, raw_get = (gbps(x) for x in _raw_file(base / "raw", blocks, args.passes))
@@ -169,11 +198,31 @@ def run(args: argparse.Namespace) -> int:
 
         for label, direct in (("disk", False), ("disk (O_DIRECT)", True)):
             d = base / ("direct" if direct else "buffered")
-            tier = DiskTier(DiskConfig(name=TierName("disk"), capacity=2 * total + (64 << 20), path=d, direct_io=direct))
+            tier = DiskTier(
+                DiskConfig(name=TierName("disk"), capacity=2 * total + (64 << 20), path=d, direct_io=direct)
+            )
             with _closing(Store([tier], rebuild=False)) as s:
                 put, get = (gbps(x) for x in _store_figures(s, blocks, args.passes))
-            rows.append({"tier": label, "op": "put", "GB/s": put, "baseline": "os.pwrite", "baseline GB/s": raw_put, "ratio": put / raw_put})
-            rows.append({"tier": label, "op": "get", "GB/s": get, "baseline": "os.preadv", "baseline GB/s": raw_get, "ratio": get / raw_get})
+            rows.append(
+                {
+                    "tier": label,
+                    "op": "put",
+                    "GB/s": put,
+                    "baseline": "os.pwrite",
+                    "baseline GB/s": raw_put,
+                    "ratio": put / raw_put,
+                }
+            )
+            rows.append(
+                {
+                    "tier": label,
+                    "op": "get",
+                    "GB/s": get,
+                    "baseline": "os.preadv",
+                    "baseline GB/s": raw_get,
+                    "ratio": get / raw_get,
+                }
+            )
             print(f"  {label} done", file=sys.stderr)
     finally:
         if args.dir is None:
@@ -183,16 +232,37 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"block_size": size, "blocks": args.blocks, "throughput": rows, "catalog": cat}, indent=2))
         return 0
-    print(table(
-        ["tier", "op", "GB/s", "baseline", "baseline GB/s", "ratio"],
-        [[r["tier"], r["op"], f"{r['GB/s']:.2f}", r["baseline"], f"{r['baseline GB/s']:.2f}", f"{r['ratio']:.2f}"] for r in rows],
-    ))
+    print(
+        table(
+            ["tier", "op", "GB/s", "baseline", "baseline GB/s", "ratio"],
+            [
+                [
+                    r["tier"],
+                    r["op"],
+                    f"{r['GB/s']:.2f}",
+                    r["baseline"],
+                    f"{r['baseline GB/s']:.2f}",
+                    f"{r['ratio']:.2f}",
+                ]
+                for r in rows
+            ],
+        )
+    )
     print()
-    print(table(
-        ["catalog blocks", "bytes/block (catalog+policy)", "name bytes/block", "lookup", "lookup+touch"],
-        [[f"{cat['blocks']:,}", f"{cat['bytes_per_block']:.0f}", f"{cat['name_bytes_per_block']:.0f}",
-          f"{cat['lookup_us']:.2f} µs", f"{cat['lookup_and_touch_us']:.2f} µs"]],
-    ))
+    print(
+        table(
+            ["catalog blocks", "bytes/block (catalog+policy)", "name bytes/block", "lookup", "lookup+touch"],
+            [
+                [
+                    f"{cat['blocks']:,}",
+                    f"{cat['bytes_per_block']:.0f}",
+                    f"{cat['name_bytes_per_block']:.0f}",
+                    f"{cat['lookup_us']:.2f} µs",
+                    f"{cat['lookup_and_touch_us']:.2f} µs",
+                ]
+            ],
+        )
+    )
     return 0
 
 

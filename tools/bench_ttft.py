@@ -70,39 +70,67 @@ def _dir_spec(text: str) -> tuple[str, str]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--quick", action="store_true",
-                        help="small model (~31M), prompts 512 and 1024, 2 turns: for small machines")
-    parser.add_argument("--model", default=None,
-                        help="model preset: tiny, small, 250m (default 250m; small with --quick)")
+    parser.add_argument(
+        "--quick", action="store_true", help="small model (~31M), prompts 512 and 1024, 2 turns: for small machines"
+    )
+    parser.add_argument(
+        "--model", default=None, help="model preset: tiny, small, 250m (default 250m; small with --quick)"
+    )
     parser.add_argument("--dtype", default="bf16", help="bf16 (default), fp32 or fp16")
-    parser.add_argument("--lengths", type=_lengths, default=None,
-                        help="comma-separated prompt lengths (default 512,1024,2048,4096,8192; 512,1024 with --quick)")
-    parser.add_argument("--suffix", type=int, default=128,
-                        help="new tokens at the end of each prompt, not cached (default 128)")
+    parser.add_argument(
+        "--lengths",
+        type=_lengths,
+        default=None,
+        help="comma-separated prompt lengths (default 512,1024,2048,4096,8192; 512,1024 with --quick)",
+    )
+    parser.add_argument(
+        "--suffix", type=int, default=128, help="new tokens at the end of each prompt, not cached (default 128)"
+    )
     parser.add_argument("--block-tokens", type=int, default=128, help="tokens per KV block file (default 128)")
-    parser.add_argument("--dir", dest="dirs", action="append", type=_dir_spec, default=[], metavar="LABEL=PATH",
-                        help="a directory to store blocks in and read them from (repeatable): a kvfs mount "
-                             "or a plain directory. Default: tmpfs=/dev/shm and disk=/var/tmp")
-    parser.add_argument("--kvfs", type=_kvfs_spec, default=["auto"], metavar="TIERS",
-                        help="kvfs mounts to measure, each with the blocks in one tier: a list of "
-                             "dram,disk,posix,s3 (s3 on a local moto server); 'auto' (default) = all "
-                             "whose packages are installed; 'none' = only the --dir directories")
-    parser.add_argument("--page-cache", choices=("drop", "keep"), default="drop",
-                        help="drop (default): evict each block file from the kernel page cache before each "
-                             "warm run; keep: leave it")
+    parser.add_argument(
+        "--dir",
+        dest="dirs",
+        action="append",
+        type=_dir_spec,
+        default=[],
+        metavar="LABEL=PATH",
+        help="a directory to store blocks in and read them from (repeatable): a kvfs mount "
+        "or a plain directory. Default: tmpfs=/dev/shm and disk=/var/tmp",
+    )
+    parser.add_argument(
+        "--kvfs",
+        type=_kvfs_spec,
+        default=["auto"],
+        metavar="TIERS",
+        help="kvfs mounts to measure, each with the blocks in one tier: a list of "
+        "dram,disk,posix,s3 (s3 on a local moto server); 'auto' (default) = all "
+        "whose packages are installed; 'none' = only the --dir directories",
+    )
+    parser.add_argument(
+        "--page-cache",
+        choices=("drop", "keep"),
+        default="drop",
+        help="drop (default): evict each block file from the kernel page cache before each warm run; keep: leave it",
+    )
     parser.add_argument("--repeat", type=int, default=3, help="runs of ideal and warm per case (default 3)")
-    parser.add_argument("--cold-repeat", type=int, default=None,
-                        help="runs of the cold prefill per case (default 1; 3 with --quick)")
-    parser.add_argument("--stat", choices=("median", "min"), default="median",
-                        help="how repeated runs are summarized (default median; min discounts other "
-                             "processes' load on a shared machine)")
-    parser.add_argument("--turns", type=int, default=None,
-                        help="turns of the multi-turn scenario (default 4; 2 with --quick; 0 skips)")
-    parser.add_argument("--turn-tokens", type=int, default=None,
-                        help="new user tokens per turn (default 1024; 256 with --quick)")
+    parser.add_argument(
+        "--cold-repeat", type=int, default=None, help="runs of the cold prefill per case (default 1; 3 with --quick)"
+    )
+    parser.add_argument(
+        "--stat",
+        choices=("median", "min"),
+        default="median",
+        help="how repeated runs are summarized (default median; min discounts other "
+        "processes' load on a shared machine)",
+    )
+    parser.add_argument(
+        "--turns", type=int, default=None, help="turns of the multi-turn scenario (default 4; 2 with --quick; 0 skips)"
+    )
+    parser.add_argument(
+        "--turn-tokens", type=int, default=None, help="new user tokens per turn (default 1024; 256 with --quick)"
+    )
     parser.add_argument("--answer-tokens", type=int, default=16, help="tokens generated per turn (default 16)")
-    parser.add_argument("--io-threads", type=int, default=4,
-                        help="concurrent block reads per warm load (default 4)")
+    parser.add_argument("--io-threads", type=int, default=4, help="concurrent block reads per warm load (default 4)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the model weights and prompts")
     parser.add_argument("--keep", action="store_true", help="keep the block files written under each directory")
@@ -112,7 +140,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 @dataclass
 class _Target:
     label: str
-    root: str          # the bench's own subdirectory inside the given directory
+    root: str  # the bench's own subdirectory inside the given directory
     cache: object = None
     backing: str | None = None  # a kvfs tier's own directory, whose page cache is dropped too
 
@@ -133,8 +161,10 @@ def _kvfs_spec(text: str) -> list[str]:
 def _kvfs_config(kind: str, base: Path, dram_bytes: int, endpoint: str | None, bucket: str) -> str:
     """A config whose blocks live in tier *kind*: the hottest (or only) tier of the mount."""
     if kind == "dram":
-        return (f'[[tiers]]\nkind = "dram"\ncapacity = {dram_bytes}\n\n'
-                f'[[tiers]]\nkind = "disk"\ncapacity = "8GiB"\npath = "{base}/disk"\n')
+        return (
+            f'[[tiers]]\nkind = "dram"\ncapacity = {dram_bytes}\n\n'
+            f'[[tiers]]\nkind = "disk"\ncapacity = "8GiB"\npath = "{base}/disk"\n'
+        )
     if kind == "disk":
         return f'[[tiers]]\nkind = "disk"\ncapacity = "8GiB"\npath = "{base}/disk"\n'
     if kind == "posix":
@@ -159,13 +189,20 @@ class _KvfsMounts:
             if "s3" in kinds:
                 import boto3
 
-                for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                             "AWS_DEFAULT_REGION": "us-east-1"}.items():
+                for k, v in {
+                    "AWS_ACCESS_KEY_ID": "testing",
+                    "AWS_SECRET_ACCESS_KEY": "testing",
+                    "AWS_DEFAULT_REGION": "us-east-1",
+                }.items():
                     env[k] = os.environ.get(k, v)
                 self.moto, endpoint = start_moto()
-                boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-                             aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
-                             region_name=env["AWS_DEFAULT_REGION"]).create_bucket(Bucket=bucket)
+                boto3.client(
+                    "s3",
+                    endpoint_url=endpoint,
+                    aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+                    aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+                    region_name=env["AWS_DEFAULT_REGION"],
+                ).create_bucket(Bucket=bucket)
             for kind in kinds:
                 base = Path(tempfile.mkdtemp(prefix=f"kvfs-ttft-{kind}-", dir="/var/tmp"))
                 self.bases.append(base)
@@ -286,12 +323,18 @@ def run(args: argparse.Namespace) -> int:
         if not os.path.isdir(path):
             raise ConfigError("--dir", f"{label}={path}: not a directory")
     specs = [(label, path, False, None) for label, path in args.dirs] or [
-        (label, path, created, None) for label, path, created in _default_dirs()]
+        (label, path, created, None) for label, path, created in _default_dirs()
+    ]
     kinds = _kvfs_kinds(args.kvfs)
     mounts = None
     if kinds:
-        per_token = 2 * PRESETS[preset]["num_hidden_layers"] * PRESETS[preset]["num_key_value_heads"] * (
-            PRESETS[preset]["hidden_size"] // PRESETS[preset]["num_attention_heads"]) * (4 if args.dtype == "fp32" else 2)
+        per_token = (
+            2
+            * PRESETS[preset]["num_hidden_layers"]
+            * PRESETS[preset]["num_key_value_heads"]
+            * (PRESETS[preset]["hidden_size"] // PRESETS[preset]["num_attention_heads"])
+            * (4 if args.dtype == "fp32" else 2)
+        )
         total = sum(lengths) + turns * (turn_tokens + args.answer_tokens) * turns
         dram_bytes = max(256 << 20, 2 * total * per_token)  # every block of the run fits twice
         mounts = _KvfsMounts(kinds, dram_bytes, say)
@@ -312,9 +355,11 @@ def run(args: argparse.Namespace) -> int:
             mounts.close()
         raise
     model = rm.model
-    say(f"model {rm.name}: {rm.parameters / 1e6:.0f}M parameters, {args.dtype}, built in "
+    say(
+        f"model {rm.name}: {rm.parameters / 1e6:.0f}M parameters, {args.dtype}, built in "
         f"{time.perf_counter() - t0:.1f}s; torch threads {torch.get_num_threads()}; "
-        f"blocks of {args.block_tokens} tokens; page cache: {args.page_cache}")
+        f"blocks of {args.block_tokens} tokens; page cache: {args.page_cache}"
+    )
     for t in targets:
         t.cache = pcm.PrefixCache.for_model(
             t.root, model, rm.name, tokens_per_block=args.block_tokens, io_threads=args.io_threads
@@ -353,7 +398,7 @@ def run(args: argparse.Namespace) -> int:
         warm: dict[str, list] = {t.label: [] for t in targets}
         for _ in range(args.repeat):
             if kv is not None:
-                in_memory = lambda: pcm.prefill(model, prompt, cache=pcm.cache_from_tensors(model, kv, cached))  # noqa: E731
+                in_memory = lambda: pcm.prefill(model, prompt, cache=pcm.cache_from_tensors(model, kv, cached))
                 ideal.append(timed(in_memory)[0])
             for t in targets:
                 warm[t.label].append(warm_once(t, prompt))
@@ -363,8 +408,10 @@ def run(args: argparse.Namespace) -> int:
             hits = [h for _, h in warm[t.label]]
             bad = [h for h in hits if h.tokens != cached]
             if bad:
-                say(f"  warning: {t.label} loaded {bad[0].tokens} of {cached} tokens "
-                    f"({bad[0].stop.value}: {bad[0].detail})")
+                say(
+                    f"  warning: {t.label} loaded {bad[0].tokens} of {cached} tokens "
+                    f"({bad[0].stop.value}: {bad[0].detail})"
+                )
             row["warm"][t.label] = {
                 "ttft_s": summary(times),
                 "load_s": summary([h.seconds for h in hits]),
@@ -376,10 +423,20 @@ def run(args: argparse.Namespace) -> int:
     pcm.prefill(model, torch.randint(0, vocab, (64,), generator=gen).tolist())
 
     results: dict = {
-        "model": rm.name, "parameters": rm.parameters, "dtype": args.dtype, "block_tokens": args.block_tokens,
-        "suffix": args.suffix, "threads": torch.get_num_threads(), "page_cache": args.page_cache,
-        "stat": args.stat, "repeat": args.repeat, "cold_repeat": cold_repeat, "io_threads": args.io_threads,
-        "dirs": {t.label: t.root for t in targets}, "prompts": [], "turns": [],
+        "model": rm.name,
+        "parameters": rm.parameters,
+        "dtype": args.dtype,
+        "block_tokens": args.block_tokens,
+        "suffix": args.suffix,
+        "threads": torch.get_num_threads(),
+        "page_cache": args.page_cache,
+        "stat": args.stat,
+        "repeat": args.repeat,
+        "cold_repeat": cold_repeat,
+        "io_threads": args.io_threads,
+        "dirs": {t.label: t.root for t in targets},
+        "prompts": [],
+        "turns": [],
     }
     try:
         for n in lengths:
@@ -454,8 +511,12 @@ def _multi_turn(args, model, targets, turns, turn_tokens, gen, vocab, cold_ttft,
 
 def _prompt_line(row: dict, targets, turn: int | None = None) -> str:
     head = f"turn {turn}: " if turn else ""
-    parts = [f"{head}{row['tokens']} tokens ({row['cached_tokens']} cached): cold {row['cold_s']:.3f}s, "
-             f"ideal {row['ideal_s']:.3f}s"]
+    parts = [
+        (
+            f"{head}{row['tokens']} tokens ({row['cached_tokens']} cached): cold {row['cold_s']:.3f}s, "
+            f"ideal {row['ideal_s']:.3f}s"
+        )
+    ]
     for t in targets:
         w = row["warm"][t.label]
         parts.append(f"{t.label} {w['ttft_s']:.3f}s (load {w['load_s']:.3f}s)")
@@ -466,9 +527,11 @@ def format_tables(results: dict) -> str:
     """The results as aligned text tables (what the docs paste)."""
     labels = list(results["dirs"])
     lines = [
-        f"model {results['model']} ({results['parameters'] / 1e6:.0f}M params, {results['dtype']}), "
-        f"{results['threads']} threads, blocks of {results['block_tokens']} tokens, "
-        f"page cache {results['page_cache']}; times are {results['stat']} TTFT in seconds",
+        (
+            f"model {results['model']} ({results['parameters'] / 1e6:.0f}M params, {results['dtype']}), "
+            f"{results['threads']} threads, blocks of {results['block_tokens']} tokens, "
+            f"page cache {results['page_cache']}; times are {results['stat']} TTFT in seconds"
+        ),
         "",
     ]
 
@@ -479,20 +542,33 @@ def format_tables(results: dict) -> str:
         body = []
         for r in rows:
             ideal = r["ideal_s"]
-            cells = [str(r.get("turn", r["tokens"])), str(r["tokens"]), str(r["cached_tokens"]),
-                     f"{r['cold_s']:.3f}", f"{ideal:.3f}", f"{r['cold_s'] / ideal:.1f}"]
+            cells = [
+                str(r.get("turn", r["tokens"])),
+                str(r["tokens"]),
+                str(r["cached_tokens"]),
+                f"{r['cold_s']:.3f}",
+                f"{ideal:.3f}",
+                f"{r['cold_s'] / ideal:.1f}",
+            ]
             for label in labels:
                 w = r["warm"][label]
-                cells += [f"{w['ttft_s']:.3f}", f"{r['cold_s'] / w['ttft_s']:.1f}",
-                          f"{w['ttft_s'] / ideal:.2f}", f"{w['load_s']:.3f}"]
+                cells += [
+                    f"{w['ttft_s']:.3f}",
+                    f"{r['cold_s'] / w['ttft_s']:.1f}",
+                    f"{w['ttft_s'] / ideal:.2f}",
+                    f"{w['load_s']:.3f}",
+                ]
             body.append(cells)
         widths = [max(len(c), *(len(b[i]) for b in body)) for i, c in enumerate(cols)]
-        fmt = lambda cells: "  ".join(c.rjust(w) for c, w in zip(cells, widths))  # noqa: E731
+        fmt = lambda cells: "  ".join(c.rjust(w) for c, w in zip(cells, widths))
         return [fmt(cols), fmt(["-" * w for w in widths]), *(fmt(b) for b in body)]
 
     if results["prompts"]:
-        lines += ["Prompts (x = speedup over cold; /ideal = warm TTFT / ideal TTFT):",
-                  *table(results["prompts"], "prompt"), ""]
+        lines += [
+            "Prompts (x = speedup over cold; /ideal = warm TTFT / ideal TTFT):",
+            *table(results["prompts"], "prompt"),
+            "",
+        ]
     if results["turns"]:
         lines += ["Multi-turn (each turn extends the previous conversation):", *table(results["turns"], "turn")]
     return "\n".join(lines).rstrip()

@@ -14,7 +14,7 @@ import sys
 
 from kvfs.errors import KvfsError
 
-__all__ = ["main", "COMMANDS", "BENCHES"]
+__all__ = ["BENCHES", "COMMANDS", "main"]
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -38,9 +38,15 @@ COMMANDS: dict[str, tuple[str, str]] = {
 BENCHES: dict[str, tuple[str, str]] = {
     "tiers": ("kvfs.tools.bench_tiers", "put/get of blocks through the store per tier vs memcpy and raw file I/O"),
     "s3": ("kvfs.tools.bench_s3", "block put/get through the s3 tier vs raw boto3 put_object/get_object"),
-    "policy": ("kvfs.tools.bench_policy", "hit ratio of each eviction policy on traces vs Belady and LRU, and policy cost"),
+    "policy": (
+        "kvfs.tools.bench_policy",
+        "hit ratio of each eviction policy on traces vs Belady and LRU, and policy cost",
+    ),
     "fuse": ("kvfs.tools.bench_fuse", "file I/O through a kvfs mount next to tmpfs: GB/s, latency, stat/s, listing"),
-    "ttft": ("kvfs.tools.bench_ttft", "time to first token of a transformers model: cold, warm from each directory, ideal"),
+    "ttft": (
+        "kvfs.tools.bench_ttft",
+        "time to first token of a transformers model: cold, warm from each directory, ideal",
+    ),
 }
 
 

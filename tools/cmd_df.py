@@ -13,9 +13,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "Show each tier of the mount (hottest first): capacity, bytes used and free, blocks "
         "held and health (a tier that fails or hangs is marked unhealthy and skipped)."
     )
-    parser.add_argument("mountpoint", nargs="?", default=".", metavar="MOUNTPOINT", help="a kvfs mount (or any path inside it; default: .)")
     parser.add_argument(
-        "--json", action="store_true",
+        "mountpoint",
+        nargs="?",
+        default=".",
+        metavar="MOUNTPOINT",
+        help="a kvfs mount (or any path inside it; default: .)",
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
         help='print JSON: {"mountpoint", "blocks", "tiers": [{"name", "kind", "capacity", "used", "free", '
         '"blocks", "healthy", "persistent", "shared"}]}',
     )
@@ -28,11 +35,19 @@ def run(args: argparse.Namespace) -> int:
     tiers = []
     for t in st["tiers"]:
         cap = t["capacity"]
-        tiers.append({
-            "name": t["name"], "kind": t["kind"], "capacity": cap, "used": t["used"],
-            "free": None if cap is None else max(cap - t["used"], 0), "blocks": t["blocks"],
-            "healthy": t["healthy"], "persistent": t["persistent"], "shared": t["shared"],
-        })
+        tiers.append(
+            {
+                "name": t["name"],
+                "kind": t["kind"],
+                "capacity": cap,
+                "used": t["used"],
+                "free": None if cap is None else max(cap - t["used"], 0),
+                "blocks": t["blocks"],
+                "healthy": t["healthy"],
+                "persistent": t["persistent"],
+                "shared": t["shared"],
+            }
+        )
     mountpoint = st.get("mountpoint") if target.mountpoint is None else target.mountpoint
     if args.json:
         print_json({"mountpoint": mountpoint, "blocks": st["blocks"], "tiers": tiers})
@@ -40,15 +55,18 @@ def run(args: argparse.Namespace) -> int:
     rows = []
     for t in tiers:
         cap = t["capacity"]
-        rows.append([
-            t["name"], t["kind"],
-            "unlimited" if cap is None else format_size(cap),
-            format_size(t["used"]),
-            "-" if cap is None else format_size(t["free"]),
-            "-" if not cap else f"{100 * t['used'] / cap:.0f}%",
-            t["blocks"],
-            "ok" if t["healthy"] else "UNHEALTHY",
-        ])
+        rows.append(
+            [
+                t["name"],
+                t["kind"],
+                "unlimited" if cap is None else format_size(cap),
+                format_size(t["used"]),
+                "-" if cap is None else format_size(t["free"]),
+                "-" if not cap else f"{100 * t['used'] / cap:.0f}%",
+                t["blocks"],
+                "ok" if t["healthy"] else "UNHEALTHY",
+            ]
+        )
     print(f"{mountpoint}: {st['blocks']} block{'' if st['blocks'] == 1 else 's'}")
     print(table(["TIER", "KIND", "CAPACITY", "USED", "FREE", "USE%", "BLOCKS", "HEALTH"], rows, right=(2, 3, 4, 5, 6)))
     return 0

@@ -14,9 +14,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "from the daemon's catalog (no file-tree walk). USED is what the copies take against "
         "each tier's capacity; SIZE is the blocks' payload bytes."
     )
-    parser.add_argument("paths", nargs="*", default=["."], metavar="PATH", help="paths inside a kvfs mount (default: .)")
     parser.add_argument(
-        "--json", action="store_true",
+        "paths", nargs="*", default=["."], metavar="PATH", help="paths inside a kvfs mount (default: .)"
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
         help='print JSON: {"path", "tiers": {TIER: {"used", "blocks"}}, "total": {"used", "blocks", "size"}} '
         "(a list for several paths)",
     )

@@ -18,9 +18,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "removed, corrupt, renamed, with the block's name, the tier and the size. Runs until "
         "interrupted, or until --count events were printed."
     )
-    parser.add_argument("mountpoint", nargs="?", default=".", metavar="MOUNTPOINT", help="a kvfs mount or a path inside it (default: .)")
-    parser.add_argument("--json", action="store_true",
-                        help='one JSON object per line: {"seq", "time", "kind", "name", "tier", "size", "detail"}')
+    parser.add_argument(
+        "mountpoint", nargs="?", default=".", metavar="MOUNTPOINT", help="a kvfs mount or a path inside it (default: .)"
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help='one JSON object per line: {"seq", "time", "kind", "name", "tier", "size", "detail"}',
+    )
     parser.add_argument("--count", type=int, metavar="N", help="stop after N events")
     add_socket_option(parser)
 

@@ -18,17 +18,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("paths", nargs="+", metavar="PATH", help="blocks or directories inside a kvfs mount")
     parser.add_argument("--tier", metavar="NAME", help="drop only the copy in this tier")
     parser.add_argument("--force", action="store_true", help="drop a last copy too (the block is lost)")
-    parser.add_argument("--progress", action="store_true", help="draw the progress bar on stderr even when it is not a terminal")
+    parser.add_argument(
+        "--progress", action="store_true", help="draw the progress bar on stderr even when it is not a terminal"
+    )
     add_socket_option(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     rc = 0
     for target, client in clients_for(args.paths, args.socket):
-        res = run_with_progress(client, target, "evict", f"evict {target.display()}", args.progress,
-                                paths=[target.name], tier=args.tier, force=args.force)
-        print(f"evicted {res['evicted']} of {res['blocks']} blocks under {target.display()}"
-              f" ({res['removed']} removed entirely, {len(res['failed'])} kept)")
+        res = run_with_progress(
+            client,
+            target,
+            "evict",
+            f"evict {target.display()}",
+            args.progress,
+            paths=[target.name],
+            tier=args.tier,
+            force=args.force,
+        )
+        print(
+            f"evicted {res['evicted']} of {res['blocks']} blocks under {target.display()}"
+            f" ({res['removed']} removed entirely, {len(res['failed'])} kept)"
+        )
         for f in res["failed"]:
             print(f"kvfs evict: {target.display(f['name'])}: {f['error']}", file=sys.stderr)
             rc = 1

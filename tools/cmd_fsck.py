@@ -18,12 +18,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "no good copy left is removed). Exit status as fsck(8): 0 clean, 1 bad copies dropped, "
         "4 bad copies found and left. Shows a progress bar on a terminal."
     )
-    parser.add_argument("mountpoint", nargs="?", default=".", metavar="MOUNTPOINT",
-                        help="a kvfs mount, or a directory inside it to check only that part (default: .)")
+    parser.add_argument(
+        "mountpoint",
+        nargs="?",
+        default=".",
+        metavar="MOUNTPOINT",
+        help="a kvfs mount, or a directory inside it to check only that part (default: .)",
+    )
     parser.add_argument("--repair", action="store_true", help="drop the bad copies found")
-    parser.add_argument("--json", action="store_true",
-                        help='print JSON: {"blocks", "copies", "bad": [{"name", "tier", "error"}], "unavailable", "removed", "repaired"}')
-    parser.add_argument("--progress", action="store_true", help="draw the progress bar on stderr even when it is not a terminal")
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help='print JSON: {"blocks", "copies", "bad": [{"name", "tier", "error"}], "unavailable", "removed", "repaired"}',
+    )
+    parser.add_argument(
+        "--progress", action="store_true", help="draw the progress bar on stderr even when it is not a terminal"
+    )
     add_socket_option(parser)
 
 

@@ -14,8 +14,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "block itself. -l adds each block's size, the tiers holding it (hottest first), pin "
         "state, hit count and last access."
     )
-    parser.add_argument("paths", nargs="*", default=["."], metavar="PATH", help="paths inside a kvfs mount (default: .)")
-    parser.add_argument("-l", "--long", action="store_true", help="one line per entry with size, tiers, pinned, hits, last access")
+    parser.add_argument(
+        "paths", nargs="*", default=["."], metavar="PATH", help="paths inside a kvfs mount (default: .)"
+    )
+    parser.add_argument(
+        "-l", "--long", action="store_true", help="one line per entry with size, tiers, pinned, hits, last access"
+    )
     parser.add_argument("--json", action="store_true", help="print JSON (one object per PATH; a list for several)")
     add_socket_option(parser)
 
@@ -26,14 +30,16 @@ def _long(entries: list[dict]) -> str:
         if e["type"] == "dir":
             rows.append(["-", "-", "-", "-", "-", e["name"] + "/"])
         else:
-            rows.append([
-                format_size(e["size"]),
-                ",".join(e["tiers"]) or "-",
-                "pinned" if e["pinned"] else "-",
-                e["hits"],
-                format_time(e["accessed"]),
-                e["name"],
-            ])
+            rows.append(
+                [
+                    format_size(e["size"]),
+                    ",".join(e["tiers"]) or "-",
+                    "pinned" if e["pinned"] else "-",
+                    e["hits"],
+                    format_time(e["accessed"]),
+                    e["name"],
+                ]
+            )
     return table(["SIZE", "TIERS", "PIN", "HITS", "ACCESSED", "NAME"], rows, right=(0, 3))
 
 

@@ -9,7 +9,9 @@ from .control_client import about, add_socket_option, clients_for
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     if parser.prog.endswith("unpin"):
-        parser.description = "Unpin blocks: they become eviction candidates again. A directory unpins everything under it."
+        parser.description = (
+            "Unpin blocks: they become eviction candidates again. A directory unpins everything under it."
+        )
     else:
         parser.description = (
             "Pin blocks: a pinned block stays in the hottest tier it is in and is never evicted "
@@ -25,5 +27,7 @@ def run(args: argparse.Namespace) -> int:
         with about(target):
             res = client.request("pin", paths=[target.name], pinned=pinned)
         verb = "pinned" if pinned else "unpinned"
-        print(f"{verb} {res['blocks']} block{'s' if res['blocks'] != 1 else ''} under {target.display()} ({res['changed']} changed)")
+        print(
+            f"{verb} {res['blocks']} block{'s' if res['blocks'] != 1 else ''} under {target.display()} ({res['changed']} changed)"
+        )
     return 0

@@ -15,17 +15,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("paths", nargs="+", metavar="PATH", help="blocks or directories inside a kvfs mount")
     parser.add_argument("--tier", metavar="NAME", help="the tier to copy into (default: the hottest)")
-    parser.add_argument("--progress", action="store_true", help="draw the progress bar on stderr even when it is not a terminal")
+    parser.add_argument(
+        "--progress", action="store_true", help="draw the progress bar on stderr even when it is not a terminal"
+    )
     add_socket_option(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     rc = 0
     for target, client in clients_for(args.paths, args.socket):
-        res = run_with_progress(client, target, "prefetch", f"prefetch {target.display()}", args.progress,
-                                paths=[target.name], tier=args.tier)
-        print(f"prefetched {res['fetched']} of {res['blocks']} blocks under {target.display()} into {res['tier']}"
-              f" ({res['already']} already there, {len(res['failed'])} failed)")
+        res = run_with_progress(
+            client,
+            target,
+            "prefetch",
+            f"prefetch {target.display()}",
+            args.progress,
+            paths=[target.name],
+            tier=args.tier,
+        )
+        print(
+            f"prefetched {res['fetched']} of {res['blocks']} blocks under {target.display()} into {res['tier']}"
+            f" ({res['already']} already there, {len(res['failed'])} failed)"
+        )
         for f in res["failed"]:
             print(f"kvfs prefetch: {target.display(f['name'])}: {f['error']}", file=sys.stderr)
             rc = 1

@@ -15,7 +15,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("path", metavar="PATH", help="a block inside a kvfs mount")
     parser.add_argument(
-        "--json", action="store_true",
+        "--json",
+        action="store_true",
         help="print JSON: name, size, checksum, tiers, pinned, hits, created, accessed (epoch seconds), path",
     )
     add_socket_option(parser)

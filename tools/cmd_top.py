@@ -19,7 +19,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "evictions per second, corrupt copies, errors and health; FUSE operations per second "
         "when the mount records them. Rates are over the last interval. Ctrl-C quits."
     )
-    parser.add_argument("mountpoint", nargs="?", default=".", metavar="MOUNTPOINT", help="a kvfs mount or a path inside it (default: .)")
+    parser.add_argument(
+        "mountpoint", nargs="?", default=".", metavar="MOUNTPOINT", help="a kvfs mount or a path inside it (default: .)"
+    )
     parser.add_argument("--interval", type=float, default=1.0, metavar="SECONDS", help="refresh period (default: 1)")
     parser.add_argument("--once", action="store_true", help="print one frame (rates over one interval) and exit")
     parser.add_argument("--json", action="store_true", help="with --once: print the frame as JSON")
@@ -35,28 +37,27 @@ def frame(prev: dict, cur: dict) -> dict:
     tiers = []
     for p, c in zip(ps["tiers"], cs["tiers"]):
         hits = c["hits"] - p["hits"]
-        tiers.append({
-            "name": c["name"],
-            "kind": c["kind"],
-            "capacity": c["capacity"],
-            "used": c["used"],
-            "blocks": c["blocks"],
-            "healthy": c["healthy"],
-            "hits_per_s": hits / dt,
-            "hit_ratio": hits / lookups if lookups else None,
-            "read_bytes_per_s": (c["bytes_read"] - p["bytes_read"]) / dt,
-            "written_bytes_per_s": (c["bytes_written"] - p["bytes_written"]) / dt,
-            "promotions_per_s": (c["promotions"] - p["promotions"]) / dt,
-            "demotions_per_s": (c["demotions"] - p["demotions"]) / dt,
-            "evictions_per_s": (c["evictions"] - p["evictions"]) / dt,
-            "corrupt": c["corrupt"],
-            "errors": c["errors"],
-        })
+        tiers.append(
+            {
+                "name": c["name"],
+                "kind": c["kind"],
+                "capacity": c["capacity"],
+                "used": c["used"],
+                "blocks": c["blocks"],
+                "healthy": c["healthy"],
+                "hits_per_s": hits / dt,
+                "hit_ratio": hits / lookups if lookups else None,
+                "read_bytes_per_s": (c["bytes_read"] - p["bytes_read"]) / dt,
+                "written_bytes_per_s": (c["bytes_written"] - p["bytes_written"]) / dt,
+                "promotions_per_s": (c["promotions"] - p["promotions"]) / dt,
+                "demotions_per_s": (c["demotions"] - p["demotions"]) / dt,
+                "evictions_per_s": (c["evictions"] - p["evictions"]) / dt,
+                "corrupt": c["corrupt"],
+                "errors": c["errors"],
+            }
+        )
     prev_ops = {o["op"]: o for o in prev.get("ops", [])}
-    ops = {
-        o["op"]: (o["count"] - prev_ops.get(o["op"], {"count": 0})["count"]) / dt
-        for o in cur.get("ops", [])
-    }
+    ops = {o["op"]: (o["count"] - prev_ops.get(o["op"], {"count": 0})["count"]) / dt for o in cur.get("ops", [])}
     return {
         "time": cur["time"],
         "interval": dt,
@@ -84,26 +85,43 @@ def render(f: dict) -> str:
     rows = []
     for t in f["tiers"]:
         cap = t["capacity"]
-        rows.append([
-            t["name"],
-            format_size(t["used"]),
-            "unlimited" if cap is None else format_size(cap),
-            "-" if not cap else f"{100 * t['used'] / cap:.0f}%",
-            t["blocks"],
-            _pct(t["hit_ratio"]),
-            format_size(t["read_bytes_per_s"]) + "/s",
-            format_size(t["written_bytes_per_s"]) + "/s",
-            f"{t['promotions_per_s']:.0f}",
-            f"{t['demotions_per_s']:.0f}",
-            f"{t['evictions_per_s']:.0f}",
-            t["corrupt"],
-            t["errors"],
-            "ok" if t["healthy"] else "UNHEALTHY",
-        ])
+        rows.append(
+            [
+                t["name"],
+                format_size(t["used"]),
+                "unlimited" if cap is None else format_size(cap),
+                "-" if not cap else f"{100 * t['used'] / cap:.0f}%",
+                t["blocks"],
+                _pct(t["hit_ratio"]),
+                format_size(t["read_bytes_per_s"]) + "/s",
+                format_size(t["written_bytes_per_s"]) + "/s",
+                f"{t['promotions_per_s']:.0f}",
+                f"{t['demotions_per_s']:.0f}",
+                f"{t['evictions_per_s']:.0f}",
+                t["corrupt"],
+                t["errors"],
+                "ok" if t["healthy"] else "UNHEALTHY",
+            ]
+        )
     body = table(
-        ["TIER", "USED", "CAPACITY", "USE%", "BLOCKS", "HIT%", "READ", "WRITTEN", "PROMO/s", "DEMO/s",
-         "EVICT/s", "CORRUPT", "ERRORS", "HEALTH"],
-        rows, right=tuple(range(1, 13)),
+        [
+            "TIER",
+            "USED",
+            "CAPACITY",
+            "USE%",
+            "BLOCKS",
+            "HIT%",
+            "READ",
+            "WRITTEN",
+            "PROMO/s",
+            "DEMO/s",
+            "EVICT/s",
+            "CORRUPT",
+            "ERRORS",
+            "HEALTH",
+        ],
+        rows,
+        right=tuple(range(1, 13)),
     )
     out = [head, "", body]
     if f["ops_per_s"]:

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Self
 
 from kvfs.errors import KvfsError
 from kvfs.mount.paths import control_socket_path, find_mount
@@ -27,16 +28,16 @@ from kvfs.names import normalize
 
 __all__ = [
     "ENV_SOCKET",
-    "NotInMount",
-    "DaemonNotAnswering",
-    "DaemonError",
-    "Target",
     "ControlClient",
+    "DaemonError",
+    "DaemonNotAnswering",
+    "NotInMount",
     "Stream",
-    "add_socket_option",
-    "resolve",
-    "clients_for",
+    "Target",
     "about",
+    "add_socket_option",
+    "clients_for",
+    "resolve",
 ]
 
 ENV_SOCKET = "KVFS_CONTROL_SOCKET"
@@ -149,7 +150,7 @@ class ControlClient:
         except PermissionError:
             s.close()
             raise self._not_answering("permission denied: the socket belongs to another user") from None
-        except socket.timeout:
+        except TimeoutError:
             s.close()
             raise self._not_answering("connect timed out") from None
         self._sock = s
@@ -162,7 +163,7 @@ class ControlClient:
             self._sock.close()
         self._sock = self._file = None
 
-    def __enter__(self) -> ControlClient:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -179,7 +180,7 @@ class ControlClient:
         while True:
             try:
                 line = self._file.readline()
-            except socket.timeout:
+            except TimeoutError:
                 raise self._not_answering(f"no reply within {self.timeout:g} s") from None
             except OSError as exc:
                 raise self._not_answering(f"receive failed: {exc.strerror or exc}") from None

@@ -10,7 +10,7 @@ from typing import TextIO
 
 from kvfs.units import format_size
 
-__all__ = ["table", "format_time", "format_size", "print_json", "yes_no", "Progress"]
+__all__ = ["Progress", "format_size", "format_time", "print_json", "table", "yes_no"]
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]], right: Sequence[int] | None = None) -> str:
@@ -20,8 +20,11 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]], right: Seque
     cells = [[str(h) for h in headers]] + [[str(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
     if right is None:
-        right = [i for i in range(len(headers))
-                 if len(cells) > 1 and all(r[i][:1].isdigit() or r[i][:2].lstrip("-")[:1].isdigit() for r in cells[1:])]
+        right = [
+            i
+            for i in range(len(headers))
+            if len(cells) > 1 and all(r[i][:1].isdigit() or r[i][:2].lstrip("-")[:1].isdigit() for r in cells[1:])
+        ]
     lines = []
     for r in cells:
         parts = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))]

@@ -33,9 +33,9 @@ from kvfs.policies import EvictionPolicy, make_policy
 __all__ = [
     "BELADY",
     "BLOCK_BYTES",
-    "TierSpec",
-    "ReplayStats",
     "Belady",
+    "ReplayStats",
+    "TierSpec",
     "parse_stack",
     "replay",
 ]

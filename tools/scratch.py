@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-__all__ = ["mount", "umount", "start_moto", "drop_page_cache_under"]
+__all__ = ["drop_page_cache_under", "mount", "start_moto", "umount"]
 
 
 def mount(mp: Path, config: Path, fuse_options: dict | None = None, env: dict | None = None) -> int:
@@ -26,8 +26,14 @@ def mount(mp: Path, config: Path, fuse_options: dict | None = None, env: dict | 
     full_env = {**os.environ, **(env or {})}
     if fuse_options:
         full_env["KVFS_FUSE_OPTIONS"] = json.dumps(fuse_options)
-    res = subprocess.run([sys.executable, "-m", "kvfs.tools.cli", "mount", str(mp), "--config", str(config)],
-                         capture_output=True, text=True, env=full_env, timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-m", "kvfs.tools.cli", "mount", str(mp), "--config", str(config)],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=120,
+        check=False,
+    )
     if res.returncode != 0:
         raise SystemExit(f"kvfs bench: mount of {mp} failed: {res.stderr.strip()}")
     return int(pid_path(mp).read_text())
@@ -37,9 +43,11 @@ def umount(mp: Path) -> None:
     """``kvfs umount MP``, then a lazy ``fusermount3 -u -z`` if anything is left."""
     from kvfs.mount.daemon import mount_type
 
-    subprocess.run([sys.executable, "-m", "kvfs.tools.cli", "umount", str(mp)], capture_output=True, timeout=600)
+    subprocess.run(
+        [sys.executable, "-m", "kvfs.tools.cli", "umount", str(mp)], capture_output=True, timeout=600, check=False
+    )
     if mount_type(mp) is not None:
-        subprocess.run(["fusermount3", "-u", "-z", str(mp)], capture_output=True)
+        subprocess.run(["fusermount3", "-u", "-z", str(mp)], capture_output=True, check=False)
 
 
 def _free_port() -> int:

@@ -20,12 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = [
-    "Trace",
-    "WORKLOADS",
     "MOONCAKE_FILE",
+    "WORKLOADS",
+    "Trace",
     "find_mooncake",
-    "load_mooncake",
     "generate",
+    "load_mooncake",
 ]
 
 MOONCAKE_FILE = "mooncake_synthetic.jsonl"

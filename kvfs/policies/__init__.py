@@ -10,7 +10,7 @@ import importlib
 
 from .base import EvictionPolicy
 
-__all__ = ["EvictionPolicy", "POLICIES", "DEFAULT_POLICY", "make_policy"]
+__all__ = ["DEFAULT_POLICY", "POLICIES", "EvictionPolicy", "make_policy"]
 
 # name -> "module:Class", imported on first use.
 _REGISTRY: dict[str, str] = {

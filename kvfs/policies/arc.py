@@ -19,7 +19,6 @@ def remember_evicted(ghost: OrderedDict, key, b1: OrderedDict, b2: OrderedDict, 
         (b2 or b1).popitem(last=False)
 
 
-
 class ARC(EvictionPolicy):
     """Adaptive replacement: T1 holds blocks seen once, T2 blocks seen twice or more.
 
@@ -60,8 +59,7 @@ class ARC(EvictionPolicy):
         else:
             self._t1[key] = None
         n = len(self._t1) + len(self._t2)
-        if n > self._c:
-            self._c = n
+        self._c = max(self._c, n)
 
     def touch(self, key) -> None:
         if key in self._t1:

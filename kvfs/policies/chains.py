@@ -18,7 +18,7 @@ class ChainIndex:
     an inner block at once. A key given as its own parent is ignored.
     """
 
-    __slots__ = ("_parent", "_kids")
+    __slots__ = ("_kids", "_parent")
 
     def __init__(self) -> None:
         self._parent: dict = {}  # resident key -> parent key (only when not None)

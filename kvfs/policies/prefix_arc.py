@@ -57,8 +57,7 @@ class PrefixARC(EvictionPolicy):
         else:
             self._t1.add(key, self._parent.get(key))
         n = len(self._t1) + len(self._t2)
-        if n > self._c:
-            self._c = n
+        self._c = max(self._c, n)
 
     def touch(self, key) -> None:
         if self._t1.discard(key) or self._t2.discard(key):

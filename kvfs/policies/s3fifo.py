@@ -47,8 +47,7 @@ class S3FIFO(EvictionPolicy):
         self._where[key] = q
         self._freq[key] = 0
         n = len(self)
-        if n > self._high:
-            self._high = n
+        self._high = max(self._high, n)
 
     def touch(self, key) -> None:
         f = self._freq.get(key)

@@ -1,0 +1,300 @@
+"""Block files in a directory tree: the storage the ``disk`` and ``posix`` tiers share.
+
+One file per block in the block format (:mod:`kvfs.blockfile`) under ``<root>/blocks/``,
+at the block's own path (``blocks/<namespace>/<ab>/<abcdef...>``), written to a temporary
+and renamed into place, so a crash never leaves a partial block under a real name. Reads
+verify the header and the payload checksum. :class:`BlockDirectory` is the local layout
+(temporaries in ``<root>/tmp/``); the posix tier subclasses it for a directory other nodes
+write at the same time. Not a tier itself: the tiers own one and translate its errors.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import mmap
+import os
+import secrets
+import shutil
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+from kvfs.blockfile import ALIGN, align_up, decode_header, encode_header, header_length, verify
+from kvfs.errors import BlockCorrupt, BlockNotFound
+from kvfs.tier import BlockInfo, BlockRef
+
+__all__ = ["BlockDirectory"]
+
+log = logging.getLogger("kvfs.tiers.blockdir")
+
+
+def _aligned(n: int) -> mmap.mmap:
+    """A page-aligned, zeroed buffer of at least *n* bytes (anonymous mmap)."""
+    return mmap.mmap(-1, max(align_up(n), ALIGN))
+
+
+class BlockDirectory:
+    """Block files in a directory tree: the file format plus atomic publish.
+
+    Shared by the ``disk`` tier and the ``posix`` tier (which adds timeouts and tolerates
+    other nodes), so the on-disk format is written in one place.
+    """
+
+    repair_renames = True
+    """:meth:`scan` completes a rename interrupted between the header rewrite and the
+    file rename. Only safe when this process is the directory's only writer."""
+
+    def __init__(self, root: Path, *, direct_io: bool = False) -> None:
+        self.root = Path(root)
+        self.blocks = self.root / "blocks"
+        self.tmp = self.root / "tmp"
+        self.blocks.mkdir(parents=True, exist_ok=True)
+        self.tmp.mkdir(parents=True, exist_ok=True)
+        self.direct_io = direct_io and self._probe_direct()
+        self._known_dirs: set[str] = set()
+
+    def _probe_direct(self) -> bool:
+        probe = self.tmp / f".probe-{secrets.token_hex(4)}"
+        try:
+            fd = os.open(probe, os.O_CREAT | os.O_WRONLY | os.O_DIRECT, 0o600)
+        except OSError:
+            log.info("O_DIRECT is not supported under %s; using buffered I/O", self.root)
+            return False
+        os.close(fd)
+        os.unlink(probe)
+        return True
+
+    def clean_tmp(self) -> None:
+        for entry in os.scandir(self.tmp):
+            try:
+                os.unlink(entry.path)
+            except OSError:
+                pass
+
+    def path(self, name: str) -> str:
+        return f"{self.blocks}/{name}"
+
+    def tmp_path(self, name: str) -> str:
+        """Where the file for *name* is written before it is renamed into place: in tmp/
+        by default (one writer, emptied on start). Subclasses may put it elsewhere on the
+        same filesystem; :meth:`is_tmp` must then recognise it."""
+        return f"{self.tmp}/{secrets.token_hex(8)}"
+
+    def is_tmp(self, filename: str) -> bool:
+        """True for a file under blocks/ that is an unpublished temporary (never by default)."""
+        return False
+
+    def _ensure_parent(self, name: str) -> None:
+        i = name.rfind("/")
+        if i < 0:
+            return
+        d = name[:i]
+        if d not in self._known_dirs:
+            os.makedirs(f"{self.blocks}/{d}", exist_ok=True)
+            self._known_dirs.add(d)
+
+    def write(self, name: str, data, checksum: int) -> None:
+        """Write the block file to tmp/ and rename it into place (replacing atomically)."""
+        mv = memoryview(data).cast("B")
+        header = encode_header(name, len(mv), checksum)
+        self._ensure_parent(name)  # first: tmp_path may be in the target's directory
+        tmp = self.tmp_path(name)
+        pad = (-len(mv)) % ALIGN
+        try:
+            if self.direct_io:
+                total = len(header) + len(mv) + pad
+                buf = _aligned(total)
+                buf[: len(header)] = header
+                buf[len(header) : len(header) + len(mv)] = mv
+                fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_DIRECT, 0o600)
+                try:
+                    written = os.write(fd, buf)
+                finally:
+                    os.close(fd)
+                    buf.close()
+                if written != total:
+                    raise OSError(errno.EIO, f"short write ({written} of {total} bytes)")
+            else:
+                fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+                try:
+                    parts = [header, mv, bytes(pad)] if pad else [header, mv]
+                    total = sum(len(p) for p in parts)
+                    written = os.writev(fd, parts)
+                    while written < total:  # writev may be short for large blocks
+                        flat = b"".join(bytes(p) for p in parts)
+                        written += os.pwrite(fd, flat[written:], written)
+                finally:
+                    os.close(fd)
+            try:
+                os.rename(tmp, self.path(name))
+            except IsADirectoryError:
+                os.rmdir(self.path(name))  # an empty directory left by an earlier name
+                os.rename(tmp, self.path(name))
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+
+    def _open_fd(self, name: str) -> int:
+        """A descriptor of the block file; a missing name, or a directory (a name that is a
+        directory here, e.g. on another node's shared tier), is :class:`BlockNotFound`."""
+        try:
+            fd = os.open(self.path(name), os.O_RDONLY)
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as exc:
+            raise BlockNotFound(name) from exc
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise BlockNotFound(name)
+        return fd
+
+    def read_into(self, name: str, out) -> tuple[int, int]:
+        """Read and verify the block into *out*; returns ``(length, checksum)``."""
+        fd = self._open_fd(name)
+        try:
+            size = os.fstat(fd).st_size
+            head = bytearray(ALIGN)
+            out_mv = memoryview(out).cast("B")
+            want = min(len(out_mv), max(size - ALIGN, 0))
+            got = os.preadv(fd, [head, out_mv[:want]], 0)
+            hdr = decode_header(head if got >= ALIGN else head[:got])
+            if hdr.header_length != ALIGN:  # long names: re-read the payload at its offset
+                head = bytearray(hdr.header_length)
+                os.preadv(fd, [head], 0)
+                hdr = decode_header(head)
+                got = ALIGN + os.preadv(fd, [out_mv[: min(want, hdr.length)]], hdr.header_length)
+            if hdr.name != name:
+                raise BlockCorrupt(f"{name}: file holds block {hdr.name!r}")
+            if hdr.length > len(out_mv):
+                raise ValueError(f"buffer of {len(out_mv)} bytes is too small for a block of {hdr.length}")
+            if got - ALIGN < hdr.length or size < hdr.header_length + hdr.length:
+                raise BlockCorrupt(f"{name}: block file is truncated")
+            verify(out_mv[: hdr.length], hdr.checksum, name)
+            return hdr.length, hdr.checksum
+        finally:
+            os.close(fd)
+
+    def read(self, name: str) -> BlockRef:
+        """The verified payload in a buffer of its own (page-aligned with direct I/O).
+
+        Buffers are freed by reference counting once the ref and its views are dropped:
+        an mmap with live views cannot be closed explicitly.
+        """
+        fd = self._open_fd(name)
+        try:
+            size = os.fstat(fd).st_size
+            if self.direct_io and size % ALIGN == 0:
+                buf = _aligned(size)
+                try:
+                    fl = os.O_RDONLY | os.O_DIRECT
+                    dfd = os.open(self.path(name), fl)
+                except OSError:
+                    dfd = -1
+                if dfd >= 0:
+                    try:
+                        got = os.preadv(dfd, [buf], 0)
+                    finally:
+                        os.close(dfd)
+                    return self._finish(name, memoryview(buf), got)
+            buf = bytearray(size)
+            got = os.preadv(fd, [buf], 0)
+            return self._finish(name, memoryview(buf), got)
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    def _finish(name: str, mv: memoryview, got: int) -> BlockRef:
+        hdr = decode_header(mv[:got])
+        if hdr.name != name:
+            raise BlockCorrupt(f"{name}: file holds block {hdr.name!r}")
+        end = hdr.header_length + hdr.length
+        if got < end:
+            raise BlockCorrupt(f"{name}: block file is truncated")
+        payload = mv[hdr.header_length : end].toreadonly()
+        verify(payload, hdr.checksum, name)
+        return BlockRef(payload, hdr.checksum)
+
+    def stat(self, name: str) -> BlockInfo | None:
+        try:
+            fd = self._open_fd(name)
+        except BlockNotFound:
+            return None
+        try:
+            head = os.pread(fd, ALIGN, 0)
+            hdr = decode_header(head)
+            if hdr.name != name:
+                return None
+            return BlockInfo(name, hdr.length, hdr.checksum)
+        finally:
+            os.close(fd)
+
+    def delete(self, name: str) -> None:
+        try:
+            os.unlink(self.path(name))
+        except (FileNotFoundError, NotADirectoryError):
+            pass
+
+    def rename(self, old: str, new: str) -> None:
+        """Rewrite the header in place when its length is unchanged, then rename the file.
+
+        A crash between the two leaves a file whose header names *new* at *old*'s path;
+        :meth:`scan` completes such a rename.
+        """
+        if header_length(old) != header_length(new):
+            with self.read(old) as ref:
+                self.write(new, ref.data, ref.checksum)
+            self.delete(old)
+            return
+        src = self.path(old)
+        try:
+            fd = os.open(src, os.O_RDWR)
+        except FileNotFoundError as exc:
+            raise BlockNotFound(old) from exc
+        try:
+            hdr = decode_header(os.pread(fd, ALIGN, 0))
+            os.pwrite(fd, encode_header(new, hdr.length, hdr.checksum), 0)
+        finally:
+            os.close(fd)
+        self._ensure_parent(new)
+        try:
+            os.rename(src, self.path(new))
+        except IsADirectoryError:
+            os.rmdir(self.path(new))
+            os.rename(src, self.path(new))
+
+    def scan(self, prefix: str = "") -> Iterator[BlockInfo]:
+        top = self.blocks / prefix if prefix else self.blocks
+        base = len(str(self.blocks)) + 1
+        for dirpath, _dirs, files in os.walk(top):
+            for fn in files:
+                if self.is_tmp(fn):
+                    continue
+                path = f"{dirpath}/{fn}"
+                name = path[base:]
+                try:
+                    with open(path, "rb", buffering=0) as f:
+                        hdr = decode_header(f.read(ALIGN))
+                        size = os.fstat(f.fileno()).st_size
+                except (OSError, BlockCorrupt) as exc:
+                    log.warning("skipping unreadable block file %s: %s", path, exc)
+                    continue
+                if size < hdr.header_length + hdr.length:
+                    log.warning("skipping truncated block file %s", path)
+                    continue
+                if hdr.name != name:
+                    if not self.repair_renames:
+                        log.warning("skipping %s: its header names %s", path, hdr.name)
+                        continue
+                    target = self.path(hdr.name)
+                    if os.path.exists(target):
+                        log.warning("skipping %s: its header names %s, which exists", path, hdr.name)
+                        continue
+                    self._ensure_parent(hdr.name)
+                    os.rename(path, target)  # complete an interrupted rename
+                    name = hdr.name
+                yield BlockInfo(name, hdr.length, hdr.checksum)
+
+    def destroy(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
