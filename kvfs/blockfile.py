@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from typing import Any
 
 import xxhash
 
@@ -50,9 +51,10 @@ VERSION = 1
 _FIXED = struct.Struct("<8sHHIQQI")  # magic, version, flags, header len, payload len, checksum, name len
 
 
-def checksum(data) -> int:
+def checksum(data: Any) -> int:
     """The payload checksum: xxh3-64 of the bytes (any buffer)."""
-    return xxhash.xxh3_64_intdigest(data)
+    digest: int = xxhash.xxh3_64_intdigest(data)
+    return digest
 
 
 def align_up(n: int, a: int = ALIGN) -> int:
@@ -86,7 +88,7 @@ def encode_header(name: str, length: int, payload_checksum: int) -> bytes:
     return head + bytes(hlen - len(head))
 
 
-def decode_header(buf) -> BlockHeader:
+def decode_header(buf: Any) -> BlockHeader:
     """Parse and check a header from the start of *buf* (at least the first 4096 bytes).
 
     Raises :class:`BlockCorrupt` when the magic, version, lengths or header checksum are
@@ -113,7 +115,7 @@ def decode_header(buf) -> BlockHeader:
     return BlockHeader(name=name, length=length, checksum=csum, header_length=hlen)
 
 
-def verify(data, expected: int, what: str) -> None:
+def verify(data: Any, expected: int, what: str) -> None:
     """Raise :class:`BlockCorrupt` unless the xxh3-64 of *data* is *expected*."""
     if xxhash.xxh3_64_intdigest(data) != expected:
         raise BlockCorrupt(f"{what}: payload checksum mismatch")

@@ -1,4 +1,5 @@
-"""The catalog: what exists. Block records, the directory tree, per-tier usage. No I/O.
+"""The catalog: what exists. Block records and their snapshots, the directory tree,
+per-tier usage. No I/O.
 
 Not thread-safe on its own: the store owns it and serializes access under its lock.
 Directories are implicit (every parent of a block exists) or explicit (``mkdir``); an
@@ -7,13 +8,48 @@ empty explicit directory lives in memory only and is gone after a restart.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from .errors import BlockExists, BlockNotFound, DirectoryNotEmpty, IsADirectory, NotADirectory
 from .names import ROOT, parent_of, split
 
-__all__ = ["BlockRecord", "Catalog", "DirTotals"]
+__all__ = ["BlockRecord", "BlockStat", "Catalog", "DirTotals"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BlockStat:
+    """A snapshot of one block's record (what ``Store.stat`` returns)."""
+
+    name: str
+    size: int
+    checksum: int
+    tiers: tuple[str, ...]
+    """Names of the tiers holding a copy, hottest first."""
+    pinned: bool
+    hits: int
+    created: float
+    accessed: float
+    parent: str | None = None
+    """The previous block of its prefix chain, when the writer said (prefix-aware eviction)."""
+
+    @property
+    def checksum_hex(self) -> str:
+        return f"xxh3-64:{self.checksum:016x}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "size": self.size,
+            "checksum": self.checksum_hex,
+            "tiers": list(self.tiers),
+            "pinned": self.pinned,
+            "hits": self.hits,
+            "created": self.created,
+            "accessed": self.accessed,
+            "parent": self.parent,
+        }
 
 
 @dataclass(slots=True, eq=False)
@@ -36,6 +72,26 @@ class BlockRecord:
     checked: float = 0.0
     """When a shared tier last confirmed this block (the store revalidates after its
     negative-cache TTL, so a block deleted on another node is noticed)."""
+    learn_shared: bool = False
+    """Found in a local tier at start: which shared tiers hold it is not known yet, and
+    the first revalidation asks (a bad local copy can then fall back to a shared one)."""
+    moving: int = 0
+    """Bitmask of the tiers whose copy is being moved out right now (a demotion in
+    flight): not a victim again until the move commits or aborts."""
+
+    def stat(self, tier_names: Sequence[str]) -> BlockStat:
+        """A snapshot; *tier_names* names the tiers by index."""
+        return BlockStat(
+            name=self.name,
+            size=self.size,
+            checksum=self.checksum,
+            tiers=tuple(tier_names[i] for i in self.tier_indexes()),
+            pinned=self.pinned,
+            hits=self.hits,
+            created=self.created,
+            accessed=self.accessed,
+            parent=self.parent,
+        )
 
     def tier_indexes(self) -> Iterator[int]:
         """Indexes of the tiers holding a copy, hottest first."""
@@ -63,7 +119,7 @@ class DirTotals:
         return not self.blocks and not any(self.copies)
 
 
-def _ancestors(name: str):
+def _ancestors(name: str) -> Iterator[str]:
     """Every directory holding *name*, innermost first, ending with the root."""
     i = name.rfind("/")
     while i >= 0:

@@ -110,21 +110,28 @@ class DramConfig(TierConfig):
 @dataclass(frozen=True, kw_only=True)
 class DiskConfig(TierConfig):
     """Local NVMe: one block file per block under ``path``. ``direct_io``: ``None`` uses
-    O_DIRECT where the filesystem supports it."""
+    O_DIRECT where the filesystem supports it. ``fsync``: flush each block file (and its
+    directory) to stable storage before it is renamed into place; off by default, so a
+    host crash can lose the blocks written in the last seconds (found truncated or bad at
+    restart, counted and dropped: never returned). docs/config.md, "Durability"."""
 
     kind = TierKind.DISK
     path: Path
     direct_io: bool | None = None
+    fsync: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
 class PosixConfig(TierConfig):
-    """A directory every node mounts (Lustre, NFS): the way nodes share blocks."""
+    """A directory every node mounts (Lustre, NFS): the way nodes share blocks.
+    ``fsync`` is on by default: other nodes read what this one published, so a block is
+    on the server's stable storage before its name appears."""
 
     kind = TierKind.POSIX
     path: Path
     write: WriteMode = WriteMode.THROUGH
     timeout: float = 10.0
+    fsync: bool = True
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -181,7 +188,7 @@ _KIND_CLASSES: dict[str, type[TierConfig]] = {
 }
 
 
-def _convert(where: str, f: dataclasses.Field, value: Any) -> Any:
+def _convert(where: str, f: dataclasses.Field[Any], value: Any) -> Any:
     """Turn one TOML value into the field's type, or raise ConfigError naming *where*."""
     name = f.name
     try:
@@ -201,7 +208,7 @@ def _convert(where: str, f: dataclasses.Field, value: Any) -> Any:
             if not isinstance(value, str) or not value:
                 raise ValueError("expected a non-empty path string")
             return Path(os.path.abspath(os.path.expanduser(value)))  # the daemon runs in /
-        if name in ("mlock", "prefault", "allow_other", "direct_io"):
+        if name in ("mlock", "prefault", "allow_other", "direct_io", "fsync"):
             if not isinstance(value, bool):
                 raise ValueError("expected true or false")
             return value
@@ -299,7 +306,7 @@ def parse_config(data: dict[str, Any]) -> Config:
     return Config(tiers=tuple(tiers), policy=policy, mount=mount)
 
 
-def load_config(path: str | os.PathLike) -> Config:
+def load_config(path: str | os.PathLike[str]) -> Config:
     """Read and parse a TOML config file; every failure is a :class:`ConfigError`."""
     p = Path(path)
     try:

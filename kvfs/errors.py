@@ -19,7 +19,9 @@ __all__ = [
     "NoSpace",
     "NotADirectory",
     "ReadOnlyBlock",
+    "StoreBusy",
     "TierFull",
+    "TierInUse",
     "TierUnavailable",
 ]
 
@@ -97,3 +99,22 @@ class DirectoryNotEmpty(KvfsError):
 
 class ReadOnlyBlock(KvfsError):
     """Raised when a sealed (immutable) block is opened for writing without truncation."""
+
+
+class StoreBusy(KvfsError):
+    """Raised by ``Store.nowait`` when the call cannot finish at memory speed right now:
+    the store's lock is held by another thread, or the call needs tier I/O (a disk file
+    to delete, a shared tier to ask). The caller makes the same call from a worker thread.
+
+    ``tier`` is the index of the tier whose I/O the call needs (run it under that tier's
+    limiter), or ``None`` when only the lock was busy.
+    """
+
+    def __init__(self, message: str, tier: int | None = None) -> None:
+        super().__init__(message)
+        self.tier = tier
+
+
+class TierInUse(KvfsError):
+    """Raised when a tier's arena or directory is held by another kvfs daemon (or is a
+    file kvfs did not create); the message names the holder and what to do."""

@@ -11,6 +11,7 @@ import enum
 import threading
 from collections import deque
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = ["Event", "EventKind", "EventLog"]
 
@@ -35,7 +36,7 @@ class Event:
     size: int = 0
     detail: str = ""
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "seq": self.seq,
             "time": self.time,

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import Any
 
 __all__ = ["StoreStatistics", "TierCounters", "TierStatistics"]
 
 
 @dataclass(slots=True)
 class TierCounters:
-    """Mutable counters of one tier, updated under the store's lock."""
+    """Mutable counters of one tier, updated under the store's lock. (Failed calls are
+    counted by the tier's :class:`~kvfs.health.HealthBreaker`.)"""
 
     hits: int = 0  # reads served from this tier
     bytes_read: int = 0
@@ -18,8 +20,7 @@ class TierCounters:
     promotions: int = 0  # blocks copied into this tier from a colder one
     demotions: int = 0  # blocks copied into this tier from a hotter one
     evictions: int = 0  # copies dropped from this tier to make room or by request
-    corrupt: int = 0  # copies that failed their checksum
-    errors: int = 0  # operations that failed (timeouts, backend errors)
+    corrupt: int = 0  # copies that failed their checksum (on a read, a check or at start)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -42,7 +43,7 @@ class TierStatistics:
     corrupt: int
     errors: int
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
@@ -54,7 +55,7 @@ class StoreStatistics:
     pending_writes: int
     tiers: tuple[TierStatistics, ...]
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "blocks": self.blocks,
             "lookups": self.lookups,

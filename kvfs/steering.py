@@ -1,7 +1,9 @@
 """What operators ask of the store through the tools: pin, prefetch, evict, du, fsck.
 
-A mixin of :class:`kvfs.store.Store` (``kvfs pin/prefetch/evict/du/fsck`` reach these
-through the daemon's control socket).
+:class:`OperatorCommands` is the store's collaborator for these (``kvfs pin/prefetch/
+evict/du/fsck`` reach them through the daemon's control socket and ``Store.pin`` etc.).
+It changes placement only through :class:`~kvfs.placement.Placement`, so a demotion it
+asks for is a two-phase move like any other.
 """
 
 from __future__ import annotations
@@ -11,21 +13,22 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .blockfile import checksum as compute_checksum
+from .catalog import BlockStat
 from .errors import BlockCorrupt, BlockNotFound, KvfsError, NoSpace, TierUnavailable
 from .events import EventKind
 from .names import normalize
 
-__all__ = ["LastCopy", "StoreSteering", "Usage"]
-
 if TYPE_CHECKING:
-    from .store import BlockStat
+    from .store import Store
+
+__all__ = ["LastCopy", "OperatorCommands", "Usage"]
 
 log = logging.getLogger("kvfs.store")
 
 
 class LastCopy(KvfsError):
-    """Raised by :meth:`Store.evict` when dropping the copy would lose the block and no
-    colder tier can take it; pass ``force=True`` to drop it anyway."""
+    """Raised by :meth:`OperatorCommands.evict` when dropping the copy would lose the
+    block and no colder tier can take it; pass ``force=True`` to drop it anyway."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -39,41 +42,50 @@ class Usage:
     size: int
 
 
-class StoreSteering:
-    """Pin, prefetch, evict, usage and verify (see the module doc)."""
+class OperatorCommands:
+    """Pin, prefetch, evict, usage and verify on *store* (see the module doc)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.placement = store.placement
+        self.catalog = store.catalog
+        self.slots = store.slots
 
     def pin(self, name: str, pinned: bool = True) -> BlockStat:
         """Pin (or unpin) a block: a pinned block is never evicted from the tiers it is in."""
         name = normalize(name)
-        self._refresh(name)
-        with self._lock:
+        self.store._refresh(name)
+        p = self.placement
+        with p.locked():
             rec = self.catalog.require(name)
             if pinned and not rec.pinned:
                 for i in rec.tier_indexes():
-                    self._policies[i].remove(rec.name)
+                    self.slots[i].policy.remove(rec.name)
             elif not pinned and rec.pinned:
                 for i in rec.tier_indexes():
-                    self._policy_insert(i, rec)
+                    p.policy_insert(self.slots[i], rec)
             rec.pinned = pinned
-            return self._stat(rec)
+            return rec.stat(p.names)
 
     def prefetch(self, name: str, tier: str | None = None) -> BlockStat:
         """Copy the block into *tier* (the hottest by default) now. Raises :class:`NoSpace`
         if the tier cannot make room, :class:`BlockNotFound` if no copy is readable."""
         name = normalize(name)
-        k = 0 if tier is None else self.tier_index(tier)
-        self._refresh(name)
-        with self._lock:
+        k = 0 if tier is None else self.store.tier_index(tier)
+        slot = self.slots[k]
+        self.store._refresh(name)
+        p = self.placement
+        with p.locked():
             rec = self.catalog.require(name)
-            if rec.tiers & (1 << k):
-                self._policies[k].touch(rec.name)
-                return self._stat(rec)
-        with self.open(name, count_hit=False) as ref, self._lock:
-            if self.catalog.get(name) is not rec:
+            if rec.tiers & slot.bit:
+                slot.policy.touch(rec.name)
+                return rec.stat(p.names)
+        with self.store.open(name, count_hit=False) as ref, p.locked():
+            if not p.is_current(rec):
                 raise BlockNotFound(name)
-            if not rec.tiers & (1 << k) and not self._place(k, rec, ref.data, EventKind.PROMOTED):
-                raise NoSpace(f"tier {self.tiers[k].name!r} cannot make room for {name!r}")
-            return self._stat(rec)
+            if not rec.tiers & slot.bit and not p.copy_into(slot, rec, ref.data, EventKind.PROMOTED):
+                raise NoSpace(f"tier {slot.name!r} cannot make room for {name!r}")
+            return rec.stat(p.names)
 
     def evict(self, name: str, tier: str | None = None, *, force: bool = False) -> BlockStat | None:
         """Drop the block's copies in *tier*, or in every local (non-shared) tier.
@@ -83,38 +95,33 @@ class StoreSteering:
         and ``None`` is returned).
         """
         name = normalize(name)
-        with self._lock:
+        p = self.placement
+        with p.locked():
             rec = self.catalog.require(name)
             if tier is None:
-                targets = [i for i in rec.tier_indexes() if not self.tiers[i].shared]
+                targets = [i for i in rec.tier_indexes() if not self.slots[i].shared]
             else:
-                k = self.tier_index(tier)
+                k = self.store.tier_index(tier)
                 targets = [k] if rec.tiers & (1 << k) else []
             dropping = sum(1 << i for i in targets)
             for i in targets:
+                slot = self.slots[i]
+                if not p.is_current(rec) or not rec.tiers & slot.bit:
+                    continue  # moved meanwhile (the lock is let go while demoting)
                 if not rec.tiers & ~dropping:
-                    saved = False
-                    try:
-                        ref = self.tiers[i].open(rec.name)
-                    except (BlockNotFound, BlockCorrupt, TierUnavailable):
-                        ref = None
-                    if ref is not None:
-                        with ref:
-                            saved = any(
-                                self._place(j, rec, ref.data, EventKind.DEMOTED)
-                                for j in range(i + 1, len(self.tiers))
-                                if not dropping & (1 << j)
-                            )
+                    saved = p.demote(slot, rec, skip=dropping)
+                    if not p.is_current(rec):
+                        return None
                     if not saved and not force:
                         raise LastCopy(
-                            f"{name!r}: the copy in {self.tiers[i].name!r} is the last one and no colder tier "
+                            f"{name!r}: the copy in {slot.name!r} is the last one and no colder tier "
                             "took it; use --force to drop it"
                         )
-                self._drop_copy(i, rec)
-                self._counters[i].evictions += 1
-                self._emit(EventKind.EVICTED, rec, i, "by request")
-            self._lose_if_empty(rec, "evicted by request")
-            return self._stat(rec) if rec.tiers else None
+                p.drop_copy(slot, rec)
+                slot.counters.evictions += 1
+                p.emit(EventKind.EVICTED, rec, slot, "by request")
+            p.lose_if_empty(rec, "evicted by request")
+            return rec.stat(p.names) if rec.tiers else None
 
     # -- inspection (kvfs du, kvfs fsck) ------------------------------------------
 
@@ -125,22 +132,21 @@ class StoreSteering:
         many blocks lie below, and no tier I/O.
         """
         directory = normalize(directory)
-        with self._lock:
+        p = self.placement
+        n = len(self.slots)
+        with p.locked():
             rec = self.catalog.get(directory)
             if rec is not None:
-                per_tier = [
-                    (self._footprint(i, rec), 1) if rec.tiers >> i & 1 else (0, 0) for i in range(len(self.tiers))
-                ]
+                per_tier = [(p.footprint(s, rec), 1) if rec.tiers & s.bit else (0, 0) for s in self.slots]
                 blocks, size = 1, rec.size
             elif self.catalog.is_dir(directory):
                 t = self.catalog.totals.get(directory)
-                n = len(self.tiers)
-                per_tier = list(zip(t.used, t.copies)) if t else [(0, 0)] * n
+                per_tier = list(zip(t.used, t.copies, strict=True)) if t else [(0, 0)] * n
                 blocks, size = (t.blocks, t.size) if t else (0, 0)
             else:
                 raise BlockNotFound(directory)
             return Usage(
-                tiers=tuple((tier.name, used, count) for tier, (used, count) in zip(self.tiers, per_tier)),
+                tiers=tuple((s.name, used, count) for s, (used, count) in zip(self.slots, per_tier, strict=True)),
                 blocks=blocks,
                 size=size,
             )
@@ -156,21 +162,22 @@ class StoreSteering:
         being checked (evicted, replaced) are skipped. :class:`BlockNotFound` if absent.
         """
         name = normalize(name)
-        with self._lock:
+        p = self.placement
+        with p.locked():
             rec = self.catalog.require(name)
             order = list(rec.tier_indexes())
         out: dict[str, str | None] = {}
         for i in order:
-            tier = self.tiers[i]
+            slot = self.slots[i]
             why: str | None = None
             try:
-                ref = tier.open(rec.name)
+                ref = slot.tier.open(rec.name)
             except BlockNotFound:
                 why = "the copy is missing"
             except BlockCorrupt as exc:
                 why = str(exc) or "the copy is corrupt"
             except TierUnavailable as exc:
-                out[tier.name] = f"tier unavailable: {exc}"
+                out[slot.name] = f"tier unavailable: {exc}"
                 continue
             else:
                 with ref:
@@ -178,13 +185,13 @@ class StoreSteering:
                         why = f"the copy has {len(ref.data)} bytes, the block {rec.size}"
                     elif compute_checksum(ref.data) != rec.checksum:
                         why = "the copy does not match the block's checksum"
-            with self._lock:
-                if self.catalog.get(rec.name) is not rec or not rec.tiers & (1 << i):
+            with p.locked():
+                if not p.is_current(rec) or not rec.tiers & slot.bit or slot.is_busy(rec.name):
                     continue  # moved or replaced meanwhile: not this copy's fault
-            out[tier.name] = why
-            if why is not None and repair:
-                self._corrupt(i, rec, why)
+                out[slot.name] = why
+                if why is not None and repair:
+                    p.corrupt(slot, rec, why)
         if repair:
-            with self._lock:
-                self._lose_if_empty(rec, "no good copy left")
+            with p.locked():
+                p.lose_if_empty(rec, "no good copy left")
         return out

@@ -1,105 +1,87 @@
-"""The store: the one place that moves bytes between tiers.
+"""The store: blocks by name over a stack of tiers, hottest first.
 
 It seals blocks into the hottest tier that takes them, evicts by policy when a tier is
 full (demoting a block whose last copy is there, write-back), copies blocks down in the
 background for write-through tiers, promotes blocks read from colder tiers, verifies
-every copy read from a persistent tier against the block's checksum, and rebuilds the
-catalog from the local persistent tiers when it starts.
+every copy read from a persistent tier against the block's checksum, learns what the
+shared tiers hold, and rebuilds the catalog from the local persistent tiers when it starts.
 
-The store is one class assembled from one module per concern: this one (placement,
-eviction, reads, names), ``kvfs.writeback`` (write-through copies and the flush),
-``kvfs.discovery`` (what shared tiers hold: other nodes' blocks, negative cache,
-listings) and ``kvfs.steering`` (pin, prefetch, evict, du, fsck).
+The store is a facade over collaborators that each own their state (docs/store.md):
 
-Threading: every public method is thread-safe. Catalog and policy changes happen under
-one lock; reads from persistent tiers run outside it, so a slow disk read never stalls a
-hit in DRAM. Background work (write-through) is not run by the store itself: its owner
-calls :meth:`run_pending` from its own task (the daemon does so from its nursery), so
-the store starts no threads.
+- :class:`~kvfs.slot.TierSlot` per tier: the tier, its policy, counters, health breaker,
+  limiter, reservations and busy names;
+- :class:`~kvfs.placement.Placement`: the lock, the copy bookkeeping and every move of
+  bytes (two-phase: reserve, copy outside the lock, commit or abort);
+- :class:`~kvfs.shared.SharedView`: questions to the shared tiers, the negative and
+  listing caches;
+- :class:`~kvfs.backlog.WriteThroughQueue` and :class:`~kvfs.writeback.WriteBack`: the
+  background copies and deletes, and the flush before unmount;
+- :class:`~kvfs.steering.OperatorCommands`: pin, prefetch, evict, du, fsck;
+- :class:`~kvfs.leases.LeaseTable`: copies held for readers outside the store.
+
+Threading: every public method is thread-safe. Nothing that touches a persistent tier runs
+under the store's lock, so a DRAM hit never waits behind a demotion or an upload, and no
+local read or lookup ever waits on a shared tier: revalidation runs in the background (a
+caller may wait for it at most ``shared_wait`` seconds). Only a name this node does not
+know at all is looked up in the shared tiers in the caller's thread, bounded by their
+deadlines. Background work (write-through) is run by the store's owner, which calls
+:meth:`Store.run_pending` from its own task (the daemon does so from its nursery).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from typing import Any, TypeVar
 
+from .backlog import WriteThroughQueue
 from .blockfile import checksum as compute_checksum
-from .catalog import BlockRecord, Catalog
+from .catalog import BlockRecord, BlockStat, Catalog
 from .config import PolicyConfig, PromoteMode, WriteMode
-from .discovery import SharedTierDiscovery
 from .errors import (
     BlockCorrupt,
     BlockNotFound,
+    InvalidName,
     IsADirectory,
     KvfsError,
     NoSpace,
-    TierFull,
+    StoreBusy,
     TierUnavailable,
 )
 from .events import EventKind, EventLog
-from .names import normalize
+from .leases import Lease, LeaseTable
+from .names import normalize, parent_of, split
+from .placement import Placement
 from .policies import EvictionPolicy, make_policy
-from .stats import StoreStatistics, TierCounters, TierStatistics
-from .steering import LastCopy, StoreSteering, Usage
+from .shared import SharedAnswer, SharedView
+from .slot import TierSlot
+from .stats import StoreStatistics
+from .steering import LastCopy, OperatorCommands, Usage
 from .tier import BlockRef, Tier
-from .writeback import WriteBack
+from .writeback import FlushReport, WriteBack
 
-__all__ = ["BlockStat", "LastCopy", "Store", "StoreBusy", "Usage"]
+__all__ = ["BlockStat", "FlushReport", "LastCopy", "Lease", "Store", "StoreBusy", "Usage"]
 
 log = logging.getLogger("kvfs.store")
 
-_RETRY_UNHEALTHY = 5.0  # seconds before an unhealthy tier is tried again
+T = TypeVar("T")
+
+_READ_ATTEMPTS = 3  # a read retries when the block is replaced under it, or rediscovered
 
 
-class StoreBusy(KvfsError):
-    """Raised by :meth:`Store.nowait` when the store's lock is held right now (a placement
-    or eviction is running in another thread); the caller retries from a worker thread."""
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class BlockStat:
-    """A snapshot of one block's record."""
-
-    name: str
-    size: int
-    checksum: int
-    tiers: tuple[str, ...]
-    """Names of the tiers holding a copy, hottest first."""
-    pinned: bool
-    hits: int
-    created: float
-    accessed: float
-    parent: str | None = None
-    """The previous block of its prefix chain, when the writer said (prefix-aware eviction)."""
-
-    @property
-    def checksum_hex(self) -> str:
-        return f"xxh3-64:{self.checksum:016x}"
-
-    def to_json(self) -> dict:
-        return {
-            "name": self.name,
-            "size": self.size,
-            "checksum": self.checksum_hex,
-            "tiers": list(self.tiers),
-            "pinned": self.pinned,
-            "hits": self.hits,
-            "created": self.created,
-            "accessed": self.accessed,
-            "parent": self.parent,
-        }
-
-
-class Store(WriteBack, SharedTierDiscovery, StoreSteering):
+class Store:
     """Blocks by name over a stack of tiers, hottest first.
 
     *tiers* are open :class:`Tier` objects; *policy* picks the eviction policy and when
     reads promote; *clock* returns seconds (wall clock by default, pass a fake in tests);
-    *make_policy* builds one eviction policy per tier.
+    *policy_factory* builds one eviction policy per tier. *negative_ttl* and
+    *listing_ttl* are the shared-tier caches' lifetimes (docs/shared-tiers.md);
+    *shared_wait* is how long a call waits for background work on the shared tiers that
+    it started (a revalidation, a delete) before answering from what this node knows:
+    0, the daemon's setting, never waits.
     """
 
     def __init__(
@@ -112,189 +94,74 @@ class Store(WriteBack, SharedTierDiscovery, StoreSteering):
         rebuild: bool = True,
         negative_ttl: float = 2.0,
         listing_ttl: float = 5.0,
+        shared_wait: float = 0.0,
+        lease_clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not tiers:
             raise ValueError("a store needs at least one tier")
         self.tiers: list[Tier] = list(tiers)
         self.policy = policy
-        self._clock = clock
-        self._lock = threading.RLock()
-        n = len(self.tiers)
-        self.catalog = Catalog(n)
-        self._policies = [policy_factory(policy.eviction) for _ in range(n)]
-        self._counters = [TierCounters() for _ in range(n)]
-        self._unhealthy_until = [0.0] * n
-        self._healthy = [True] * n
-        self._persistent_mask = sum(1 << i for i, t in enumerate(self.tiers) if t.persistent)
-        self._through = [i for i, t in enumerate(self.tiers) if i > 0 and t.config.write is WriteMode.THROUGH]
-        self._pending: deque[tuple[BlockRecord, int]] = deque()
+        self.clock = clock
+        self.slots = [
+            TierSlot.build(i, t, eviction=policy.eviction, clock=clock, policy_factory=policy_factory)
+            for i, t in enumerate(self.tiers)
+        ]
+        self.catalog = Catalog(len(self.slots))
+        self.events = EventLog()
+        self.queue = WriteThroughQueue()
+        self.placement = Placement(self.slots, self.catalog, self.queue, events=self.events, clock=clock)
+        self.shared = SharedView(self.slots, clock=clock, negative_ttl=negative_ttl, listing_ttl=listing_ttl)
+        self.writeback = WriteBack(self.placement, self.queue)
+        self.operator = OperatorCommands(self)
+        self.leases = LeaseTable(clock=lease_clock)
+        self.shared_wait = shared_wait
+        self._through = [s for s in self.slots if s.index > 0 and s.tier.config.write is WriteMode.THROUGH]
+        shared = [s.index for s in self.slots if s.shared]
+        self._ask_tier = shared[-1] if shared else None  # whose limiter a question to them runs under
         self._lookups = 0
         self._misses = 0
-        # Shared tiers (issue 4): what other nodes may have written or deleted.
-        self._shared = [i for i, t in enumerate(self.tiers) if t.shared]
-        self._shared_mask = sum(1 << i for i in self._shared)
-        self.negative_ttl = negative_ttl
-        self.listing_ttl = listing_ttl
-        self._negative: dict[str, float] = {}  # name -> until when "no shared tier has it" holds
-        self._listings: dict[str, tuple[float, dict[str, bool]]] = {}  # dir -> (until, shared listing)
-        self.events = EventLog()
+        self.rebuilt_corrupt = 0
         if rebuild:
             self.rebuild()
 
-    # -- helpers -------------------------------------------------------------------
+    # -- helpers ---------------------------------------------------------------------
+
+    @property
+    def negative_ttl(self) -> float:
+        return self.shared.negative_ttl
+
+    @negative_ttl.setter
+    def negative_ttl(self, value: float) -> None:
+        self.shared.negative_ttl = value
+
+    @property
+    def listing_ttl(self) -> float:
+        return self.shared.listing_ttl
+
+    @listing_ttl.setter
+    def listing_ttl(self, value: float) -> None:
+        self.shared.listing_ttl = value
 
     def tier_index(self, name: str) -> int:
-        for i, t in enumerate(self.tiers):
-            if t.name == name:
-                return i
-        raise KeyError(f"no tier named {name!r}; tiers: {', '.join(t.name for t in self.tiers)}")
+        for s in self.slots:
+            if s.name == name:
+                return s.index
+        raise KeyError(f"no tier named {name!r}; tiers: {', '.join(s.name for s in self.slots)}")
 
-    def _emit(self, kind: EventKind, rec: BlockRecord | str, tier: int | None = None, detail: str = "") -> None:
-        name = rec if isinstance(rec, str) else rec.name
-        size = 0 if isinstance(rec, str) else rec.size
-        self.events.emit(self._clock(), kind, name, None if tier is None else self.tiers[tier].name, size, detail)
+    def _stat(self, rec: BlockRecord) -> BlockStat:
+        return rec.stat(self.placement.names)
 
-    def _footprint(self, i: int, rec: BlockRecord) -> int:
-        return self.tiers[i].footprint(rec.name, rec.size)
+    def nowait(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run ``fn(*args)`` (a store method) only if it can finish at memory speed now:
+        the store's lock is free and the call needs no tier I/O (no file to delete, no
+        shared tier to ask); otherwise raise :class:`StoreBusy` at once, whose ``tier``
+        names the tier whose limiter the caller should make the call under from a worker
+        thread. For an event loop that must never wait (the FUSE loop)."""
+        return self.placement.nowait(fn, *args, **kwargs)
 
-    def _usable(self, i: int) -> bool:
-        if self._healthy[i]:
-            return True
-        return self._clock() >= self._unhealthy_until[i]  # half-open: try again
+    # -- writing -------------------------------------------------------------------------
 
-    def _mark_unhealthy(self, i: int, exc: BaseException) -> None:
-        self._counters[i].errors += 1
-        if self._healthy[i]:
-            log.warning("tier %s is unhealthy: %s", self.tiers[i].name, exc)
-        self._healthy[i] = False
-        self._unhealthy_until[i] = self._clock() + _RETRY_UNHEALTHY
-
-    def _mark_healthy(self, i: int) -> None:
-        if not self._healthy[i]:
-            log.warning("tier %s answers again", self.tiers[i].name)
-            self._healthy[i] = True
-
-    # Policies are keyed by block *name*, not by record: a name keeps its history (ARC's
-    # and S3-FIFO's ghost lists) across a rewrite, and a parent is named before it exists.
-
-    def _policy_insert(self, i: int, rec: BlockRecord) -> None:
-        self._policies[i].insert(rec.name, self._footprint(i, rec), rec.parent)
-
-    def _add_copy(self, i: int, rec: BlockRecord) -> None:
-        rec.tiers |= 1 << i
-        self.catalog.count_in(i, self._footprint(i, rec), rec.name)
-        if not rec.pinned:
-            self._policy_insert(i, rec)
-
-    def _forget_copy(self, i: int, rec: BlockRecord, *, policy: bool = True) -> None:
-        """Drop tier *i* from the record (the copy is already gone or overwritten).
-        ``policy=False`` leaves the policy entry, which belongs to a replacing record."""
-        if rec.tiers & (1 << i):
-            rec.tiers &= ~(1 << i)
-            self.catalog.count_out(i, self._footprint(i, rec), rec.name)
-            if policy:
-                self._policies[i].remove(rec.name)
-
-    def _drop_copy(self, i: int, rec: BlockRecord) -> None:
-        """Delete the copy in tier *i* and drop it from the record."""
-        try:
-            self.tiers[i].delete(rec.name)
-        except TierUnavailable as exc:
-            self._mark_unhealthy(i, exc)  # an orphan copy is harmless: it fails the checksum or is replaced
-        self._forget_copy(i, rec)
-
-    def _lose_if_empty(self, rec: BlockRecord, why: str) -> None:
-        if rec.tiers == 0 and self.catalog.get(rec.name) is rec:
-            self.catalog.discard(rec)
-            self._emit(EventKind.REMOVED, rec, detail=why)
-
-    # -- placement and eviction ----------------------------------------------------
-
-    def _make_room(self, i: int, need: int) -> bool:
-        """Evict from tier *i* until *need* more bytes fit; False if they cannot."""
-        cap = self.tiers[i].capacity
-        if cap is None:
-            return True
-        if need > cap:
-            return False
-        while self.catalog.used[i] + need > cap:
-            victim = self._victim(i)
-            if victim is None:
-                return False
-            self._evict_copy(i, victim)
-        return True
-
-    def _victim(self, i: int) -> BlockRecord | None:
-        """The record the policy of tier *i* would evict next (None when it holds nothing)."""
-        while True:
-            name = self._policies[i].victim()
-            if name is None:
-                return None
-            rec = self.catalog.get(name)
-            if rec is not None and rec.tiers & (1 << i) and not rec.pinned:
-                return rec
-            self._policies[i].remove(name)  # defensive: an entry without a copy is dropped
-
-    def _evict_copy(self, i: int, rec: BlockRecord) -> None:
-        """Remove the copy in tier *i* to make room; demote it first if it is the last."""
-        if not rec.tiers >> (i + 1):
-            self._demote(i, rec)
-        self._drop_copy(i, rec)
-        self._counters[i].evictions += 1
-        self._emit(EventKind.EVICTED, rec, i)
-        self._lose_if_empty(rec, "evicted from the last tier")
-
-    def _demote(self, i: int, rec: BlockRecord) -> bool:
-        """Copy the block from tier *i* into the first colder tier that takes it."""
-        if i + 1 >= len(self.tiers):
-            return False
-        self._policies[i].remove(rec.name)  # not a victim candidate while it moves
-        try:
-            ref = self.tiers[i].open(rec.name)
-        except (BlockNotFound, BlockCorrupt, TierUnavailable) as exc:
-            log.warning("cannot demote %s from %s: %s", rec.name, self.tiers[i].name, exc)
-            return False
-        with ref:
-            for j in range(i + 1, len(self.tiers)):
-                if self._place(j, rec, ref.data, EventKind.DEMOTED):
-                    return True
-        return False
-
-    def _place(self, i: int, rec: BlockRecord, data, kind: EventKind) -> bool:
-        """Put *data* into tier *i*, evicting by policy to make room; False if it cannot."""
-        if not self._usable(i):
-            return False
-        tier = self.tiers[i]
-        if not self._make_room(i, self._footprint(i, rec)):
-            return False
-        while True:
-            try:
-                tier.put(rec.name, data, rec.checksum)
-                break
-            except TierFull:
-                victim = self._victim(i)
-                if victim is None:
-                    return False
-                self._evict_copy(i, victim)
-            except TierUnavailable as exc:
-                self._mark_unhealthy(i, exc)
-                return False
-        self._mark_healthy(i)
-        self._add_copy(i, rec)
-        c = self._counters[i]
-        c.bytes_written += rec.size
-        if kind is EventKind.STORED:
-            c.stored += 1
-        elif kind is EventKind.PROMOTED:
-            c.promotions += 1
-        elif kind is EventKind.DEMOTED:
-            c.demotions += 1
-        self._emit(kind, rec, i)
-        return True
-
-    # -- writing -------------------------------------------------------------------
-
-    def put(self, name: str, data, *, parent: str | None = None) -> BlockStat:
+    def put(self, name: str, data: Any, *, parent: str | None = None) -> BlockStat:
         """Seal *data* as block *name*, replacing an existing block atomically.
 
         The block lands in the hottest tier that can take it (evicting by policy);
@@ -305,78 +172,82 @@ class Store(WriteBack, SharedTierDiscovery, StoreSteering):
         name = normalize(name)
         mv = memoryview(data).cast("B")
         csum = compute_checksum(mv)
-        now = self._clock()
-        with self._lock:
+        now = self.clock()
+        p = self.placement
+        with p.locked():
             if self.catalog.is_dir(name):
                 raise IsADirectory(f"{name!r} is a directory")
             old = self.catalog.get(name)
             if old is None:
-                self.catalog.ensure_dir(self._parent_dir(name))
+                self.catalog.ensure_dir(parent_of(name))
+            elif p.waiting_forbidden:  # dropping the old version's files needs I/O
+                for i in old.tier_indexes():
+                    if self.slots[i].persistent and not self.slots[i].shared:
+                        p.require_io(i, "replacing a block")
             rec = BlockRecord(name, len(mv), csum, created=now, accessed=now, parent=parent)
             if old is not None:
                 for j in old.tier_indexes():
-                    self._policies[j].remove(name)
-            placed = next((i for i in range(len(self.tiers)) if self._place(i, rec, mv, EventKind.STORED)), None)
+                    self.slots[j].policy.remove(name)
+            placed = p.place(rec, mv)
+            old = self.catalog.get(name)  # again: the lock may have been let go meanwhile
             if placed is None:
                 if old is not None and not old.pinned:
                     for j in old.tier_indexes():
-                        self._policy_insert(j, old)
+                        p.policy_insert(self.slots[j], old)
                 raise NoSpace(
                     f"no tier can take {name!r} ({len(mv)} bytes): every tier is full of pinned blocks "
                     "or too small; unpin blocks or add capacity"
                 )
             if old is not None:
                 for j in list(old.tier_indexes()):
-                    if j == placed:
-                        self._forget_copy(j, old, policy=False)  # overwritten in place by the new copy
+                    slot = self.slots[j]
+                    if j == placed.index:
+                        p.forget_copy(slot, old, policy=False)  # overwritten in place by the new copy
                     else:
-                        self._drop_copy(j, old)
+                        p.drop_copy(slot, old)
                 self.catalog.discard(old)
             self.catalog.add(rec)
-            self._negative.pop(name, None)
-            for j in self._through:
-                if j > placed:
-                    self._pending.append((rec, j))
+            self.shared.forget_missing(name)
+            for slot in self._through:
+                if slot.index > placed.index:
+                    self.queue.copy(rec, slot.index)
             return self._stat(rec)
 
-    @staticmethod
-    def _parent_dir(name: str) -> str:
-        i = name.rfind("/")
-        return name[:i] if i >= 0 else ""
-
-    # -- reading -------------------------------------------------------------------
+    # -- reading -------------------------------------------------------------------------
 
     def open(self, name: str, *, count_hit: bool = True) -> BlockRef:
         """A view of block *name*'s bytes, valid until released (use ``with``).
 
         Tries the copies hottest first; a copy from a persistent tier is checked against the
-        block's checksum, and a bad one is dropped, counted and skipped. A copy read from a
-        colder tier is promoted per the promote policy. Raises :class:`BlockNotFound` when no
-        copy is readable: never partial or wrong bytes.
+        block's checksum, and a bad one is dropped, counted and skipped (when no local copy
+        is good, the shared tiers are asked once more). A copy read from a colder tier is
+        promoted per the promote policy. Raises :class:`BlockNotFound` when no copy is
+        readable: never partial or wrong bytes; :class:`TierUnavailable` when the only
+        copies are in tiers that do not answer now.
         """
-        return self._read(name, count_hit, lambda tier, n: tier.open(n), lambda ref: (ref.data, ref.checksum))
+        return self._read(name, count_hit, _open, _unpack_ref)
 
-    def read_into(self, name: str, out) -> int:
+    def read_into(self, name: str, out: Any) -> int:
         """Copy the block into the writable buffer *out*; returns its length. Copies from
         persistent tiers are read straight into *out* and verified there."""
-        out = memoryview(out).cast("B")
+        view = memoryview(out).cast("B")
 
-        def fetch(tier: Tier, n: str):
+        def fetch(tier: Tier, n: str) -> BlockRef | tuple[int, int]:
             # volatile tiers hand out a ref (taken under the lock); the copy happens below,
             # outside it. Persistent tiers read straight into *out* and verify it there.
-            return tier.open(n) if not tier.persistent else tier.read_into(n, out)
+            return tier.open(n) if not tier.persistent else tier.read_into(n, view)
 
-        def unpack(r):
-            return (r.data, r.checksum) if isinstance(r, BlockRef) else (out[: r[0]], r[1])
+        def unpack(r: BlockRef | tuple[int, int]) -> tuple[Any, int]:
+            return (r.data, r.checksum) if isinstance(r, BlockRef) else (view[: r[0]], r[1])
 
         result = self._read(name, True, fetch, unpack)
         if not isinstance(result, BlockRef):
             return result[0]
         with result:
             size = len(result.data)
-            if len(out) < size:
-                raise ValueError(f"buffer of {len(out)} bytes is too small for {name!r} ({size} bytes)")
-            out[:size] = result.data
+            if len(view) < size:
+                raise ValueError(f"buffer of {len(view)} bytes is too small for {name!r} ({size} bytes)")
+            view[:size] = result.data
             return size
 
     def read(self, name: str) -> bytes:
@@ -384,360 +255,650 @@ class Store(WriteBack, SharedTierDiscovery, StoreSteering):
         with self.open(name) as ref:
             return bytes(ref.data)
 
-    def _read(self, name: str, count_hit: bool, fetch, unpack):
+    def _read(self, name: str, count_hit: bool, fetch: Callable[[Tier, str], T], unpack: Callable[[T], Any]) -> T:
         """Read through the copies hottest first. *fetch(tier, name)* returns a result that
         *unpack* turns into ``(payload view, checksum)``; the first good result is returned."""
         name = normalize(name)
         self._refresh(name)
-        with self._lock:
-            rec = self.catalog.require(name)
-            self._lookups += 1
-            if count_hit:
-                rec.hits += 1
-                rec.accessed = self._clock()
-            order = list(rec.tier_indexes())
-        for i in order:
-            result = self._fetch_copy(i, rec, fetch, unpack)
+        p = self.placement
+        counted = False
+        rediscovered = False
+        for _ in range(_READ_ATTEMPTS):
+            with p.locked():
+                rec = self.catalog.require(name)
+                if not counted:
+                    counted = True
+                    self._lookups += 1
+                    if count_hit:
+                        rec.hits += 1
+                        rec.accessed = self.clock()
+                result = self._read_copies(rec, count_hit, fetch, unpack)
+                if result is not None:
+                    return result
+                if not p.is_current(rec) and self.catalog.get(name) is not None:
+                    continue  # replaced while it was read: read the new version
+                # Copies still recorded are in tiers that failed or are unhealthy: the block
+                # exists but cannot be read now, which is not the same as missing.
+                down = [self.slots[i].name for i in rec.tier_indexes() if not self.slots[i].health.healthy]
+                if down and p.is_current(rec):
+                    self._misses += 1
+                    raise TierUnavailable(
+                        f"{name!r}: no readable copy now; the tiers holding it are unavailable: {', '.join(down)}"
+                    )
+                p.lose_if_empty(rec, "no readable copy")
+                ask = bool(self.shared) and not rediscovered and not p.waiting_forbidden
+            if not ask or not self._discover(name):
+                break
+            rediscovered = True  # a good copy another node holds (the local one was bad)
+        with p.locked():
+            self._misses += 1
+        raise BlockNotFound(name)
+
+    def _read_copies(
+        self, rec: BlockRecord, count_hit: bool, fetch: Callable[[Tier, str], T], unpack: Callable[[T], Any]
+    ) -> T | None:
+        """Under the lock: the first good copy of *rec*, hottest first, or None."""
+        p = self.placement
+        tried = 0
+        while p.is_current(rec):
+            left = rec.tiers & ~tried
+            if not left:
+                return None
+            i = (left & -left).bit_length() - 1
+            tried |= 1 << i
+            slot = self.slots[i]
+            result = p.fetch(slot, rec, fetch, unpack)
             if result is None:
                 continue
-            with self._lock:
-                self._policies[i].touch(rec.name)
-                c = self._counters[i]
-                c.hits += 1
-                c.bytes_read += rec.size
-                if i > 0 and count_hit and self._should_promote(rec):
-                    self._promote(rec, unpack(result)[0], i)
+            slot.policy.touch(rec.name)
+            c = slot.counters
+            c.hits += 1
+            c.bytes_read += rec.size
+            if i > 0 and count_hit and self._should_promote(rec):
+                p.promote(rec, unpack(result)[0], i)
             return result
-        with self._lock:
-            self._misses += 1
-            self._lose_if_empty(rec, "no readable copy")
-            # Copies still recorded are in tiers that failed or are unhealthy: the block
-            # exists but cannot be read now, which is not the same as missing.
-            down = [self.tiers[i].name for i in rec.tier_indexes() if not self._healthy[i]]
-            if down and self.catalog.get(name) is rec:
-                raise TierUnavailable(
-                    f"{name!r}: no readable copy now; the tiers holding it are unavailable: {', '.join(down)}"
-                )
-        raise BlockNotFound(name)
+        return None
 
     def _should_promote(self, rec: BlockRecord) -> bool:
         mode = self.policy.promote
         return mode is PromoteMode.ALWAYS or (mode is PromoteMode.SECOND_HIT and rec.hits >= 2)
 
-    def _promote(self, rec: BlockRecord, data, below: int) -> None:
-        if self.catalog.get(rec.name) is not rec:
-            return
-        for k in range(below):
-            if rec.tiers & (1 << k):
-                return
-            if self._place(k, rec, data, EventKind.PROMOTED):
-                return
-
-    def _fetch_copy(self, i: int, rec: BlockRecord, fetch, unpack):
-        """*fetch* the copy in tier *i*, verified against the record; None if there is no
-        good copy there (a bad or vanished copy is dropped from the record)."""
-        tier = self.tiers[i]
-        if not self._usable(i):
-            return None
-        if not tier.persistent:
-            with self._lock:  # volatile tiers answer at memory speed: no need to leave the lock
-                if not rec.tiers & (1 << i) or self.catalog.get(rec.name) is not rec:
-                    return None
-                try:
-                    return fetch(tier, rec.name)
-                except BlockNotFound:
-                    self._forget_copy(i, rec)
-                    return None
-        try:
-            result = fetch(tier, rec.name)
-        except BlockNotFound:
-            with self._lock:
-                if self.catalog.get(rec.name) is rec:
-                    self._forget_copy(i, rec)  # vanished (another node deleted it)
-            return None
-        except BlockCorrupt as exc:
-            self._corrupt(i, rec, str(exc))
-            return None
-        except TierUnavailable as exc:
-            with self._lock:
-                self._mark_unhealthy(i, exc)
-            return None
-        data, csum = unpack(result)
-        if csum != rec.checksum or len(data) != rec.size:
-            if isinstance(result, BlockRef):
-                result.release()
-            with self._lock:
-                replaced = self.catalog.get(rec.name) is not rec
-                if not replaced and tier.shared:
-                    # The copy verified against its own header, so another node replaced
-                    # the block: not corruption, and never delete it; re-check on next lookup.
-                    self._forget_copy(i, rec)
-                    rec.checked = 0.0
-                    replaced = True
-            if not replaced:  # a replace racing this read is not corruption
-                self._corrupt(i, rec, "copy does not match the block's checksum")
-            return None
-        with self._lock:
-            self._mark_healthy(i)
-        return result
-
-    def _corrupt(self, i: int, rec: BlockRecord, why: str) -> None:
-        with self._lock:
-            self._counters[i].corrupt += 1
-            log.error("corrupt copy of %s in tier %s dropped: %s", rec.name, self.tiers[i].name, why)
-            self._emit(EventKind.CORRUPT, rec, i, why)
-            if self.catalog.get(rec.name) is rec and rec.tiers & (1 << i):
-                self._drop_copy(i, rec)
-
-    # -- calls that never wait ------------------------------------------------------
-
-    def nowait(self, fn, *args, **kwargs):
-        """Run ``fn(*args)`` (a store method) only if the store's lock is free now, holding
-        it throughout; otherwise raise :class:`StoreBusy` at once. For an event loop that
-        must not wait behind an eviction that is writing to disk: on StoreBusy it makes the
-        same call from a worker thread. Only for calls that touch nothing but the catalog
-        and volatile tiers (no shared tiers configured), since the lock is held throughout.
-        """
-        if not self._lock.acquire(blocking=False):
-            raise StoreBusy("the store is busy")
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            self._lock.release()
-
     def open_hot(self, name: str) -> BlockRef | None:
         """A view of the block if its hottest copy is in a volatile tier (DRAM) and the
         store's lock is free now; ``None`` otherwise, never waiting: the caller then uses
         :meth:`open` from a worker thread. Counts a hit like :meth:`open`. *name* must be
-        normalized."""
-        if not self._lock.acquire(blocking=False):
+        normalized. A revalidation that is due starts in the background."""
+        p = self.placement
+        if not p.lock.acquire(blocking=False):
             return None
         try:
             rec = self.catalog.get(name)
             if rec is None or not rec.tiers:
                 return None
-            i = next(rec.tier_indexes())
-            tier = self.tiers[i]
-            if tier.persistent or not self._usable(i):
+            slot = self.slots[next(rec.tier_indexes())]
+            if slot.persistent or not slot.usable():
                 return None
             try:
-                ref = tier.open(name)
+                ref = slot.tier.open(name)
             except BlockNotFound:
                 return None
             self._lookups += 1
             rec.hits += 1
-            rec.accessed = self._clock()
-            self._policies[i].touch(name)
-            c = self._counters[i]
+            rec.accessed = self.clock()
+            slot.policy.touch(name)
+            c = slot.counters
             c.hits += 1
             c.bytes_read += rec.size
+            if self.shared and self._due(rec):
+                self.shared.stat_later(name, functools.partial(self._revalidated, rec))
             return ref
         finally:
-            self._lock.release()
+            p.lock.release()
 
-    # -- lookups -------------------------------------------------------------------
+    # -- the shared tiers ------------------------------------------------------------------
 
-    def _stat(self, rec: BlockRecord) -> BlockStat:
-        return BlockStat(
-            name=rec.name,
-            size=rec.size,
-            checksum=rec.checksum,
-            tiers=tuple(self.tiers[i].name for i in rec.tier_indexes()),
-            pinned=rec.pinned,
-            hits=rec.hits,
-            created=rec.created,
-            accessed=rec.accessed,
-            parent=rec.parent,
-        )
+    def _due(self, rec: BlockRecord) -> bool:
+        """Whether the shared tiers should confirm *rec* again (see docs/shared-tiers.md)."""
+        if not (rec.tiers & self.shared.mask or rec.learn_shared):
+            return False
+        return self.clock() - rec.checked >= self.shared.negative_ttl
+
+    def _refresh(self, name: str) -> None:
+        """Bring the record of *name* in line with the shared tiers, when it is due.
+
+        Unknown here and not known missing: ask the shared tiers now, in this thread (a
+        local miss; bounded by their deadlines). Known and due for a check: ask in the
+        background and answer from what is known; wait at most ``shared_wait`` for the
+        answer. Raises :class:`StoreBusy` inside :meth:`nowait` when the tiers must be asked.
+        """
+        if not self.shared:
+            return
+        p = self.placement
+        with p.locked():
+            if self.catalog.is_dir(name):
+                return
+            rec = self.catalog.get(name)
+            if rec is None:
+                if self.shared.known_missing(name) or self.queue.deleting(name):
+                    return
+                assert self._ask_tier is not None
+                p.require_io(self._ask_tier, "asking the shared tiers")
+                pending = None
+            else:
+                if not self._due(rec):
+                    return
+                pending = self.shared.stat_later(name, functools.partial(self._revalidated, rec))
+                if pending is None or p.waiting_forbidden or self.shared_wait <= 0:
+                    return
+        if pending is None:
+            self._discover(name)
+        else:
+            pending.wait(self.shared_wait)
+
+    def _discover(self, name: str) -> bool:
+        """Ask the shared tiers for *name* now (outside the lock) and record what they
+        hold; True when a record with copies exists afterwards."""
+        answer = self.shared.stat(name)
+        with self.placement.locked():
+            rec = self.catalog.get(name)
+            if rec is not None:
+                return bool(rec.tiers)  # written or found here meanwhile: the local answer is newer
+            if self.catalog.is_dir(name) or self.queue.deleting(name):
+                return False
+            self._apply(name, None, answer)
+            rec = self.catalog.get(name)
+            return rec is not None and bool(rec.tiers)
+
+    def _revalidated(self, rec: BlockRecord, name: str, answer: SharedAnswer) -> None:
+        """The background answer for *rec* arrived (in a limiter's thread)."""
+        with self.placement.locked():
+            if self.catalog.get(name) is rec:
+                self._apply(name, rec, answer)
+
+    def _apply(self, name: str, rec: BlockRecord | None, answer: SharedAnswer) -> None:
+        """Bring the record of *name* (*rec*, None if unknown) in line with *answer*.
+        Under the lock."""
+        p = self.placement
+        now = self.clock()
+        if rec is not None and rec.moving:
+            return  # being renamed or moved right now: ask again later
+        # A tier where this node is writing, deleting or renaming the name right now says
+        # nothing about other nodes: its answer does not count, and the answer is partial.
+        busy = [slot for slot in self.shared.slots if slot.is_busy(name)]
+        found = [(slot, info) for slot, info in answer.found if slot not in busy]
+        complete = answer.complete and not busy
+        if found:
+            first = found[0][1]
+            same = [slot for slot, info in found if (info.size, info.checksum) == (first.size, first.checksum)]
+            if rec is not None and (rec.size, rec.checksum) == (first.size, first.checksum):
+                rec.checked = now
+                rec.learn_shared = False
+                for slot in same:
+                    if not rec.tiers & slot.bit:
+                        p.add_copy(slot, rec)
+                return
+            if rec is not None:
+                if not rec.tiers & self.shared.mask:
+                    # found here at start, another version shared: keep ours, never guess
+                    rec.checked = now
+                    rec.learn_shared = False
+                    return
+                self._drop_record(rec, "replaced on another node")
+            new = BlockRecord(name, first.size, first.checksum, created=now, accessed=now, checked=now)
+            try:
+                self.catalog.add(new)
+            except KvfsError as exc:  # e.g. a local directory of that name
+                log.warning("block %s in a shared tier is hidden here: %s", name, exc)
+                return
+            for slot in same:
+                p.add_copy(slot, new)
+            self.shared.forget_missing(name)
+            return
+        if not complete:
+            return  # some shared tier did not answer: neither "gone" nor "missing" is known
+        if rec is not None:
+            if not rec.tiers & self.shared.mask:
+                rec.checked = now  # a local block the shared tiers never had
+                rec.learn_shared = False
+                return
+            self._drop_record(rec, "deleted on another node")
+        self.shared.remember_missing(name)
+
+    def _drop_record(self, rec: BlockRecord, why: str) -> None:
+        """Remove a record: delete this node's local copies, forget the shared ones (a
+        block another node removed or replaced, whose shared copies must never be deleted
+        from here; ``delete`` queues those deletes itself). Under the lock."""
+        p = self.placement
+        for i in list(rec.tier_indexes()):
+            slot = self.slots[i]
+            if slot.shared:
+                p.forget_copy(slot, rec)
+            else:
+                p.drop_copy(slot, rec)
+        self.catalog.discard(rec)
+        p.emit(EventKind.REMOVED, rec, detail=why)
+
+    # -- lookups ---------------------------------------------------------------------------
 
     def stat(self, name: str) -> BlockStat:
         """The block's record; :class:`BlockNotFound` if absent."""
         name = normalize(name)
         self._refresh(name)
-        with self._lock:
+        with self.placement.locked():
             return self._stat(self.catalog.require(name))
 
     def lookup(self, name: str) -> BlockStat | None:
         """Like :meth:`stat` but ``None`` for a missing block (and for a directory)."""
         name = normalize(name)
         self._refresh(name)
-        with self._lock:
+        with self.placement.locked():
             rec = self.catalog.get(name)
             return None if rec is None else self._stat(rec)
 
     def exists(self, name: str) -> bool:
         return self.lookup(name) is not None
 
+    def _shared_listing(self, directory: str) -> dict[str, bool]:
+        """The shared tiers' listing of *directory*: from the cache, or listed now outside
+        the lock (:class:`StoreBusy` inside :meth:`nowait` when it is not cached)."""
+        p = self.placement
+        if p.waiting_forbidden:
+            listing = self.shared.listing(directory, block=False)
+            if listing is None:
+                raise StoreBusy("listing the shared tiers", tier=self._ask_tier)
+            return listing
+        return self.shared.listing(directory, wait=self.shared_wait) or {}
+
     def is_dir(self, name: str) -> bool:
         """True for a directory here or in a shared tier (from the cached parent listing)."""
         name = normalize(name)
-        with self._lock:
+        with self.placement.locked():
             if self.catalog.is_dir(name):
                 return True
-            if not self._shared or name in self.catalog.blocks:
+            if not self.shared or name in self.catalog.blocks:
                 return False
-        parent, _, base = name.rpartition("/")
+            parent, base = split(name)
+            if self.placement.waiting_forbidden:
+                return self._shared_listing(parent).get(base) is True
         return self._shared_listing(parent).get(base) is True
 
     def listdir(self, name: str = "") -> dict[str, bool]:
         """``{basename: is_dir}`` of a directory (a copy), including what the shared tiers
         hold there (their listing is cached for ``listing_ttl`` seconds)."""
         name = normalize(name)
-        with self._lock:
+        p = self.placement
+        with p.locked():
             try:
                 local: dict[str, bool] | None = dict(self.catalog.listdir(name))
-                missing = None
+                missing: BlockNotFound | None = None
             except BlockNotFound as exc:
                 local, missing = None, exc
-        if not self._shared:
-            if missing is not None:
-                raise missing
-            return local
-        remote = self._shared_listing(name)
-        if local is None:
-            if not remote:
-                raise missing
-            return dict(remote)
-        now = self._clock()
-        prefix = f"{name}/" if name else ""
-        for base, is_dir in remote.items():
-            if base not in local and not (not is_dir and self._negative.get(prefix + base, 0.0) > now):
+            if not self.shared:
+                if local is None:
+                    assert missing is not None
+                    raise missing
+                return local
+            remote = self._shared_listing(name) if p.waiting_forbidden else None
+        if remote is None:
+            remote = self._shared_listing(name)
+        with p.locked():
+            if local is None:
+                if not remote:
+                    assert missing is not None
+                    raise missing
+                local = {}
+            prefix = f"{name}/" if name else ""
+            for base, is_dir in remote.items():
+                if base in local:
+                    continue
+                full = prefix + base
+                if not is_dir and (self.shared.known_missing(full) or self.queue.deleting(full)):
+                    continue
                 local[base] = is_dir
-        return local
+            return local
 
     def walk(self, directory: str = "") -> list[BlockStat]:
         """Every block at or under *directory*."""
-        with self._lock:
+        with self.placement.locked():
             return [self._stat(r) for r in self.catalog.under(normalize(directory))]
 
     def mkdir(self, name: str, *, parents: bool = False) -> None:
+        """Make directory *name*; its parent must exist here or in a shared tier (a
+        directory another node created), unless *parents*."""
         name = normalize(name)
-        with self._lock:
+        parent = parent_of(name)
+        p = self.placement
+        if not parents and self.shared:
+            with p.locked():
+                local = self.catalog.is_dir(parent) or parent in self.catalog.blocks
+            if not local and self.is_dir(parent):
+                with p.locked():
+                    self.catalog.ensure_dir(parent)
+        with p.locked():
             if parents:
                 self.catalog.ensure_dir(name)
             else:
                 self.catalog.mkdir(name)
 
     def rmdir(self, name: str) -> None:
-        with self._lock:
+        with self.placement.locked():
             self.catalog.rmdir(normalize(name))
 
-    # -- changing blocks -----------------------------------------------------------
+    # -- changing blocks ---------------------------------------------------------------------
 
     def delete(self, name: str) -> None:
         """Remove the block from every tier (shared ones too). :class:`BlockNotFound` if absent.
 
-        Shared tiers get the delete even where this node has no record of a copy (another
-        node may have written one since); those deletes run outside the store's lock so
-        a hung shared tier does not stall local reads.
+        Local copies go now; every shared tier gets a delete even where this node has no
+        record of a copy (another node may have written one since). Those deletes run in
+        the background, so a hung shared tier does not stall the caller (which waits for
+        them at most ``shared_wait``); until they ran, no shared copy of the name is
+        believed here, and nothing republishes the name there first.
         """
         name = normalize(name)
         self._refresh(name)
-        with self._lock:
+        p = self.placement
+        with p.locked():
             rec = self.catalog.require(name)
-            self._discard_stale(rec, "deleted")  # local copies now; shared ones below
-            self._negative[name] = self._clock() + self.negative_ttl
-            self._listings.pop(self._parent_dir(name), None)
-            shared = [i for i in self._shared if self._usable(i)]
-        for i in shared:
-            try:
-                self.tiers[i].delete(name)
-            except TierUnavailable as exc:
-                with self._lock:
-                    self._mark_unhealthy(i, exc)
+            if p.waiting_forbidden:
+                for i in rec.tier_indexes():
+                    if self.slots[i].persistent and not self.slots[i].shared:
+                        p.require_io(i, "deleting a file")
+            self._drop_record(rec, "deleted")
+            for slot in self.shared.slots:
+                p.delete_copy(slot, name)
+            self.shared.remember_missing(name)
+            self.shared.forget_listing(parent_of(name))
+            nowait = p.waiting_forbidden
+        self._run_shared_deletes(name, wait=not nowait)
+
+    def _run_shared_deletes(self, name: str, *, wait: bool) -> None:
+        """Start the queued deletes of *name* on the shared tiers in their limiters; wait
+        for them at most ``shared_wait`` when *wait*."""
+        done: list[threading.Event] = []
+        for slot in self.shared.slots:
+            if slot.usable() and slot.limiter is not None:
+                job = slot.limiter.submit(self.writeback.run_delete, slot, name, on_done=_ignore)
+                if job is not None:
+                    done.append(job.finished)
+        if wait and self.shared_wait > 0:
+            deadline = time.monotonic() + self.shared_wait
+            for ev in done:
+                ev.wait(max(0.0, deadline - time.monotonic()))
 
     def rename(self, old: str, new: str) -> None:
-        """Rename block *old* to *new*, atomically replacing a block named *new*."""
+        """Rename block *old* to *new*, atomically replacing a block named *new*.
+
+        Local copies are renamed in place (a DRAM entry under the lock, a disk file with
+        the lock let go); shared copies are deleted under the old name and written under
+        the new one in the background, unless the block has no local copy, when they are
+        renamed now (outside the lock).
+        """
         old, new = normalize(old), normalize(new)
         self._refresh(old)
-        with self._lock:
+        p = self.placement
+        with p.locked():
             rec = self.catalog.require(old)
             if old == new:
                 return
             if self.catalog.is_dir(new):
                 raise IsADirectory(f"{new!r} is a directory")
+            has_local = bool(rec.tiers & p.local_mask)
+            moves = [
+                self.slots[i]
+                for i in rec.tier_indexes()
+                if self.slots[i].persistent and (not self.slots[i].shared or not has_local)
+            ]
+            for slot in moves:
+                p.require_io(slot.index, "renaming a copy")
+                if slot.is_busy(old) or slot.is_busy(new):
+                    raise StoreBusy(f"the copy of {old!r} or {new!r} in {slot.name!r} is in use; try again", slot.index)
+            if self.catalog.get(new) is None:
+                self.catalog.ensure_dir(parent_of(new))
+            moved = self._rename_copies(rec, old, new, moves)
+            if not p.is_current(rec):
+                for slot in moved:  # deleted or replaced meanwhile: the renamed files are nobody's
+                    if not (target := self.catalog.get(new)) or not target.tiers & slot.bit:
+                        p.delete_copy(slot, new)
+                raise BlockNotFound(old)
             target = self.catalog.get(new)
-            if target is None:
-                self.catalog.ensure_dir(self._parent_dir(new))
-            moved = 0
-            for i in list(rec.tier_indexes()):
-                try:
-                    self.tiers[i].rename(old, new)
-                    moved |= 1 << i
-                except (BlockNotFound, BlockCorrupt, TierUnavailable) as exc:
-                    log.warning("rename %s -> %s failed in tier %s: %s", old, new, self.tiers[i].name, exc)
-                    if isinstance(exc, TierUnavailable):
-                        self._mark_unhealthy(i, exc)
-                    self._forget_copy(i, rec)
             if target is not None:
                 for j in list(target.tier_indexes()):
-                    if moved & (1 << j):
-                        self._forget_copy(j, target)
+                    slot = self.slots[j]
+                    if slot in moved or (not slot.persistent and rec.tiers & slot.bit):
+                        p.forget_copy(slot, target)  # replaced by the renamed copy
                     else:
-                        self._drop_copy(j, target)
+                        p.drop_copy(slot, target)
                 self.catalog.discard(target)
+            for i in list(rec.tier_indexes()):
+                slot = self.slots[i]
+                if slot.shared and slot not in moved:  # re-published under the new name below
+                    p.forget_copy(slot, rec)
+                    p.delete_copy(slot, old)
+                    self.queue.copy(rec, slot.index)
+                elif not slot.persistent:
+                    slot.tier.rename(old, new)  # memory: under the lock, atomic for readers
             # footprints depend on the name (header length): recount under the new name
             for i in rec.tier_indexes():
-                self.catalog.count_out(i, self._footprint(i, rec), rec.name)
-                self._policies[i].remove(old)
+                slot = self.slots[i]
+                self.catalog.count_out(i, p.footprint(slot, rec), rec.name)
+                slot.policy.remove(old)
             self.catalog.rename(rec, new)
             for i in rec.tier_indexes():
-                self.catalog.count_in(i, self._footprint(i, rec), rec.name)
+                slot = self.slots[i]
+                self.catalog.count_in(i, p.footprint(slot, rec), rec.name)
                 if not rec.pinned:
-                    self._policy_insert(i, rec)
-            self._emit(EventKind.RENAMED, rec, detail=old)
+                    p.policy_insert(slot, rec)
+            self.shared.forget_missing(new)
+            self.shared.forget_listing(parent_of(old))
+            self.shared.forget_listing(parent_of(new))
+            p.emit(EventKind.RENAMED, rec, detail=old)
             if not rec.tiers:
-                self._lose_if_empty(rec, "no copy survived the rename")
+                p.lose_if_empty(rec, "no copy survived the rename")
                 raise BlockNotFound(old)
 
-    # -- rebuild and lifecycle -----------------------------------------------------
+    def _rename_copies(self, rec: BlockRecord, old: str, new: str, moves: list[TierSlot]) -> list[TierSlot]:
+        """Rename the persistent copies of *rec* in *moves* with the lock let go (both
+        names held busy meanwhile); returns the tiers where it worked. Under the lock."""
+        p = self.placement
+        if not moves:
+            return []
+        moving = 0
+        for slot in moves:
+            slot.hold(old)
+            slot.hold(new)
+            moving |= slot.bit
+        rec.moving |= moving
+        errors: dict[int, Exception] = {}
+        try:
+            with p.unlocked():
+                for slot in moves:
+                    try:
+                        slot.tier.rename(old, new)
+                    except (BlockNotFound, BlockCorrupt, TierUnavailable) as exc:
+                        errors[slot.index] = exc
+        finally:
+            rec.moving &= ~moving
+            for slot in moves:
+                if slot.index not in errors:
+                    slot.doomed.discard(new)  # the file a waiting delete meant is replaced
+                p.release_hold(slot, old)
+                p.release_hold(slot, new)
+        for slot in moves:
+            err = errors.get(slot.index)
+            if err is None:
+                continue
+            log.warning("rename %s -> %s failed in tier %s: %s", old, new, slot.name, err)
+            if isinstance(err, TierUnavailable):
+                slot.failed(err)
+            if p.is_current(rec):
+                p.forget_copy(slot, rec)
+        return [s for s in moves if s.index not in errors]
+
+    # -- operator commands (kvfs pin, prefetch, evict, du, fsck) ----------------------------
+
+    def pin(self, name: str, pinned: bool = True) -> BlockStat:
+        """Pin (or unpin) a block: a pinned block is never evicted from the tiers it is in."""
+        return self.operator.pin(name, pinned)
+
+    def prefetch(self, name: str, tier: str | None = None) -> BlockStat:
+        """Copy the block into *tier* (the hottest by default) now."""
+        return self.operator.prefetch(name, tier)
+
+    def evict(self, name: str, tier: str | None = None, *, force: bool = False) -> BlockStat | None:
+        """Drop the block's copies in *tier*, or in every local tier (see
+        :meth:`OperatorCommands.evict`)."""
+        return self.operator.evict(name, tier, force=force)
+
+    def usage(self, directory: str = "") -> Usage:
+        """Bytes and blocks per tier at or under *directory*."""
+        return self.operator.usage(directory)
+
+    def verify(self, name: str, *, repair: bool = False) -> dict[str, str | None]:
+        """Check every copy of *name* (see :meth:`OperatorCommands.verify`)."""
+        return self.operator.verify(name, repair=repair)
+
+    # -- leases ----------------------------------------------------------------------------
+
+    def lease(self, name: str, *, tier: str | None = None, ttl: float = 30.0) -> Lease:
+        """Hold one local copy of *name* for a reader outside the store (see
+        :mod:`kvfs.leases`): the copy in *tier*, or the hottest local copy. Until
+        :meth:`release` or *ttl* seconds, a DRAM extent is not reused and a disk file is
+        not removed, replaced or renamed. Raises :class:`BlockNotFound`, or
+        :class:`KvfsError` when *tier* holds no local copy of it."""
+        name = normalize(name)
+        p = self.placement
+        with p.locked():
+            rec = self.catalog.require(name)
+            if tier is not None:
+                slot = self.slots[self.tier_index(tier)]
+                if slot.shared or not rec.tiers & slot.bit:
+                    raise KvfsError(f"tier {tier!r} holds no local copy of {name!r} to lease")
+            else:
+                local = rec.tiers & p.local_mask
+                if not local:
+                    raise KvfsError(f"{name!r} has no local copy to lease (only shared tiers hold it)")
+                slot = self.slots[(local & -local).bit_length() - 1]
+            ref = None
+            if not slot.persistent:
+                ref = slot.tier.open(name)  # holds the extent
+            else:
+                slot.hold(name)
+            lease = Lease(
+                id=self.leases.new_id(),
+                name=name,
+                tier=slot.name,
+                size=rec.size,
+                checksum=rec.checksum,
+                location=slot.tier.locate(name),
+                expires=self.leases.deadline(ttl),
+                slot=slot,
+                ref=ref,
+            )
+            self.leases.add(lease)
+            return lease
+
+    def release(self, lease: Lease | int) -> bool:
+        """End a lease (by object or id); False if it had already ended (released or expired)."""
+        held = self.leases.pop(lease if isinstance(lease, int) else lease.id)
+        if held is None:
+            return False
+        self._end_lease(held)
+        return True
+
+    def _end_lease(self, lease: Lease) -> None:
+        if lease.ref is not None:
+            lease.ref.release()
+            return
+        with self.placement.locked():
+            self.placement.release_hold(lease.slot, lease.name)
+
+    def expire_leases(self) -> int:
+        """End every lease past its deadline; returns how many (the daemon calls this)."""
+        gone = self.leases.expired()
+        for lease in gone:
+            log.warning("lease %d on %s in %s expired without being released", lease.id, lease.name, lease.tier)
+            self._end_lease(lease)
+        return len(gone)
+
+    # -- background work, rebuild, lifecycle ------------------------------------------------
+
+    def run_pending(self, limit: int | None = None) -> int:
+        """Run up to *limit* queued write-through copies and shared deletes (see
+        :meth:`WriteBack.run_pending`); returns how many were done."""
+        return self.writeback.run_pending(limit)
+
+    @property
+    def pending(self) -> int:
+        return self.writeback.pending
+
+    def flush(self) -> int:
+        """Write every block that is only in DRAM down (see :meth:`flush_report`);
+        returns how many were written."""
+        return self.flush_report().written
+
+    def flush_report(self) -> FlushReport:
+        """Run the pending write-through work and write every block whose only copies are
+        volatile down to a persistent tier; what could not be done is in the report.
+        Called before unmount: a clean unmount loses nothing, or says what it lost."""
+        return self.writeback.flush()
 
     def rebuild(self) -> int:
         """Add every block found in the local persistent tiers to the catalog; returns how
-        many copies were found. The hotter tier's version wins when two disagree."""
+        many copies were found. The hotter tier's version wins when two disagree. A file
+        that is corrupt (its header, or a name that is not a valid kvfs name or not its
+        own path) is counted in the tier's ``corrupt`` and never becomes a block. Runs
+        before the store serves (it reads the tiers under the lock)."""
         found = 0
-        now = self._clock()
-        with self._lock:
-            for i, tier in enumerate(self.tiers):
-                if not tier.persistent or tier.shared:
+        now = self.clock()
+        p = self.placement
+        with p.locked():
+            for slot in self.slots:
+                if not slot.persistent or slot.shared:
                     continue
-                for info in tier.scan():
+                for info in slot.tier.scan():
+                    if info.problem is None:
+                        try:
+                            if normalize(info.name) != info.name or not info.name:
+                                raise InvalidName(f"{info.name!r} is not a normalized kvfs name")
+                        except InvalidName as exc:
+                            info = type(info)(info.name, info.size, info.checksum, str(exc))
+                    if info.problem is not None:
+                        slot.counters.corrupt += 1
+                        self.rebuilt_corrupt += 1
+                        log.error("rebuild: corrupt file in tier %s skipped: %s", slot.name, info.problem)
+                        p.emit(EventKind.CORRUPT, info.name, slot, info.problem)
+                        continue
                     rec = self.catalog.get(info.name)
                     if rec is None:
-                        rec = BlockRecord(info.name, info.size, info.checksum, created=now, accessed=now)
+                        rec = BlockRecord(
+                            info.name,
+                            info.size,
+                            info.checksum,
+                            created=now,
+                            accessed=now,
+                            learn_shared=bool(self.shared),
+                        )
                         try:
                             self.catalog.add(rec)
                         except KvfsError as exc:
-                            log.warning("rebuild: %s in tier %s skipped: %s", info.name, tier.name, exc)
+                            log.warning("rebuild: %s in tier %s skipped: %s", info.name, slot.name, exc)
                             continue
-                    elif rec.checksum != info.checksum or rec.size != info.size or rec.tiers & (1 << i):
-                        log.warning("rebuild: %s in tier %s differs from a hotter copy; ignored", info.name, tier.name)
+                    elif rec.checksum != info.checksum or rec.size != info.size or rec.tiers & slot.bit:
+                        log.warning("rebuild: %s in tier %s differs from a hotter copy; ignored", info.name, slot.name)
                         continue
-                    self._add_copy(i, rec)
+                    p.add_copy(slot, rec)
                     found += 1
         return found
 
     def statistics(self) -> StoreStatistics:
-        with self._lock:
-            tiers = tuple(
-                TierStatistics(
-                    name=t.name,
-                    kind=t.kind.value,
-                    capacity=t.capacity,
-                    used=self.catalog.used[i],
-                    blocks=self.catalog.counts[i],
-                    healthy=self._healthy[i],
-                    persistent=t.persistent,
-                    shared=t.shared,
-                    **{f: getattr(self._counters[i], f) for f in TierCounters.__slots__},
-                )
-                for i, t in enumerate(self.tiers)
-            )
+        with self.placement.locked():
+            tiers = tuple(s.statistics(self.catalog.used[s.index], self.catalog.counts[s.index]) for s in self.slots)
             return StoreStatistics(
                 blocks=len(self.catalog),
                 lookups=self._lookups,
                 misses=self._misses,
-                pending_writes=len(self._pending),
+                pending_writes=len(self.queue),
                 tiers=tiers,
             )
 
@@ -745,10 +906,26 @@ class Store(WriteBack, SharedTierDiscovery, StoreSteering):
         return len(self.catalog)
 
     def __iter__(self) -> Iterator[str]:
-        with self._lock:
+        with self.placement.locked():
             return iter(list(self.catalog.names()))
 
     def close(self) -> None:
-        """Close every tier. Call :meth:`flush` first to keep blocks that are only in DRAM."""
-        for t in self.tiers:
-            t.close()
+        """End every lease and close every tier. Call :meth:`flush` first to keep blocks
+        that are only in DRAM. Threads stuck in a hung tier are left behind, never waited for."""
+        for lease in self.leases.all():
+            self._end_lease(lease)
+        self.shared.close()
+        for slot in self.slots:
+            slot.close()
+
+
+def _open(tier: Tier, name: str) -> BlockRef:
+    return tier.open(name)
+
+
+def _unpack_ref(ref: BlockRef) -> tuple[memoryview, int]:
+    return ref.data, ref.checksum
+
+
+def _ignore(_job: object) -> None:
+    """A background call whose outcome the caller does not need (it records its own)."""

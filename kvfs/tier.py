@@ -9,6 +9,13 @@ Required: :meth:`put`, :meth:`open`, :meth:`delete`, :meth:`stat`, :meth:`scan`,
 Vendor errors are translated here: a missing copy is :class:`BlockNotFound`, a bad copy
 :class:`BlockCorrupt`, a failed or hung backend :class:`TierUnavailable`, no room right
 now :class:`TierFull`.
+
+Deadlines: a shared tier (``shared = True``) bounds every call by its config's
+``timeout``: a call returns or raises :class:`TierUnavailable` within it however the
+backend behaves (a stalled NFS server, an endpoint that accepts and never answers), and a
+call that outlives its caller never touches the caller's buffers afterwards. The store
+relies on this: it never waits on a shared tier for local work, and when a local miss
+must ask one, the wait is this deadline.
 """
 
 from __future__ import annotations
@@ -16,21 +23,33 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import ClassVar, Self
+from typing import Any, ClassVar, Self
 
 from .config import TierConfig, TierKind
 from .names import TierName
 
-__all__ = ["BlockInfo", "BlockRef", "Tier"]
+__all__ = ["BlockInfo", "BlockRef", "Location", "Tier"]
 
 
 @dataclass(frozen=True, slots=True)
 class BlockInfo:
-    """What a tier knows of one stored block."""
+    """What a tier knows of one stored block. ``problem`` is set (and the other fields
+    are what could be read) for a file :meth:`Tier.scan` found corrupt."""
 
     name: str
     size: int
     checksum: int
+    problem: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Location:
+    """Where a copy's payload lies for a reader outside the daemon: *length* bytes at
+    *offset* in the file *path* (the DRAM arena, a disk block file)."""
+
+    path: str
+    offset: int
+    length: int
 
 
 class BlockRef:
@@ -83,7 +102,7 @@ class Tier(abc.ABC):
         """Bytes a block of *size* payload bytes takes in this tier (counted against capacity)."""
 
     @abc.abstractmethod
-    def put(self, name: str, data, checksum: int) -> None:
+    def put(self, name: str, data: Any, checksum: int) -> None:
         """Store *data* (any buffer) under *name*, atomically replacing an existing copy.
 
         No reader ever sees a partial block under *name*: persistent tiers write a
@@ -107,7 +126,9 @@ class Tier(abc.ABC):
     @abc.abstractmethod
     def scan(self, prefix: str = "") -> Iterator[BlockInfo]:
         """Every block stored under the directory *prefix* (``""``: all), for rebuilding the
-        catalog. Unreadable or corrupt files are skipped (and logged), never yielded."""
+        catalog. An unreadable or corrupt file (a bad header, a name that is not a valid
+        kvfs name or not the file's own path) is yielded with ``problem`` saying why, never
+        as a block, and never moved outside the tier."""
 
     def listdir(self, directory: str = "") -> dict[str, bool]:
         """``{basename: is_dir}`` of what this tier holds directly in *directory* (``""``:
@@ -119,12 +140,14 @@ class Tier(abc.ABC):
         base = f"{directory}/" if directory else ""
         out: dict[str, bool] = {}
         for info in self.scan(directory):
+            if info.problem is not None:
+                continue
             rest = info.name[len(base) :]
             head, sep, _ = rest.partition("/")
             out[head] = out.get(head, False) or bool(sep)
         return out
 
-    def read_into(self, name: str, out) -> tuple[int, int]:
+    def read_into(self, name: str, out: Any) -> tuple[int, int]:
         """Copy the verified payload into the writable buffer *out*; returns ``(length,
         checksum)``. Raises ``ValueError`` when *out* is too small, and the errors of
         :meth:`open`. File-backed tiers override it to read straight into *out*.
@@ -144,6 +167,11 @@ class Tier(abc.ABC):
         with self.open(old) as ref:
             self.put(new, ref.data, ref.checksum)
         self.delete(old)
+
+    def locate(self, name: str) -> Location | None:
+        """Where the copy's payload lies for a reader in another process (zero-copy
+        clients), or None when this tier has no such place (objects in S3)."""
+        return None
 
     def close(self) -> None:
         """Release resources; the tier is unusable afterwards."""

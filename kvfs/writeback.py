@@ -1,113 +1,260 @@
-"""Copies down: the write-through queue and the flush before unmount.
+"""Copies down: running the write-through queue, and the flush before unmount.
 
 A tier configured ``write = "through"`` gets a copy of every block sealed above it soon
-after: ``put`` queues the work and the owner (the daemon's nursery) calls
-:meth:`WriteBack.run_pending` from a worker thread; the copy runs outside the store's
-lock against room reserved beforehand. :meth:`WriteBack.flush` writes every block that is
-only in volatile tiers down to the first persistent tier, so a clean unmount loses
-nothing. A mixin of :class:`kvfs.store.Store`.
+after: ``put`` queues the work (:mod:`kvfs.backlog`) and the owner (the daemon's nursery)
+calls :meth:`WriteBack.run_pending` from a worker thread. Each copy is a two-phase move
+(:meth:`~kvfs.placement.Placement.copy_into`): room reserved, bytes copied outside the
+store's lock, committed. Deletes queued for shared tiers run here too.
+
+:meth:`WriteBack.flush` writes every block that is only in volatile tiers (DRAM) down to
+the first persistent tier that takes it, so a clean unmount loses nothing, and says what
+it could not do in a :class:`FlushReport`: blocks no persistent tier took (lost when the
+process ends), write-through copies not made (the block is persistent elsewhere) and
+deletes that did not reach a shared tier. A tier that fails during the flush is not
+tried again by it, so a hung tier costs the flush one deadline, not one per block.
 """
 
 from __future__ import annotations
 
 import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
 
-from .errors import BlockCorrupt, BlockNotFound, TierFull, TierUnavailable
+from .backlog import CopyJob, DeleteJob, WriteThroughQueue
+from .catalog import BlockRecord
+from .errors import TierUnavailable
 from .events import EventKind
+from .placement import Placement
+from .slot import TierSlot
 
-__all__ = ["WriteBack"]
+__all__ = ["FlushReport", "WriteBack"]
 
 log = logging.getLogger("kvfs.store")
 
+_DONE, _SKIPPED, _STOP = range(3)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FlushReport:
+    """What :meth:`WriteBack.flush` did and could not do."""
+
+    written: int = 0
+    """Blocks only in DRAM that were written to a persistent tier."""
+    lost: tuple[tuple[str, str], ...] = ()
+    """``(name, why)`` of blocks only in DRAM that no persistent tier took."""
+    unsynced: dict[str, int] = field(default_factory=dict)
+    """tier -> write-through copies not made (those blocks are held by another tier)."""
+    undeleted: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """tier -> names whose delete never reached that shared tier."""
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        """True when nothing only in DRAM is lost."""
+        return not self.lost
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "written": self.written,
+            "lost": [{"name": n, "why": w} for n, w in self.lost],
+            "unsynced": dict(self.unsynced),
+            "undeleted": {t: list(ns) for t, ns in self.undeleted.items()},
+            "seconds": self.seconds,
+        }
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> FlushReport:
+        return cls(
+            written=int(obj.get("written", 0)),
+            lost=tuple((str(e["name"]), str(e["why"])) for e in obj.get("lost", ())),
+            unsynced={str(k): int(v) for k, v in obj.get("unsynced", {}).items()},
+            undeleted={str(k): tuple(v) for k, v in obj.get("undeleted", {}).items()},
+            seconds=float(obj.get("seconds", 0.0)),
+        )
+
 
 class WriteBack:
-    """Write-through copies and the flush (see the module doc)."""
+    """Runs *queue*'s jobs and the flush through *placement* (see the module doc)."""
 
-    def _open_hottest(self, rec, why: str):
-        """The hottest copy of *rec* to copy down from, or None (logged) when it cannot be
-        read; the read path deals with the bad copy when a reader next asks."""
-        try:
-            return self.tiers[next(rec.tier_indexes())].open(rec.name)
-        except (BlockNotFound, BlockCorrupt, TierUnavailable) as exc:
-            log.warning("%s of %s skipped: cannot read it: %s", why, rec.name, exc)
-            return None
+    def __init__(self, placement: Placement, queue: WriteThroughQueue) -> None:
+        self.placement = placement
+        self.queue = queue
 
-    def run_pending(self, limit: int | None = None) -> int:
-        """Copy up to *limit* queued blocks down to their write-through tiers; returns how
-        many were copied. Safe to call from a worker thread while the store serves: the
-        copy itself (an upload to S3, a write to NFS) runs outside the lock, against room
-        reserved in the target tier beforehand. A copy that fails is queued again."""
+    def run_pending(self, limit: int | None = None, *, skip: frozenset[int] = frozenset()) -> int:
+        """Run up to *limit* queued copies and deletes; returns how many were done. Safe
+        to call from a worker thread while the store serves. A tier that does not answer
+        keeps its jobs (and its turn) for the next call; other tiers go on."""
         done = 0
-        while limit is None or done < limit:
-            with self._lock:
-                if not self._pending:
-                    break
-                rec, j = self._pending.popleft()
-                if self.catalog.get(rec.name) is not rec or rec.tiers & (1 << j) or not rec.tiers:
-                    continue
-                if not self._usable(j):
-                    self._pending.append((rec, j))  # keep it for when the tier answers
-                    break
-                fp = self._footprint(j, rec)
-                if not self._make_room(j, fp):
-                    log.warning("write-through of %s skipped: tier %s cannot make room", rec.name, self.tiers[j].name)
-                    continue
-                ref = self._open_hottest(rec, "write-through")
-                if ref is None:
-                    continue
-                self.catalog.count_in(j, fp)  # reserve the room while the copy runs
-            error: Exception | None = None
-            with ref:
-                try:
-                    self.tiers[j].put(rec.name, ref.data, rec.checksum)
-                except (TierUnavailable, TierFull) as exc:
-                    error = exc
-            with self._lock:
-                self.catalog.count_out(j, fp)
-                if error is not None:
-                    if isinstance(error, TierUnavailable):
-                        self._mark_unhealthy(j, error)
-                    self._pending.append((rec, j))
-                    break
-                self._mark_healthy(j)
-                current = self.catalog.get(rec.name)
-                if current is rec and not rec.tiers & (1 << j):
-                    self._add_copy(j, rec)
-                    self._counters[j].bytes_written += rec.size
-                    self._counters[j].demotions += 1
-                    self._emit(EventKind.DEMOTED, rec, j, "write-through")
+        with self.placement.locked():
+            tiers = self.queue.tiers()
+        for t in tiers:
+            if t in skip:
+                continue
+            slot = self.placement.slots[t]
+            with self.placement.locked():
+                n = self.queue.pending(t)
+            for _ in range(n):
+                if limit is not None and done >= limit:
+                    return done
+                outcome = self._run_one(slot)
+                if outcome == _DONE:
                     done += 1
-                    continue
-                orphan = current is None
-            if orphan:  # deleted while it was being copied: do not leave it behind
-                try:
-                    self.tiers[j].delete(rec.name)
-                except TierUnavailable as exc:
-                    log.warning("could not remove orphan copy of %s from %s: %s", rec.name, self.tiers[j].name, exc)
+                elif outcome == _STOP:
+                    break
         return done
+
+    def _run_one(self, slot: TierSlot) -> int:
+        p = self.placement
+        with p.locked():
+            if not slot.usable():
+                return _STOP
+            job = self.queue.pop(slot.index)
+            if job is None:
+                return _STOP
+            if isinstance(job, DeleteJob):
+                return self._delete(slot, job)
+            return self._copy(slot, job)
+
+    def run_delete(self, slot: TierSlot, name: str) -> bool:
+        """Run the queued delete of *name* from *slot* now, if it is still queued (from a
+        limiter's thread, so the caller of ``delete`` need not wait); True if it ran."""
+        with self.placement.locked():
+            if not slot.usable():
+                return False
+            job = self.queue.take_delete(slot.index, name)
+            if job is None:
+                return False
+            return self._delete(slot, job) == _DONE
+
+    def _delete(self, slot: TierSlot, job: DeleteJob) -> int:
+        """Under the lock; the name is held in *slot* since the job was queued."""
+        p = self.placement
+        error: TierUnavailable | None = None
+        with p.unlocked():
+            try:
+                slot.tier.delete(job.name)
+            except TierUnavailable as exc:
+                error = exc
+        if error is not None:
+            slot.failed(error)
+            self.queue.push_back(job)
+            return _STOP
+        slot.answered()
+        p.release_hold(slot, job.name)
+        return _DONE
+
+    def _copy(self, slot: TierSlot, job: CopyJob) -> int:
+        """Under the lock."""
+        p = self.placement
+        rec = job.rec
+        if not p.is_current(rec) or rec.tiers & slot.bit or not rec.tiers:
+            return _SKIPPED
+        if slot.is_busy(rec.name):
+            self.queue.copy(rec, slot.index)  # a delete of the old name runs first
+            return _SKIPPED
+        ref = p.open_copy(p.slots[next(rec.tier_indexes())], rec)
+        if ref is None:
+            log.warning("write-through of %s skipped: cannot read it", rec.name)
+            return _SKIPPED
+        with ref:
+            if p.copy_into(slot, rec, ref.data, EventKind.DEMOTED, "write-through"):
+                return _DONE
+        if not slot.usable():
+            self.queue.push_back(job)  # keep it for when the tier answers
+            return _STOP
+        if slot.is_busy(rec.name):
+            self.queue.copy(rec, slot.index)
+            return _SKIPPED
+        if p.is_current(rec) and not rec.tiers & slot.bit:
+            log.warning("write-through of %s skipped: tier %s cannot make room", rec.name, slot.name)
+        return _SKIPPED
 
     @property
     def pending(self) -> int:
-        return len(self._pending)
+        return len(self.queue)
 
-    def flush(self) -> int:
-        """Run every pending write-through, then write each block whose only copies are in
-        volatile tiers (DRAM) down to the first persistent tier that takes it. Returns the
-        number of blocks written down. Called before unmount: a clean unmount loses nothing."""
-        self.run_pending()
+    # -- the flush -------------------------------------------------------------------
+
+    def flush(self) -> FlushReport:
+        """Run the pending write-through work, then write each block whose only copies are
+        in volatile tiers down to the first persistent tier that takes it. Called before
+        unmount: a clean unmount loses nothing, and what it could not save is reported."""
+        t0 = time.monotonic()
+        p = self.placement
+        failed: set[int] = set()
+        self._run_until_failure(failed)
+        with p.locked():
+            volatile = [r for r in p.catalog.blocks.values() if r.tiers and not r.tiers & p.persistent_mask]
         written = 0
-        with self._lock:
-            volatile = [r for r in self.catalog.blocks.values() if r.tiers and not r.tiers & self._persistent_mask]
-            for rec in volatile:
-                src = next(rec.tier_indexes())
-                ref = self._open_hottest(rec, "flush")
-                if ref is None:
-                    continue
-                with ref:
-                    for j in range(src + 1, len(self.tiers)):
-                        if self.tiers[j].persistent and self._place(j, rec, ref.data, EventKind.DEMOTED):
-                            written += 1
-                            break
-                    else:
-                        log.error("flush: no persistent tier took %s", rec.name)
-        return written
+        lost: list[tuple[str, str]] = []
+        for rec in volatile:
+            why = self._save(rec, failed)
+            if why is None:
+                written += 1
+            elif why:
+                lost.append((rec.name, why))
+        self._run_until_failure(failed)  # deletes and copies queued by the flush itself
+        with p.locked():
+            unsynced: dict[str, int] = {}
+            undeleted: dict[str, tuple[str, ...]] = {}
+            for t in self.queue.tiers():
+                name = p.slots[t].name
+                jobs = list(self.queue.jobs(t))
+                copies = sum(1 for j in jobs if isinstance(j, CopyJob) and p.is_current(j.rec))
+                deletes = tuple(j.name for j in jobs if isinstance(j, DeleteJob))
+                if copies:
+                    unsynced[name] = copies
+                if deletes:
+                    undeleted[name] = deletes
+        for name, why in lost:
+            log.error("unmount: %s was only in DRAM and is lost: %s", name, why)
+        return FlushReport(
+            written=written, lost=tuple(lost), unsynced=unsynced, undeleted=undeleted, seconds=time.monotonic() - t0
+        )
+
+    def _run_until_failure(self, failed: set[int]) -> None:
+        """Run the queued jobs until none is left or a pass gets none done; a tier that
+        fails is added to *failed* and not tried again by this flush."""
+        while True:
+            with self.placement.locked():
+                before = len(self.queue)
+                tiers = [t for t in self.queue.tiers() if t not in failed]
+            if not tiers:
+                return
+            for t in tiers:
+                slot = self.placement.slots[t]
+                for _ in range(self.queue.pending(t)):
+                    if self._run_one(slot) == _STOP:
+                        if self.queue.pending(t):
+                            failed.add(t)
+                        break
+            if len(self.queue) >= before:
+                return  # only jobs that wait for something else (a lease, a busy name) left
+
+    def _save(self, rec: BlockRecord, failed: set[int]) -> str | None:
+        """Write *rec* down; None when written, "" when there is nothing to do, else why not."""
+        p = self.placement
+        with p.locked():
+            if not p.is_current(rec) or rec.tiers & p.persistent_mask or not rec.tiers:
+                return ""
+            src = p.slots[next(rec.tier_indexes())]
+            ref = p.open_copy(src, rec)
+            if ref is None:
+                return "its DRAM copy cannot be read"
+            reasons: list[str] = []
+            with ref:
+                for slot in p.slots[src.index + 1 :]:
+                    if not slot.persistent:
+                        continue
+                    if slot.index in failed:
+                        reasons.append(f"{slot.name} is unavailable")
+                        continue
+                    if p.copy_into(slot, rec, ref.data, EventKind.DEMOTED, "flush"):
+                        return None
+                    if not p.is_current(rec):
+                        return ""
+                    reasons.append(f"{slot.name} {p.refusal(slot, rec)}")
+                    if not slot.usable():
+                        failed.add(slot.index)
+            return "; ".join(reasons) or "no persistent tier is configured"

@@ -4,7 +4,10 @@
 
 - Foreground: mounts, serves until unmounted (``kvfs umount``, ``fusermount3 -u``) or
   until SIGTERM/SIGINT, then writes every block that is only in DRAM down to the first
-  persistent tier (``store.flush``), closes the store and returns.
+  persistent tier that takes it (``store.flush_report``), closes the store and returns:
+  0 when nothing was lost, 1 when some block only in DRAM could not be written down
+  (each is named in the log, and the report is left at
+  :func:`~kvfs.mount.paths.umount_report_path` for ``kvfs umount`` to show).
 - Background: starts ``python -m kvfs.mount.daemon`` detached (its own session, output to
   :func:`~kvfs.mount.paths.log_path`), hands it the parsed config on stdin and returns
   once the child reports, on a pipe, that the mount is ready (or why it failed).
@@ -13,6 +16,12 @@ Every way the loop ends goes through the same exit path, so ``fusermount3 -u`` (
 kernel's destroy, which ends ``pyfuse3.main``) flushes exactly as ``kvfs umount`` does.
 The pid file (:func:`~kvfs.mount.paths.pid_path`) exists while the daemon runs;
 ``kvfs umount`` waits for the process to end, which is after the flush.
+
+A hung tier never holds the exit: store calls that are still waiting on a tier when the
+loop ends are abandoned (their threads are daemon threads, never joined), every shared
+tier call has a deadline, and the flush gives up on a tier after its first failure. So an
+unmount during a stall takes the local flush plus at most one deadline per stalled tier
+that still had work queued (docs/store.md, "Unmount").
 """
 
 from __future__ import annotations
@@ -25,13 +34,26 @@ import pickle
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
+from typing import Any
 
 from kvfs.config import Config
 from kvfs.errors import KvfsError
+from kvfs.store import FlushReport, Store
 
-from .paths import FSTYPE, control_socket_path, log_path, pid_path, real_path, unescape
+from .assembly import capacity_warnings, open_store
+from .paths import (
+    FSTYPE,
+    control_socket_path,
+    log_path,
+    open_private,
+    pid_path,
+    read_private,
+    real_path,
+    umount_report_path,
+    unescape,
+    write_private,
+)
 
 __all__ = ["MountError", "check_mountpoint", "fs_options_from_env", "mount_type", "run"]
 
@@ -101,12 +123,20 @@ def fs_options_from_env():
 # -- the daemon itself ------------------------------------------------------------------
 
 
-async def _write_through(store) -> None:
+def _background_pass(store: Store) -> None:
+    """One pass of the store's background work (in a worker thread)."""
+    if store.pending:
+        store.run_pending(256)
+    if store.leases:
+        store.expire_leases()
+
+
+async def _write_through(store: Store) -> None:
     import trio
 
     while True:
-        if store.pending:
-            await trio.to_thread.run_sync(store.run_pending, 256)
+        # abandoned on cancel: a copy stuck in a hung tier must not hold the unmount
+        await trio.to_thread.run_sync(_background_pass, store, abandon_on_cancel=True)
         await trio.sleep(_WRITE_THROUGH_INTERVAL)
 
 
@@ -175,24 +205,31 @@ def _mount_options(config: Config) -> set[str]:
     return opts
 
 
-def serve_foreground(mountpoint: str, config: Config, on_ready=lambda: None) -> int:
-    """Mount, serve until unmounted or signalled, flush, close. Returns an exit status."""
+def serve_foreground(mountpoint: str, config: Config, on_ready: Any = lambda: None) -> int:
+    """Mount, serve until unmounted or signalled, flush, close. Returns an exit status:
+    0, or 1 when blocks only in DRAM could not be written down (see the module doc)."""
     import pyfuse3
     import trio
-
-    from kvfs.tiers import open_store
 
     from .fs import KvfsOperations
 
     mountpoint = check_mountpoint(mountpoint)
     options = fs_options_from_env()
-    store = open_store(config)
-    ops = KvfsOperations(store, options)
+    for warning in capacity_warnings(config):
+        log.warning("%s", warning)
     # every path derived from the mountpoint is computed before mounting: resolving it
     # afterwards would stat our own mount before its loop serves (a deadlock)
     pidfile = pid_path(mountpoint)
     sock = control_socket_path(mountpoint)
+    report_file = umount_report_path(mountpoint)
+    try:
+        report_file.unlink()
+    except FileNotFoundError:
+        pass
+    store = open_store(config)
+    ops = KvfsOperations(store, options)
     metrics_server = None
+    report = FlushReport()
     try:
         if config.mount.metrics_port is not None:  # before mounting: a busy port mounts nothing
             from .metrics import start_metrics
@@ -207,7 +244,7 @@ def serve_foreground(mountpoint: str, config: Config, on_ready=lambda: None) -> 
         except (RuntimeError, OSError) as exc:
             raise MountError(f"{mountpoint}: mount failed: {exc}") from exc
         _set_read_ahead(mountpoint, options.read_ahead_kb)
-        pidfile.write_text(f"{os.getpid()}\n")
+        write_private(pidfile, f"{os.getpid()}\n")
         log.info(
             "kvfs mounted at %s (pid %d, tiers %s)",
             mountpoint,
@@ -221,26 +258,42 @@ def serve_foreground(mountpoint: str, config: Config, on_ready=lambda: None) -> 
             pyfuse3.close(unmount=still)
             log.info("unmounted %s", mountpoint)
             ops.close_handles()
-            t0 = time.monotonic()
-            n = store.flush()
-            log.info("flushed %d DRAM-only blocks to persistent tiers in %.2fs", n, time.monotonic() - t0)
+            report = store.flush_report()
+            _log_report(report)
+            write_private(report_file, json.dumps({"pid": os.getpid(), **report.to_json()}))
     finally:
         if metrics_server is not None:
             metrics_server.shutdown()
         store.close()
         try:
-            if pidfile.read_text().strip() == str(os.getpid()):
+            if (read_private(pidfile) or "").strip() == str(os.getpid()):
                 pidfile.unlink()
         except OSError:
             pass
-    return 0
+    return 0 if report.ok else 1
+
+
+def _log_report(report: FlushReport) -> None:
+    log.info("flushed %d DRAM-only blocks to persistent tiers in %.2fs", report.written, report.seconds)
+    if report.lost:
+        log.error(
+            "%d blocks only in DRAM could not be written to a persistent tier and are lost: %s",
+            len(report.lost),
+            ", ".join(name for name, _ in report.lost),
+        )
+    for tier, n in report.unsynced.items():
+        log.warning("%d write-through copies to %s were not made (the blocks are kept in another tier)", n, tier)
+    for tier, names in report.undeleted.items():
+        log.warning("%d deletes did not reach %s: %s", len(names), tier, ", ".join(names))
 
 
 def _spawn_background(mountpoint: str, config: Config) -> int:
     """Start the daemon detached and wait until it reports the mount ready."""
     logfile = log_path(mountpoint)
+    for warning in capacity_warnings(config):
+        print(f"kvfs: warning: {warning}", file=sys.stderr)
     r, w = os.pipe()
-    with open(logfile, "ab") as out:
+    with os.fdopen(open_private(logfile, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "ab") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "kvfs.mount.daemon", "--ready-fd", str(w), mountpoint],
             stdin=subprocess.PIPE,

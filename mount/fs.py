@@ -266,11 +266,6 @@ class KvfsOperations(pyfuse3.Operations):
         self._next_fh = 1
         self._limiters = [trio.CapacityLimiter(max(1, t.config.concurrency)) for t in store.tiers]
         self._hot_volatile = not store.tiers[0].persistent
-        # With shared tiers a name this node does not know is looked up there (a HEAD, an
-        # NFS stat): such metadata calls leave the loop, bounded by the coldest shared
-        # tier's limiter. Without them every metadata call is a catalog lookup.
-        shared = [i for i, t in enumerate(store.tiers) if t.shared]
-        self._meta_limiter = self._limiters[shared[-1]] if shared else None
         self._max_block = max((t.capacity or (1 << 62)) for t in store.tiers)
         self._nursery: trio.Nursery | None = None
         self.started = time.time()
@@ -282,21 +277,23 @@ class KvfsOperations(pyfuse3.Operations):
     # -- helpers -------------------------------------------------------------------
 
     async def _slow(self, tier: int, fn, *args):
-        """Run a store call that may touch tier *tier* (or colder) in a worker thread."""
+        """Run a store call that may touch tier *tier* (or colder) in a worker thread,
+        abandoned if the loop is cancelled (an unmount never waits on a hung tier)."""
         tier = min(max(tier, 0), len(self._limiters) - 1)
-        return await trio.to_thread.run_sync(fn, *args, limiter=self._limiters[tier])
+        return await trio.to_thread.run_sync(fn, *args, limiter=self._limiters[tier], abandon_on_cancel=True)
 
     async def _meta(self, fn, *args):
-        """A store metadata call: on the loop when it can only touch the catalog and the
-        store's lock is free; in a worker thread when the lock is held (an eviction may be
-        writing to disk under it) or when the call may ask a shared tier. The loop never
-        waits behind a slow tier."""
-        if self._meta_limiter is None:
-            try:
-                return self.store.nowait(fn, *args)
-            except StoreBusy:
-                return await trio.to_thread.run_sync(fn, *args, limiter=self._limiters[0])
-        return await trio.to_thread.run_sync(fn, *args, limiter=self._meta_limiter)
+        """A store metadata call: on the loop when it needs nothing but the catalog (the
+        store answers local blocks from memory and revalidates them in the background);
+        in a worker thread when the store says it would wait (StoreBusy), under the
+        limiter of the tier it names (a shared tier to ask about a name this node does
+        not know, a file to delete), or the hottest tier's when only its lock was busy.
+        So metadata of local blocks never queues behind shared-tier calls."""
+        try:
+            return self.store.nowait(fn, *args)
+        except StoreBusy as busy:
+            limiter = self._limiters[busy.tier if busy.tier is not None else 0]
+            return await trio.to_thread.run_sync(fn, *args, limiter=limiter, abandon_on_cancel=True)
 
     def _probe(self, name: str) -> tuple[bool, BlockStat | None]:
         """``(is_dir, stat or None)`` of *name*: the store half of a lookup (thread-safe)."""
@@ -320,9 +317,14 @@ class KvfsOperations(pyfuse3.Operations):
         return 1 if len(self._limiters) > 1 else 0
 
     def _coldest(self, st: BlockStat | None) -> int:
+        """The tier whose limiter a delete or rename of *st* runs under: its coldest local
+        copy's (the store updates shared copies in the background), or, for a block only
+        shared tiers hold, the first of those."""
         if st is None or not st.tiers:
             return 0
-        return self.store.tier_index(st.tiers[-1])
+        indexes = [self.store.tier_index(t) for t in st.tiers]
+        local = [i for i in indexes if not self.store.tiers[i].shared]
+        return local[-1] if local else indexes[0]
 
     def _child(self, parent_ino: int, name: bytes) -> str:
         parent = self.inodes.get(parent_ino)
@@ -638,8 +640,7 @@ class KvfsOperations(pyfuse3.Operations):
         st = await self._meta(self.store.lookup, name)
         if st is None:
             raise FUSEError(errno.ENOENT)  # being written (not sealed yet), evicted or removed
-        on_loop = self._meta_limiter is None  # with shared tiers even a lookup may leave the node
-        hot = self.store.open_hot(name) if on_loop and self._hot_volatile else None
+        hot = self.store.open_hot(name) if self._hot_volatile else None  # never waits, never asks a shared tier
         if hot is not None:
             ref = hot  # a DRAM hit: memory speed, served on the loop
         elif st.tiers and st.tiers[0] == self.store.tiers[0].name:

@@ -2,37 +2,109 @@
 
 The control socket of the mount at MOUNTPOINT lives at
 ``<runtime dir>/<first 16 hex of sha256(realpath(MOUNTPOINT))>.sock`` where the runtime
-dir is ``$XDG_RUNTIME_DIR/kvfs`` or ``/tmp/kvfs-<uid>`` (created 0700: the socket is
-owner-only). The daemon's log and pid file sit beside it with ``.log``/``.pid``.
+dir is ``$XDG_RUNTIME_DIR/kvfs`` or ``/tmp/kvfs-<uid>``. The daemon's log, pid file and
+unmount report sit beside it with ``.log``/``.pid``/``.umount``.
 kvfs mounts show in /proc/self/mountinfo with filesystem type ``fuse.kvfs``.
+
+The runtime directory is trusted only if it is safe: created ``0700``, and refused
+(:class:`RuntimeDirError`) unless it is a real directory (not a symlink) owned by this
+user and closed to everyone else. ``/tmp`` is shared by every local user: one who
+pre-created ``/tmp/kvfs-<uid>`` could otherwise redirect the daemon's pid file and log
+through symlinks, or put a fake control socket in front of the tools. Files in it are
+opened with ``O_NOFOLLOW`` (:func:`open_private`), so a symlink is never followed.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
+import stat
 from pathlib import Path
+
+from kvfs.errors import KvfsError
 
 __all__ = [
     "FSTYPE",
+    "RuntimeDirError",
     "control_socket_path",
     "find_mount",
     "kvfs_mounts",
     "log_path",
+    "open_private",
     "pid_path",
+    "read_private",
     "real_path",
     "runtime_dir",
+    "umount_report_path",
     "unescape",
+    "write_private",
 ]
 
 FSTYPE = "fuse.kvfs"
 
 
+class RuntimeDirError(KvfsError):
+    """Raised when the runtime directory (or a file in it) is not safe to use: a symlink,
+    not a directory, owned by another user, or open to others."""
+
+
 def runtime_dir() -> Path:
+    """The runtime directory, created ``0700`` if missing; :class:`RuntimeDirError` if it
+    exists and is not a directory that only this user can use."""
     base = os.environ.get("XDG_RUNTIME_DIR")
     d = Path(base) / "kvfs" if base else Path(f"/tmp/kvfs-{os.getuid()}")
-    d.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        os.mkdir(d, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise RuntimeDirError(f"cannot create the runtime directory {d}: {exc.strerror}") from exc
+    st = os.lstat(d)
+    uid = os.getuid()
+    fix = f"remove it (rm -rf {d}) or set XDG_RUNTIME_DIR to a directory of your own"
+    if stat.S_ISLNK(st.st_mode):
+        raise RuntimeDirError(f"the runtime directory {d} is a symlink; kvfs will not follow it: {fix}")
+    if not stat.S_ISDIR(st.st_mode):
+        raise RuntimeDirError(f"the runtime directory {d} is not a directory: {fix}")
+    if st.st_uid != uid:
+        raise RuntimeDirError(
+            f"the runtime directory {d} belongs to uid {st.st_uid}, not to you (uid {uid}): another user "
+            f"may have made it to intercept kvfs's pid file, log and control socket; {fix}"
+        )
+    if st.st_mode & 0o077:
+        raise RuntimeDirError(
+            f"the runtime directory {d} is open to other users (mode {stat.S_IMODE(st.st_mode):o}); "
+            f"what is in it cannot be trusted: {fix}"
+        )
     return d
+
+
+def open_private(path: str | os.PathLike[str], flags: int, mode: int = 0o600) -> int:
+    """``os.open`` of a file in the runtime directory that never follows a symlink."""
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # a symlink where our file should be
+            raise RuntimeDirError(f"{path} is a symlink; kvfs will not follow it: remove it") from exc
+        raise
+
+
+def write_private(path: str | os.PathLike[str], text: str) -> None:
+    """Replace the contents of *path* (created ``0600``, never through a symlink)."""
+    fd = open_private(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
+def read_private(path: str | os.PathLike[str]) -> str | None:
+    """The contents of *path*, or None if it does not exist (never through a symlink)."""
+    try:
+        fd = open_private(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    with os.fdopen(fd) as f:
+        return f.read()
 
 
 def _key(mountpoint: str | os.PathLike) -> str:
@@ -49,6 +121,11 @@ def log_path(mountpoint: str | os.PathLike) -> Path:
 
 def pid_path(mountpoint: str | os.PathLike) -> Path:
     return runtime_dir() / f"{_key(mountpoint)}.pid"
+
+
+def umount_report_path(mountpoint: str | os.PathLike) -> Path:
+    """Where the daemon leaves what its last unmount could not write down (JSON)."""
+    return runtime_dir() / f"{_key(mountpoint)}.umount"
 
 
 def unescape(field: str) -> str:

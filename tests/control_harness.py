@@ -16,8 +16,8 @@ from typing import Self
 import trio
 
 from kvfs.config import Config, DiskConfig, DramConfig, PolicyConfig
+from kvfs.mount.assembly import open_store
 from kvfs.mount.control import ControlHandler, serve
-from kvfs.tiers import open_store
 
 __all__ = ["ControlServer", "make_store"]
 

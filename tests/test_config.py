@@ -65,7 +65,7 @@ def _with(**tier0):
         (
             _with(colour="red"),
             "tiers[0].colour",
-            "unknown key; known keys are capacity, concurrency, direct_io, name, path, timeout, write",
+            "unknown key; known keys are capacity, concurrency, direct_io, fsync, name, path, timeout, write",
         ),
         (
             _with(timeout="soon"),

@@ -132,7 +132,7 @@ def test_series_change_as_traffic_flows(mount_metrics, tmp_path):
     with pytest.raises(BlockNotFound):  # the only copy was bad: a miss, never wrong bytes
         store.read(victim)
     # a failing tier is counted and shown unhealthy
-    store._mark_unhealthy(1, TierUnavailable("disk stalled"))  # what a timed-out call does
+    store.slots[1].failed(TierUnavailable("disk stalled"))  # what a timed-out call does
     m = scrape(port)
     assert tier(m, "kvfs_tier_corrupt_total", "disk") == 1
     assert m[("kvfs_misses_total", ())] == 1

@@ -430,7 +430,7 @@ def test_nowait_calls_never_wait_for_a_busy_store(make_store):
     held, release = threading.Event(), threading.Event()
 
     def placement_in_progress():  # stands for a put that is demoting a block to disk
-        with s._lock:
+        with s.placement.lock:
             held.set()
             release.wait(10)
 

@@ -7,7 +7,9 @@ server on 127.0.0.1. The store is the layer the mount delegates to; when the mou
 these scenarios should also run through two real mounts.
 
 A fake clock drives the negative-cache and listing TTLs and the unhealthy-tier retry, so
-the tests wait for real only on real timeouts.
+the tests wait for real only on real timeouts. The nodes wait for the background work on
+the shared tiers they start (``shared_wait``), so each step sees its outcome; the daemon
+never waits (tests/test_faults.py checks that side).
 """
 
 from __future__ import annotations
@@ -69,7 +71,9 @@ class Cluster:
                 max_attempts=max_attempts,
             ),
         ]
-        return Store([open_tier(c) for c in configs], clock=self.clock, negative_ttl=TTL, listing_ttl=5.0)
+        return Store(
+            [open_tier(c) for c in configs], clock=self.clock, negative_ttl=TTL, listing_ttl=5.0, shared_wait=30.0
+        )
 
     def close(self) -> None:
         for n in self.nodes:

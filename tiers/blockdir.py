@@ -6,6 +6,17 @@ and renamed into place, so a crash never leaves a partial block under a real nam
 verify the header and the payload checksum. :class:`BlockDirectory` is the local layout
 (temporaries in ``<root>/tmp/``); the posix tier subclasses it for a directory other nodes
 write at the same time. Not a tier itself: the tiers own one and translate its errors.
+
+Durability: with ``fsync`` a file is flushed to stable storage before it is renamed into
+place and its directory after, so a block whose name survives a host crash has its bytes
+too. Without it (the disk tier's default) a crash can leave a recently published name
+with a short or zeroed file; the checksum catches it, the scan at restart counts and
+removes it. Either way no reader ever gets wrong bytes.
+
+Scanning (at restart) trusts nothing on disk: a file whose header does not decode, whose
+name is not a valid kvfs name (``../../x``) or that is not a regular file is reported as a
+problem (:attr:`~kvfs.tier.BlockInfo.problem`) and, where this process is the directory's
+only writer, removed; it is never moved anywhere.
 """
 
 from __future__ import annotations
@@ -19,9 +30,11 @@ import shutil
 import stat
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from kvfs.blockfile import ALIGN, align_up, decode_header, encode_header, header_length, verify
-from kvfs.errors import BlockCorrupt, BlockNotFound
+from kvfs.errors import BlockCorrupt, BlockNotFound, InvalidName
+from kvfs.names import normalize
 from kvfs.tier import BlockInfo, BlockRef
 
 __all__ = ["BlockDirectory"]
@@ -45,8 +58,9 @@ class BlockDirectory:
     """:meth:`scan` completes a rename interrupted between the header rewrite and the
     file rename. Only safe when this process is the directory's only writer."""
 
-    def __init__(self, root: Path, *, direct_io: bool = False) -> None:
+    def __init__(self, root: Path, *, direct_io: bool = False, fsync: bool = False) -> None:
         self.root = Path(root)
+        self.fsync = fsync
         self.blocks = self.root / "blocks"
         self.tmp = self.root / "tmp"
         self.blocks.mkdir(parents=True, exist_ok=True)
@@ -94,7 +108,7 @@ class BlockDirectory:
             os.makedirs(f"{self.blocks}/{d}", exist_ok=True)
             self._known_dirs.add(d)
 
-    def write(self, name: str, data, checksum: int) -> None:
+    def write(self, name: str, data: Any, checksum: int) -> None:
         """Write the block file to tmp/ and rename it into place (replacing atomically)."""
         mv = memoryview(data).cast("B")
         header = encode_header(name, len(mv), checksum)
@@ -110,6 +124,8 @@ class BlockDirectory:
                 fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_DIRECT, 0o600)
                 try:
                     written = os.write(fd, buf)
+                    if self.fsync:
+                        os.fsync(fd)
                 finally:
                     os.close(fd)
                     buf.close()
@@ -118,12 +134,14 @@ class BlockDirectory:
             else:
                 fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
                 try:
-                    parts = [header, mv, bytes(pad)] if pad else [header, mv]
+                    parts: list[Any] = [header, mv, bytes(pad)] if pad else [header, mv]
                     total = sum(len(p) for p in parts)
                     written = os.writev(fd, parts)
                     while written < total:  # writev may be short for large blocks
                         flat = b"".join(bytes(p) for p in parts)
                         written += os.pwrite(fd, flat[written:], written)
+                    if self.fsync:
+                        os.fsync(fd)
                 finally:
                     os.close(fd)
             try:
@@ -131,12 +149,23 @@ class BlockDirectory:
             except IsADirectoryError:
                 os.rmdir(self.path(name))  # an empty directory left by an earlier name
                 os.rename(tmp, self.path(name))
+            if self.fsync:
+                self._sync_dir(os.path.dirname(self.path(name)))
         except BaseException:
             try:
                 os.unlink(tmp)
             except OSError:
                 pass
             raise
+
+    @staticmethod
+    def _sync_dir(path: str) -> None:
+        """Make a rename in directory *path* durable."""
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     def _open_fd(self, name: str) -> int:
         """A descriptor of the block file; a missing name, or a directory (a name that is a
@@ -150,7 +179,7 @@ class BlockDirectory:
             raise BlockNotFound(name)
         return fd
 
-    def read_into(self, name: str, out) -> tuple[int, int]:
+    def read_into(self, name: str, out: Any) -> tuple[int, int]:
         """Read and verify the block into *out*; returns ``(length, checksum)``."""
         fd = self._open_fd(name)
         try:
@@ -198,9 +227,9 @@ class BlockDirectory:
                     finally:
                         os.close(dfd)
                     return self._finish(name, memoryview(buf), got)
-            buf = bytearray(size)
-            got = os.preadv(fd, [buf], 0)
-            return self._finish(name, memoryview(buf), got)
+            plain = bytearray(size)
+            got = os.preadv(fd, [plain], 0)
+            return self._finish(name, memoryview(plain), got)
         finally:
             os.close(fd)
 
@@ -272,29 +301,50 @@ class BlockDirectory:
                 if self.is_tmp(fn):
                     continue
                 path = f"{dirpath}/{fn}"
-                name = path[base:]
-                try:
-                    with open(path, "rb", buffering=0) as f:
-                        hdr = decode_header(f.read(ALIGN))
-                        size = os.fstat(f.fileno()).st_size
-                except (OSError, BlockCorrupt) as exc:
-                    log.warning("skipping unreadable block file %s: %s", path, exc)
-                    continue
-                if size < hdr.header_length + hdr.length:
-                    log.warning("skipping truncated block file %s", path)
-                    continue
-                if hdr.name != name:
-                    if not self.repair_renames:
-                        log.warning("skipping %s: its header names %s", path, hdr.name)
-                        continue
-                    target = self.path(hdr.name)
-                    if os.path.exists(target):
-                        log.warning("skipping %s: its header names %s, which exists", path, hdr.name)
-                        continue
-                    self._ensure_parent(hdr.name)
-                    os.rename(path, target)  # complete an interrupted rename
-                    name = hdr.name
-                yield BlockInfo(name, hdr.length, hdr.checksum)
+                info = self._scan_one(path, path[base:])
+                if info.problem is not None:
+                    log.warning("block file %s is corrupt: %s", path, info.problem)
+                    if self.repair_renames:  # our own directory: a bad file is only in the way
+                        try:
+                            os.unlink(path)
+                        except OSError:
+                            pass
+                yield info
+
+    def _scan_one(self, path: str, name: str) -> BlockInfo:
+        """The block in the file at *path* (whose name by its place is *name*), or a
+        problem entry. Completes an interrupted rename where that is safe."""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError as exc:
+            return BlockInfo(name, 0, 0, f"cannot open it: {exc.strerror}")
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                return BlockInfo(name, 0, 0, "not a regular file")
+            hdr = decode_header(os.pread(fd, ALIGN, 0))
+        except (OSError, BlockCorrupt) as exc:
+            return BlockInfo(name, 0, 0, str(exc))
+        finally:
+            os.close(fd)
+        try:
+            if normalize(hdr.name) != hdr.name or not hdr.name:
+                raise InvalidName(f"{hdr.name!r} is not a normalized name")
+        except InvalidName as exc:
+            return BlockInfo(name, hdr.length, hdr.checksum, f"its header names an invalid block: {exc}")
+        if st.st_size < hdr.header_length + hdr.length:
+            return BlockInfo(name, hdr.length, hdr.checksum, "truncated")
+        if hdr.name != name:
+            if not self.repair_renames:
+                log.warning("skipping %s: its header names %s", path, hdr.name)
+                return BlockInfo(name, hdr.length, hdr.checksum, f"its header names {hdr.name!r}")
+            target = self.path(hdr.name)
+            if os.path.lexists(target):
+                return BlockInfo(name, hdr.length, hdr.checksum, f"its header names {hdr.name!r}, which exists")
+            self._ensure_parent(hdr.name)
+            os.rename(path, target)  # complete an interrupted rename (inside blocks/: the name is valid)
+            log.info("completed the interrupted rename of %s to %s", name, hdr.name)
+        return BlockInfo(hdr.name, hdr.length, hdr.checksum)
 
     def destroy(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)

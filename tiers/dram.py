@@ -8,6 +8,14 @@ agent can map the same file and read without a copy (:meth:`DramTier.locate`).
 A reader holds a :class:`~kvfs.tier.BlockRef` on an extent; replacing, renaming over or
 deleting the block while it is held retires the extent, which is reused only after the
 last ref is released. So a reader never sees another block's bytes.
+
+Ownership. The arena belongs to one daemon: it holds an exclusive ``flock`` on the file
+while the tier is open, and a second daemon given the same ``path`` is refused, naming the
+holder (:mod:`kvfs.ownership`). The file's first 4 KiB are a header marking it as a kvfs
+arena; a configured ``path`` that names an existing file without it (or a symlink, or not
+a regular file) is refused, never truncated. The whole arena is allocated at start
+(``posix_fallocate``) after checking the filesystem's free space, so a full ``/dev/shm``
+is a clear error at mount, never a SIGBUS on a later write.
 """
 
 from __future__ import annotations
@@ -19,23 +27,29 @@ import mmap
 import os
 import re
 import secrets
+import stat
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from kvfs.allocator import ExtentAllocator
 from kvfs.config import DramConfig, TierKind
-from kvfs.errors import BlockNotFound, TierFull
-from kvfs.tier import BlockInfo, BlockRef, Tier
+from kvfs.errors import BlockNotFound, TierFull, TierInUse, TierUnavailable
+from kvfs.ownership import lock_exclusive, locked_by_someone
+from kvfs.tier import BlockInfo, BlockRef, Location, Tier
+from kvfs.units import format_size
 
 __all__ = ["DramTier"]
 
 log = logging.getLogger("kvfs.tiers.dram")
 
 _MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
+HEADER = 4096  # the arena file's first page: the marker below, then nothing
+_MAGIC = b"KVFSARENA\x01\n"
 
 
 @dataclass(slots=True, eq=False)
@@ -53,7 +67,7 @@ def _mlock(buf: mmap.mmap, length: int) -> bool:
         return False
     libc = ctypes.CDLL(libc_name, use_errno=True)
     addr = ctypes.addressof(ctypes.c_char.from_buffer(buf))
-    ok = libc.mlock(ctypes.c_void_p(addr), ctypes.c_size_t(length)) == 0
+    ok = bool(libc.mlock(ctypes.c_void_p(addr), ctypes.c_size_t(length)) == 0)
     if not ok:
         log.info("mlock of the DRAM arena failed (errno %d); pages may be swapped", ctypes.get_errno())
     return ok
@@ -66,8 +80,9 @@ _ARENA_NAME = re.compile(r"^kvfs-(\d+)-[0-9a-f]{8}$")
 def remove_stale_arenas(directory: str = _SHM) -> list[str]:
     """Delete private arenas (``kvfs-<pid>-<hex>``) left by daemons that died without
     closing (killed, crashed): their memory stays allocated in tmpfs until someone does.
-    An arena whose pid is alive is kept. Returns the paths removed."""
-    removed = []
+    An arena whose pid is alive, or that some process still holds locked, is kept.
+    Returns the paths removed."""
+    removed: list[str] = []
     try:
         entries = os.listdir(directory)
     except OSError:
@@ -85,12 +100,72 @@ def remove_stale_arenas(directory: str = _SHM) -> list[str]:
             continue
         path = os.path.join(directory, entry)
         try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            if locked_by_someone(fd):
+                continue  # the pid was reused, but a daemon holds it: not stale
             os.unlink(path)
             removed.append(path)
             log.info("removed the DRAM arena %s left by a daemon that is gone", path)
         except OSError:
             pass
+        finally:
+            os.close(fd)
     return removed
+
+
+def _open_arena(path: Path, *, private: bool, what: str) -> int:
+    """A descriptor of the arena file at *path*, locked by this process: created, or an
+    arena kvfs made earlier that nobody holds. Raises :class:`TierInUse` otherwise."""
+    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o600)
+        created = True
+    except FileExistsError:
+        if private:  # pragma: no cover - a random name taken: astronomically unlikely
+            raise
+        try:
+            fd = os.open(path, flags)
+        except OSError as exc:  # a symlink (ELOOP), a directory, a file we may not open
+            raise TierInUse(
+                f"{what}: {path} exists and is not a kvfs arena ({exc.strerror}); kvfs will not use it: "
+                "remove it or set another tiers[0].path"
+            ) from exc
+        created = False
+    except OSError as exc:
+        raise TierUnavailable(f"{what}: cannot create the arena {path}: {exc.strerror}") from exc
+    try:
+        if not created:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or os.pread(fd, len(_MAGIC), 0) != _MAGIC:
+                raise TierInUse(
+                    f"{what}: {path} exists and is not a kvfs arena; kvfs will not overwrite it: "
+                    "remove it or set another tiers[0].path"
+                )
+        lock_exclusive(fd, str(path), what)
+        return fd
+    except BaseException:
+        os.close(fd)
+        if created:
+            os.unlink(path)
+        raise
+
+
+def _allocate(fd: int, path: Path, size: int, what: str) -> None:
+    """Give the arena file its whole size now, so writing it can never SIGBUS later."""
+    os.ftruncate(fd, 0)
+    free = os.statvfs(path.parent)
+    avail = free.f_bavail * free.f_frsize
+    short = f"{what}: the arena needs {format_size(size)} but {path.parent} has only {format_size(avail)} free"
+    if avail < size:
+        raise TierUnavailable(f"{short}; lower tiers[0].capacity or give {path.parent} more room")
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        raise TierUnavailable(f"{short} ({exc.strerror}); lower tiers[0].capacity") from exc
+    os.pwrite(fd, _MAGIC, 0)
 
 
 class DramTier(Tier):
@@ -101,27 +176,30 @@ class DramTier(Tier):
     def __init__(self, config: DramConfig) -> None:
         super().__init__(config)
         assert config.capacity is not None
-        if config.path is None:
+        what = f"dram tier {config.name!r}"
+        private = config.path is None
+        if private:
             remove_stale_arenas()
             self.path = Path(f"{_SHM}/kvfs-{os.getpid()}-{secrets.token_hex(4)}")
-            self._owns_file = True
         else:
-            self.path = Path(config.path)
-            self._owns_file = True
-        size = config.capacity - config.capacity % 4096
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+            self.path = Path(config.path)  # type: ignore[arg-type]
+        size = HEADER + config.capacity - config.capacity % 4096
+        self._fd = _open_arena(self.path, private=private, what=what)
         try:
-            os.ftruncate(fd, size)
-            self._mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        finally:
-            os.close(fd)
+            _allocate(self._fd, self.path, size, what)
+            self._mm = mmap.mmap(self._fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except BaseException:
+            os.close(self._fd)
+            os.unlink(self.path)
+            raise
         # mlock faults every page in; where it is not allowed, prefault explicitly.
         self.locked = _mlock(self._mm, size) if config.mlock else False
         if config.prefault and not self.locked:
             self._prefault(size)
-        self._view = memoryview(self._mm)
+        self._whole = memoryview(self._mm)
+        self._view = self._whole[HEADER:]
         self._ro = self._view.toreadonly()
-        self._alloc = ExtentAllocator(size)
+        self._alloc = ExtentAllocator(size - HEADER)
         self._index: dict[str, _Extent] = {}
         self._lock = threading.Lock()
 
@@ -139,7 +217,7 @@ class DramTier(Tier):
     def footprint(self, name: str, size: int) -> int:
         return self._alloc.round(size)
 
-    def put(self, name: str, data, checksum: int) -> None:
+    def put(self, name: str, data: Any, checksum: int) -> None:
         mv = memoryview(data).cast("B")
         n = len(mv)
         with self._lock:
@@ -172,13 +250,14 @@ class DramTier(Tier):
             ext.refs += 1
         return BlockRef(self._ro[ext.offset : ext.offset + ext.length], ext.checksum, lambda: self._release(ext))
 
-    def locate(self, name: str) -> tuple[int, int]:
-        """``(offset, length)`` of the block in the arena file (for zero-copy clients)."""
+    def locate(self, name: str) -> Location:
+        """Where the block lies in the arena file (for zero-copy clients, who must hold a
+        ref or a lease on it while they read)."""
         with self._lock:
             ext = self._index.get(name)
             if ext is None:
                 raise BlockNotFound(name)
-            return ext.offset, ext.length
+            return Location(path=str(self.path), offset=HEADER + ext.offset, length=ext.length)
 
     def delete(self, name: str) -> None:
         with self._lock:
@@ -217,11 +296,15 @@ class DramTier(Tier):
         try:
             self._ro.release()
             self._view.release()
+            self._whole.release()
             self._mm.close()
         except BufferError:
             log.warning("DRAM arena still has readers at close; it is unmapped when they finish")
-        if self._owns_file:
-            try:
-                os.unlink(self.path)
-            except FileNotFoundError:
-                pass
+        if self._fd < 0:
+            return
+        try:
+            os.unlink(self.path)  # ours: created or re-used (marked) while we hold its lock
+        except FileNotFoundError:
+            pass
+        os.close(self._fd)  # drops the lock
+        self._fd = -1

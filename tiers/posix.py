@@ -17,6 +17,7 @@ the same time:
   become :class:`BlockNotFound`).
 - Rename is copy + delete (the default), never a header rewrite in place, which a reader
   on another node could catch half done; :meth:`scan` never "repairs" other nodes' files.
+- ``fsync`` (on by default) flushes a file to the server before its name appears.
 - Every operation runs in a bounded pool of worker threads with the configured timeout
   (:class:`~kvfs.deadline.DeadlineExecutor`): a stalled mount raises
   :class:`TierUnavailable` after ``timeout`` seconds instead of hanging the caller. A call
@@ -27,11 +28,13 @@ the same time:
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import os
 import secrets
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 from kvfs.blockfile import file_length
 from kvfs.config import PosixConfig, TierKind
@@ -44,6 +47,8 @@ from .blockdir import BlockDirectory
 __all__ = ["PosixTier", "SharedBlockDirectory"]
 
 log = logging.getLogger("kvfs.tiers.posix")
+
+T = TypeVar("T")
 
 TMP_PREFIX = ".kvfs-tmp."
 _MISSING = (errno.ENOENT, errno.ESTALE, errno.ENOTDIR)
@@ -82,7 +87,8 @@ class PosixTier(Tier):
         self._what = f"posix tier {config.name!r}"
         self._exec = DeadlineExecutor(self._what, timeout=config.timeout, workers=config.concurrency)
         try:
-            self.dir = self._exec.call(SharedBlockDirectory, config.path, op=f"opening {config.path}")
+            opener = functools.partial(SharedBlockDirectory, config.path, fsync=config.fsync)
+            self.dir = self._exec.call(opener, op=f"opening {config.path}")
         except OSError as exc:
             self._exec.close()
             raise TierUnavailable(f"{self._what}: cannot use {config.path}: {exc.strerror}") from exc
@@ -90,10 +96,10 @@ class PosixTier(Tier):
             self._exec.close()
             raise
 
-    def _call(self, op: str, fn, *args, **kw):
+    def _call(self, op: str, fn: Callable[..., T], *args: Any, on_abandon: Callable[[T], None] | None = None) -> T:
         """Run ``fn(*args)`` with the deadline; OSError becomes a kvfs error."""
         try:
-            return self._exec.call(fn, *args, op=op, **kw)
+            return self._exec.call(fn, *args, op=op, on_abandon=on_abandon)
         except OSError as exc:
             if exc.errno in _MISSING:
                 raise BlockNotFound(f"{self._what}: {op}: {exc.strerror}") from exc
@@ -104,7 +110,7 @@ class PosixTier(Tier):
     def footprint(self, name: str, size: int) -> int:
         return file_length(name, size)
 
-    def _write(self, name: str, data, checksum: int) -> None:
+    def _write(self, name: str, data: Any, checksum: int) -> None:
         try:
             self.dir.write(name, data, checksum)
         except FileNotFoundError:
@@ -112,7 +118,7 @@ class PosixTier(Tier):
             self.dir._known_dirs.clear()
             self.dir.write(name, data, checksum)
 
-    def put(self, name: str, data, checksum: int) -> None:
+    def put(self, name: str, data: Any, checksum: int) -> None:
         # A copy, because a worker that outlives its timeout must not read the caller's
         # buffer after the caller has let it go (a DRAM extent may be reused by then).
         data = bytes(memoryview(data).cast("B"))

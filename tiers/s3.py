@@ -18,15 +18,22 @@ Timeouts and retries are botocore's: ``connect_timeout`` and ``read_timeout`` ar
 tier's ``timeout``, ``max_attempts`` counts the first try, and the ``standard`` retry mode
 backs off exponentially (with jitter) on throttling (``SlowDown``, 503), timeouts and
 connection errors. What still fails after that is translated by :data:`ERROR_TABLE`.
+Every call also runs in a bounded pool of worker threads
+(:class:`~kvfs.deadline.DeadlineExecutor`) with a hard deadline of ``timeout x
+max_attempts`` (:attr:`S3Tier.deadline`), so an endpoint that accepts connections and
+trickles or never answers cannot hold a caller longer; an abandoned call never touches
+the caller's buffers (uploads send a body built before the call, reads return their own).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from typing import Any
 
 from kvfs.blockfile import ALIGN, decode_header, encode_header, header_length, verify
 from kvfs.config import S3Config, TierKind
+from kvfs.deadline import DeadlineExecutor
 from kvfs.errors import BlockCorrupt, BlockNotFound, KvfsError, TierFull, TierUnavailable
 from kvfs.tier import BlockInfo, BlockRef, Tier
 
@@ -86,11 +93,12 @@ def translate(exc: Exception, what: str) -> KvfsError:
     if isinstance(exc, botocore.exceptions.ClientError):
         err = exc.response.get("Error", {})
         code = str(err.get("Code") or exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", "?"))
-        cls, meaning = ERROR_TABLE.get(code, (TierUnavailable, err.get("Message") or "request failed"))
+        fallback: tuple[type[KvfsError], str] = (TierUnavailable, str(err.get("Message") or "request failed"))
+        cls, meaning = ERROR_TABLE.get(code, fallback)
         return cls(f"{what}: {meaning} ({code})")
-    for cls, meaning in _TRANSPORT:
-        if isinstance(exc, cls):
-            return TierUnavailable(f"{what}: {meaning} ({type(exc).__name__})")
+    for transport, why in _TRANSPORT:
+        if isinstance(exc, transport):
+            return TierUnavailable(f"{what}: {why} ({type(exc).__name__})")
     return TierUnavailable(f"{what}: {type(exc).__name__}")  # pragma: no cover - filtered by callers
 
 
@@ -102,13 +110,15 @@ class S3Tier(Tier):
     persistent = True
     shared = True
 
-    def __init__(self, config: S3Config, *, client=None) -> None:
+    def __init__(self, config: S3Config, *, client: Any = None) -> None:
         super().__init__(config)
         self.bucket = config.bucket
         p = config.prefix.strip("/")
         self.prefix = f"{p}/" if p else ""
         self.multipart_threshold = max(config.multipart_threshold, 1)
         self._what = f"s3 tier {config.name!r} (s3://{self.bucket}/{self.prefix})"
+        self.deadline = config.timeout * config.max_attempts
+        """Seconds any one call may take, every retry included."""
         if client is None:
             bc = botocore.config.Config(
                 connect_timeout=config.timeout,
@@ -121,6 +131,7 @@ class S3Tier(Tier):
                 "s3", endpoint_url=config.endpoint_url, region_name=config.region, config=bc
             )
         self.client = client
+        self._exec = DeadlineExecutor(self._what, timeout=self.deadline, workers=config.concurrency)
 
     def key(self, name: str) -> str:
         return self.prefix + name
@@ -133,10 +144,15 @@ class S3Tier(Tier):
 
     # -- writing ---------------------------------------------------------------------
 
-    def put(self, name: str, data, checksum: int) -> None:
+    def put(self, name: str, data: Any, checksum: int) -> None:
         mv = memoryview(data).cast("B")
+        # the body is built here, a copy: a call abandoned at its deadline must not read
+        # the caller's buffer later (a DRAM extent may be reused by then)
         body = b"".join((encode_header(name, len(mv), checksum), mv))
         meta = {_META_LENGTH: str(len(mv)), _META_CHECKSUM: f"{checksum:016x}"}
+        self._exec.call(self._upload, name, body, meta, op=f"write of {name}")
+
+    def _upload(self, name: str, body: bytes, meta: dict[str, str]) -> None:
         key = self.key(name)
         try:
             if len(body) < self.multipart_threshold:
@@ -171,11 +187,14 @@ class S3Tier(Tier):
     # -- reading ---------------------------------------------------------------------
 
     def _get(self, name: str) -> memoryview:
-        try:
-            body = self.client.get_object(Bucket=self.bucket, Key=self.key(name))["Body"].read()
-        except _BOTO_ERRORS as exc:
-            raise self._fail(exc, "read of", name) from exc
-        return memoryview(body)
+        def get() -> bytes:
+            try:
+                body: bytes = self.client.get_object(Bucket=self.bucket, Key=self.key(name))["Body"].read()
+                return body
+            except _BOTO_ERRORS as exc:
+                raise self._fail(exc, "read of", name) from exc
+
+        return memoryview(self._exec.call(get, op=f"read of {name}"))
 
     def _payload(self, name: str, mv: memoryview) -> tuple[memoryview, int]:
         hdr = decode_header(mv)
@@ -192,7 +211,7 @@ class S3Tier(Tier):
         payload, csum = self._payload(name, self._get(name))
         return BlockRef(payload, csum)  # bytes from the response: already read-only
 
-    def read_into(self, name: str, out) -> tuple[int, int]:
+    def read_into(self, name: str, out: Any) -> tuple[int, int]:
         payload, csum = self._payload(name, self._get(name))
         n = len(payload)
         if len(out) < n:
@@ -201,6 +220,9 @@ class S3Tier(Tier):
         return n, csum
 
     def stat(self, name: str) -> BlockInfo | None:
+        return self._exec.call(self._stat, name, op=f"stat of {name}")
+
+    def _stat(self, name: str) -> BlockInfo | None:
         key = self.key(name)
         try:
             head = self.client.head_object(Bucket=self.bucket, Key=key)
@@ -225,11 +247,16 @@ class S3Tier(Tier):
 
     # -- listing ---------------------------------------------------------------------
 
-    def _pages(self, **kw) -> Iterator[dict]:
-        try:
-            yield from self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, **kw)
-        except _BOTO_ERRORS as exc:
-            raise self._fail(exc, "listing of", kw.get("Prefix", "")) from exc
+    def _pages(self, **kw: Any) -> list[dict[str, Any]]:
+        """Every page of a listing, fetched in one deadline-bounded call."""
+
+        def pages() -> list[dict[str, Any]]:
+            try:
+                return list(self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, **kw))
+            except _BOTO_ERRORS as exc:
+                raise self._fail(exc, "listing of", kw.get("Prefix", "")) from exc
+
+        return self._exec.call(pages, op=f"listing of {kw.get('Prefix', '') or '/'}")
 
     def scan(self, prefix: str = "") -> Iterator[BlockInfo]:
         """Every block under *prefix*: one listing, then a HEAD per object for its checksum."""
@@ -261,12 +288,16 @@ class S3Tier(Tier):
     # -- removing --------------------------------------------------------------------
 
     def delete(self, name: str) -> None:
-        try:
-            self.client.delete_object(Bucket=self.bucket, Key=self.key(name))
-        except _BOTO_ERRORS as exc:
-            err = self._fail(exc, "delete of", name)
-            if not isinstance(err, BlockNotFound):
-                raise err from exc
+        def delete() -> None:
+            try:
+                self.client.delete_object(Bucket=self.bucket, Key=self.key(name))
+            except _BOTO_ERRORS as exc:
+                err = self._fail(exc, "delete of", name)
+                if not isinstance(err, BlockNotFound):
+                    raise err from exc
+
+        self._exec.call(delete, op=f"delete of {name}")
 
     def close(self) -> None:
+        self._exec.close()
         self.client.close()

@@ -4,6 +4,12 @@ that is done.
 Asks the daemon over its control socket (op ``shutdown``) and waits for the daemon
 process to exit, which it does after unmounting and flushing. A stale mount left by a
 killed daemon (no one answers the socket) is detached with ``fusermount3 -u -z``.
+
+Then it reads what the daemon could not do (its unmount report): blocks only in DRAM that
+no persistent tier took are named and make the exit status 1; write-through copies not
+made and deletes that never reached a shared tier are warned about. With a tier stalled,
+the daemon gives up on it after one deadline, so this returns within the local flush plus
+one deadline per stalled tier (docs/store.md, "Unmount").
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ import sys
 import time
 
 from kvfs.errors import KvfsError
+
+_NAMES_SHOWN = 20  # lost blocks named on the terminal (all of them are in the daemon's log)
 
 
 class UnmountError(KvfsError):
@@ -69,6 +77,41 @@ def _lazy_unmount(mountpoint: str) -> None:
         raise UnmountError(f"{mountpoint}: {' '.join(cmd)} failed: {res.stderr.strip()}")
 
 
+def _report(mp: str, pid: int) -> int:
+    """Print what the daemon's unmount could not do; 1 if blocks were lost."""
+    from kvfs.mount.paths import log_path, read_private, umount_report_path
+    from kvfs.writeback import FlushReport
+
+    raw = read_private(umount_report_path(mp))
+    if raw is None:
+        return 0
+    try:
+        obj = json.loads(raw)
+        if obj.get("pid") != pid:
+            return 0  # an older daemon's report
+        report = FlushReport.from_json(obj)
+    except (ValueError, KeyError, TypeError):
+        print(f"kvfs: {mp}: the unmount report is unreadable; see {log_path(mp)}", file=sys.stderr)
+        return 1
+    for tier, n in report.unsynced.items():
+        print(f"kvfs: warning: {n} write-through copies to {tier} were not made (the blocks are kept)", file=sys.stderr)
+    for tier, names in report.undeleted.items():
+        print(
+            f"kvfs: warning: {len(names)} deleted blocks are still in {tier}: the deletes did not reach it",
+            file=sys.stderr,
+        )
+    if not report.lost:
+        return 0
+    shown = "\n".join(f"  {name}: {why}" for name, why in report.lost[:_NAMES_SHOWN])
+    more = f"\n  ... and {len(report.lost) - _NAMES_SHOWN} more" if len(report.lost) > _NAMES_SHOWN else ""
+    print(
+        f"kvfs: {mp}: {len(report.lost)} blocks only in DRAM could not be written to a persistent tier "
+        f"and are lost (all are named in {log_path(mp)}):\n{shown}{more}",
+        file=sys.stderr,
+    )
+    return 1
+
+
 def run(args: argparse.Namespace) -> int:
     from kvfs.mount.daemon import mount_type
     from kvfs.mount.paths import FSTYPE, control_socket_path, pid_path
@@ -97,4 +140,4 @@ def run(args: argparse.Namespace) -> int:
         if time.monotonic() > deadline:
             raise UnmountError(f"{mp}: the daemon (pid {pid}) did not finish flushing within {args.timeout:.0f}s")
         time.sleep(0.05)
-    return 0
+    return _report(mp, pid)

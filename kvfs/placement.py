@@ -1,0 +1,515 @@
+"""Placement: where copies go, how room is made, and how bytes move between tiers.
+
+:class:`Placement` owns the store's lock, the catalog's copy bookkeeping and every move
+of bytes between tiers: placing a new block, evicting a victim (demoting it first when its
+last copy is here), promoting a block read from a colder tier, copying a block down
+(write-through, flush). It decides nothing about *which* block goes: the slots' eviction
+policies name victims, and :meth:`Placement.admits` is the one place that decides whether
+a colder tier takes a block on its way down.
+
+Moves are two-phase, as vLLM's offloading manager does them: under the lock the target's
+room is **reserved** (evicting by policy) and the copy is marked busy; the **copy** runs
+outside the lock; under the lock again it is **committed** (the record gains the copy) or
+**aborted** (the reservation is returned; a copy left behind by a block that changed
+meanwhile is deleted). Volatile tiers (DRAM) answer at memory speed, so their copies are
+made under the lock; nothing that touches a persistent tier (a file, an object) ever runs
+while the lock is held, so a DRAM hit never waits behind a demotion or an upload.
+
+Deletes of persistent copies are deferred the same way: the record forgets the copy under
+the lock and the file is removed by the same thread once it lets go of the lock (or, for
+shared tiers, by the write-through queue in the background). While a copy's name is busy
+in a tier (being written, deleted, or leased) it is never chosen as a victim, never
+overwritten and never deleted; a delete asked for meanwhile runs when it is idle.
+
+Callers that must never wait (the FUSE loop, through ``Store.nowait``) run with the lock
+taken without blocking; any step that would need tier I/O raises
+:class:`~kvfs.errors.StoreBusy` naming the tier, before changing anything it cannot finish.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+from .backlog import WriteThroughQueue
+from .catalog import BlockRecord, Catalog
+from .errors import BlockCorrupt, BlockNotFound, StoreBusy, TierFull, TierUnavailable
+from .events import EventKind, EventLog
+from .slot import TierSlot
+from .tier import BlockRef, Tier
+
+__all__ = ["Placement"]
+
+log = logging.getLogger("kvfs.store")
+
+T = TypeVar("T")
+
+_TIER_FULL_RETRIES = 8  # evictions tried when a tier says it is full although the count says not
+
+
+class _ThreadState(threading.local):
+    """Per thread: how deep in the lock, whether it must not wait, deletes to run later."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.nowait = 0
+        self.deferred: list[tuple[TierSlot, str]] = []
+
+
+class Placement:
+    """Copies of blocks across *slots* (hottest first), recorded in *catalog*.
+
+    *queue* receives the background work (write-through copies, deletes on shared
+    tiers); *events* gets an event per move; *clock* returns seconds.
+    """
+
+    def __init__(
+        self,
+        slots: Sequence[TierSlot],
+        catalog: Catalog,
+        queue: WriteThroughQueue,
+        *,
+        events: EventLog,
+        clock: Callable[[], float],
+    ) -> None:
+        self.slots = list(slots)
+        self.catalog = catalog
+        self.queue = queue
+        self.events = events
+        self.clock = clock
+        self.lock = threading.RLock()
+        self._thread = _ThreadState()
+        self.persistent_mask = sum(s.bit for s in self.slots if s.persistent)
+        self.shared_mask = sum(s.bit for s in self.slots if s.shared)
+        self.local_mask = sum(s.bit for s in self.slots if not s.shared)
+        self.local_persistent_mask = self.persistent_mask & self.local_mask
+
+    # -- the lock ------------------------------------------------------------------
+
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the store's lock; persistent deletes queued meanwhile run after it is let go."""
+        state = self._thread
+        self.lock.acquire()
+        state.depth += 1
+        try:
+            yield
+        finally:
+            state.depth -= 1
+            self.lock.release()
+            if state.depth == 0 and state.deferred:
+                self._run_deferred()
+
+    def nowait(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``fn(*args)`` only if the lock is free now, holding it throughout; raises
+        :class:`StoreBusy` at once otherwise, or when *fn* would need tier I/O."""
+        if not self.lock.acquire(blocking=False):
+            raise StoreBusy("the store is busy")
+        state = self._thread
+        state.depth += 1
+        state.nowait += 1
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            state.nowait -= 1
+            state.depth -= 1
+            self.lock.release()
+            if state.depth == 0 and state.deferred:  # pragma: no cover - require_io prevents it
+                self._run_deferred()
+
+    @property
+    def waiting_forbidden(self) -> bool:
+        """True inside :meth:`nowait`: nothing may wait or do tier I/O."""
+        return self._thread.nowait > 0
+
+    def require_io(self, tier: int, what: str = "tier I/O") -> None:
+        """Raise :class:`StoreBusy` (naming *tier*) if this thread must not do tier I/O."""
+        if self._thread.nowait:
+            raise StoreBusy(f"{what} on tier {self.slots[tier].name!r} is needed", tier=tier)
+
+    @contextmanager
+    def unlocked(self) -> Iterator[None]:
+        """Let go of the lock (however deeply held) for tier I/O, then take it back.
+        Callers re-check what they saw before: anything may have changed meanwhile."""
+        if self._thread.nowait:  # pragma: no cover - require_io comes first
+            raise StoreBusy("tier I/O is needed")
+        saved = self.lock._release_save()  # type: ignore[attr-defined]
+        try:
+            if self._thread.deferred:
+                self._run_deferred()
+            yield
+        finally:
+            self.lock._acquire_restore(saved)  # type: ignore[attr-defined]
+
+    # -- events and bookkeeping (under the lock) ----------------------------------
+
+    @property
+    def names(self) -> list[str]:
+        return [s.name for s in self.slots]
+
+    def emit(self, kind: EventKind, rec: BlockRecord | str, slot: TierSlot | None = None, detail: str = "") -> None:
+        name = rec if isinstance(rec, str) else rec.name
+        size = 0 if isinstance(rec, str) else rec.size
+        self.events.emit(self.clock(), kind, name, None if slot is None else slot.name, size, detail)
+
+    def footprint(self, slot: TierSlot, rec: BlockRecord) -> int:
+        return slot.footprint(rec.name, rec.size)
+
+    def policy_insert(self, slot: TierSlot, rec: BlockRecord) -> None:
+        # Policies are keyed by block *name*, not by record: a name keeps its history (ARC's
+        # and S3-FIFO's ghost lists) across a rewrite, and a parent is named before it exists.
+        slot.policy.insert(rec.name, self.footprint(slot, rec), rec.parent)
+
+    def add_copy(self, slot: TierSlot, rec: BlockRecord) -> None:
+        rec.tiers |= slot.bit
+        self.catalog.count_in(slot.index, self.footprint(slot, rec), rec.name)
+        if not rec.pinned:
+            self.policy_insert(slot, rec)
+
+    def forget_copy(self, slot: TierSlot, rec: BlockRecord, *, policy: bool = True) -> None:
+        """Drop *slot* from the record (the copy is gone, overwritten or someone else's).
+        ``policy=False`` leaves the policy entry, which belongs to a replacing record."""
+        if rec.tiers & slot.bit:
+            rec.tiers &= ~slot.bit
+            self.catalog.count_out(slot.index, self.footprint(slot, rec), rec.name)
+            if policy:
+                slot.policy.remove(rec.name)
+
+    def drop_copy(self, slot: TierSlot, rec: BlockRecord) -> None:
+        """Forget the copy in *slot* and delete it: at once in a volatile tier, after the
+        lock is let go in a local persistent one, in the background in a shared one."""
+        if slot.persistent and not slot.shared:
+            self.require_io(slot.index, "deleting a file")
+        self.forget_copy(slot, rec)
+        self.delete_copy(slot, rec.name)
+
+    def delete_copy(self, slot: TierSlot, name: str) -> None:
+        """Delete what *slot* holds under *name* (the record no longer counts it)."""
+        if not slot.persistent:
+            slot.tier.delete(name)
+        elif slot.shared:
+            self.queue.delete(name, slot.index)
+            slot.hold(name)  # released when the delete ran: nothing re-publishes it first
+        elif slot.is_busy(name):
+            slot.doomed.add(name)  # leased or in flight: deleted once idle
+        else:
+            slot.hold(name)
+            self._thread.deferred.append((slot, name))
+
+    def release_hold(self, slot: TierSlot, name: str) -> None:
+        """Under the lock: one hold on *name* in *slot* ended; a delete that waited for it
+        is queued for this thread to run once it lets go of the lock."""
+        slot.unhold(name)
+        if not slot.is_busy(name) and name in slot.doomed:
+            slot.doomed.discard(name)
+            self.delete_copy(slot, name)
+
+    def _run_deferred(self) -> None:
+        """Delete the local files queued by this thread (outside the lock)."""
+        state = self._thread
+        while state.deferred:
+            slot, name = state.deferred.pop()
+            try:
+                slot.tier.delete(name)
+            except TierUnavailable as exc:
+                slot.failed(exc)  # an orphan file is harmless: it fails the checksum or is replaced
+            with self.lock:
+                state.depth += 1
+                try:
+                    self.release_hold(slot, name)
+                finally:
+                    state.depth -= 1
+
+    def lose_if_empty(self, rec: BlockRecord, why: str) -> None:
+        if rec.tiers == 0 and self.catalog.get(rec.name) is rec:
+            self.catalog.discard(rec)
+            self.emit(EventKind.REMOVED, rec, detail=why)
+
+    def is_current(self, rec: BlockRecord) -> bool:
+        return self.catalog.get(rec.name) is rec
+
+    def corrupt(self, slot: TierSlot, rec: BlockRecord, why: str) -> None:
+        """Count and drop a bad copy (under the lock)."""
+        slot.counters.corrupt += 1
+        log.error("corrupt copy of %s in tier %s dropped: %s", rec.name, slot.name, why)
+        self.emit(EventKind.CORRUPT, rec, slot, why)
+        if self.is_current(rec) and rec.tiers & slot.bit:
+            self.drop_copy(slot, rec)
+
+    # -- reading a copy -------------------------------------------------------------
+
+    def fetch(
+        self, slot: TierSlot, rec: BlockRecord, fetch: Callable[[Tier, str], T], unpack: Callable[[T], Any]
+    ) -> T | None:
+        """``fetch(tier, name)`` the copy in *slot*, verified against the record; None if there
+        is no good copy there now (a bad or vanished copy is dropped from the record).
+        Under the lock; a persistent tier is read with the lock let go. *unpack* turns
+        the result into ``(payload view, checksum)``."""
+        if not slot.usable():
+            return None
+        if not slot.persistent:  # volatile tiers answer at memory speed: no need to leave the lock
+            if not rec.tiers & slot.bit or not self.is_current(rec):
+                return None
+            try:
+                return fetch(slot.tier, rec.name)
+            except BlockNotFound:
+                self.forget_copy(slot, rec)
+                return None
+        self.require_io(slot.index, "reading a copy")
+        error: Exception | None = None
+        result: T | None = None
+        with self.unlocked():
+            try:
+                result = fetch(slot.tier, rec.name)
+            except (BlockNotFound, BlockCorrupt, TierUnavailable) as exc:
+                error = exc
+        if isinstance(error, BlockNotFound):
+            if self.is_current(rec) and not slot.is_busy(rec.name):  # busy: being renamed or rewritten
+                self.forget_copy(slot, rec)  # vanished (another node deleted it)
+            return None
+        if isinstance(error, BlockCorrupt):
+            self.corrupt(slot, rec, str(error))
+            return None
+        if isinstance(error, TierUnavailable):
+            slot.failed(error)
+            return None
+        assert result is not None
+        data, csum = unpack(result)
+        if csum != rec.checksum or len(data) != rec.size:
+            if isinstance(result, BlockRef):
+                result.release()
+            if not self.is_current(rec) or slot.is_busy(rec.name):
+                return None  # a replace racing this read is not corruption
+            if slot.shared:
+                # The copy verified against its own header, so another node replaced the
+                # block: not corruption, and never delete it; re-check on next lookup.
+                self.forget_copy(slot, rec)
+                rec.checked = 0.0
+                return None
+            self.corrupt(slot, rec, "copy does not match the block's checksum")
+            return None
+        slot.answered()
+        return result
+
+    def open_copy(self, slot: TierSlot, rec: BlockRecord) -> BlockRef | None:
+        """A verified view of the copy in *slot* to copy from, or None (under the lock)."""
+        return self.fetch(slot, rec, _open_in, _unpack_ref)
+
+    # -- room ------------------------------------------------------------------------
+
+    def victim(self, slot: TierSlot, skipped: list[str]) -> BlockRecord | None:
+        """The record the policy of *slot* would evict next (None when none can go).
+        Busy copies are set aside in *skipped* (the caller puts them back)."""
+        policy = slot.policy
+        while True:
+            name = policy.victim()
+            if name is None:
+                return None
+            rec = self.catalog.get(name)
+            if rec is not None and rec.tiers & slot.bit and not rec.pinned and not rec.moving & slot.bit:
+                if not slot.is_busy(name):
+                    return rec
+                skipped.append(name)
+            policy.remove(name)  # an entry without an evictable copy, or a busy one for now
+
+    def _restore(self, slot: TierSlot, skipped: list[str]) -> None:
+        for name in skipped:
+            rec = self.catalog.get(name)
+            if rec is not None and rec.tiers & slot.bit and not rec.pinned:
+                self.policy_insert(slot, rec)
+
+    def make_room(self, slot: TierSlot, need: int) -> bool:
+        """Evict from *slot* until *need* more bytes fit (under the lock, which is let go
+        while a victim's last copy is demoted); False if they cannot."""
+        cap = slot.capacity
+        if cap is None:
+            return True
+        if need > cap:
+            return False
+        skipped: list[str] = []
+        try:
+            while self.catalog.used[slot.index] + slot.reserved + need > cap:
+                victim = self.victim(slot, skipped)
+                if victim is None:
+                    return False
+                self.evict_copy(slot, victim)
+            return True
+        finally:
+            self._restore(slot, skipped)
+
+    def evict_copy(self, slot: TierSlot, rec: BlockRecord, detail: str = "") -> None:
+        """Remove the copy in *slot* to make room; demote it first if it is the last copy
+        here or colder (write-back). Under the lock; demoting lets go of it."""
+        if not rec.tiers >> (slot.index + 1):
+            self.require_io(slot.index + 1 if slot.index + 1 < len(self.slots) else slot.index, "a demotion")
+            self.demote(slot, rec)
+            if not self.is_current(rec) or not rec.tiers & slot.bit:
+                return  # removed or replaced meanwhile: its room is free already
+            if rec.pinned:
+                return  # pinned meanwhile: it stays (and keeps its new colder copy)
+        self.drop_copy(slot, rec)
+        slot.counters.evictions += 1
+        self.emit(EventKind.EVICTED, rec, slot, detail)
+        self.lose_if_empty(rec, "evicted; no colder tier took it")
+
+    def admits(self, rec: BlockRecord, source: TierSlot, target: TierSlot) -> bool:
+        """Whether *target* takes *rec* on its way down from *source* (eviction or a
+        request to evict). The one admission decision: every colder tier admits every
+        block today; an admission policy plugs in here."""
+        return True
+
+    def demotion_targets(self, rec: BlockRecord, source: TierSlot) -> Iterator[TierSlot]:
+        """The colder tiers that may take *rec* leaving *source*, in order."""
+        for target in self.slots[source.index + 1 :]:
+            if target.usable() and self.admits(rec, source, target):
+                yield target
+
+    def demote(self, slot: TierSlot, rec: BlockRecord, *, skip: int = 0) -> bool:
+        """Copy the block from *slot* into the first colder tier that takes it (not the
+        tiers in the mask *skip*). Under the lock, let go for the copy."""
+        rec.moving |= slot.bit
+        slot.policy.remove(rec.name)  # not a victim candidate while it moves
+        try:
+            ref = self.open_copy(slot, rec)
+            if ref is None:
+                log.warning("cannot demote %s from %s: its copy is not readable", rec.name, slot.name)
+                return False
+            with ref:
+                for target in self.demotion_targets(rec, slot):
+                    if not skip & target.bit and self.copy_into(target, rec, ref.data, EventKind.DEMOTED):
+                        return True
+            return False
+        finally:
+            rec.moving &= ~slot.bit
+            if self.is_current(rec) and rec.tiers & slot.bit and not rec.pinned and rec.name not in slot.policy:
+                self.policy_insert(slot, rec)  # it stays here after all: a candidate again
+
+    # -- placing a copy ---------------------------------------------------------------
+
+    def copy_into(
+        self, slot: TierSlot, rec: BlockRecord, data: Any, kind: EventKind, detail: str = "", *, new: bool = False
+    ) -> bool:
+        """Put *data* (the block's bytes, valid until this returns) into *slot* for *rec*.
+
+        Under the lock. A volatile tier is written under it; a persistent one in two
+        phases: reserve (evicting by policy), write with the lock let go, commit. False
+        when the tier cannot take it now (unavailable, too small, full of pinned blocks,
+        the name busy there). *new*: *rec* is a block being sealed, not yet in the catalog.
+        """
+        name = rec.name
+        if not slot.usable() or slot.is_busy(name):
+            return False
+        if slot.persistent:
+            self.require_io(slot.index, "writing a copy")
+        fp = self.footprint(slot, rec)
+        if not self.make_room(slot, fp):
+            return False
+        if not new and not self.is_current(rec):
+            return False  # deleted or replaced while room was made
+        if rec.tiers & slot.bit:
+            return True  # another reader promoted it meanwhile
+        if not slot.persistent:
+            if not self._put_volatile(slot, rec, data):
+                return False
+        elif not self._put_persistent(slot, rec, data, fp, new=new):
+            return False
+        self.add_copy(slot, rec)
+        if slot.shared:
+            rec.checked = self.clock()  # just written there: no need to ask again soon
+        c = slot.counters
+        c.bytes_written += rec.size
+        if kind is EventKind.STORED:
+            c.stored += 1
+        elif kind is EventKind.PROMOTED:
+            c.promotions += 1
+        elif kind is EventKind.DEMOTED:
+            c.demotions += 1
+        self.emit(kind, rec, slot, detail)
+        return True
+
+    def _put_volatile(self, slot: TierSlot, rec: BlockRecord, data: Any) -> bool:
+        for _ in range(_TIER_FULL_RETRIES):
+            try:
+                slot.tier.put(rec.name, data, rec.checksum)
+                return True
+            except TierFull:  # fragmented: evict more
+                skipped: list[str] = []
+                victim = self.victim(slot, skipped)
+                self._restore(slot, skipped)
+                if victim is None:
+                    return False
+                self.evict_copy(slot, victim)
+        return False
+
+    def _put_persistent(self, slot: TierSlot, rec: BlockRecord, data: Any, fp: int, *, new: bool) -> bool:
+        name = rec.name
+        for _ in range(_TIER_FULL_RETRIES):
+            slot.reserved += fp
+            slot.hold(name)
+            error: Exception | None = None
+            try:
+                with self.unlocked():
+                    try:
+                        slot.tier.put(name, data, rec.checksum)
+                    except (TierFull, TierUnavailable) as exc:
+                        error = exc
+            finally:
+                slot.reserved -= fp
+                if error is None:
+                    slot.doomed.discard(name)  # the file a waiting delete meant is replaced
+                self.release_hold(slot, name)
+            if isinstance(error, TierUnavailable):
+                slot.failed(error)
+                return False
+            if error is None:
+                slot.answered()
+                if new or self.is_current(rec):
+                    return True
+                self.delete_copy(slot, name)  # deleted or replaced while written: nobody's file
+                return False
+            skipped: list[str] = []  # TierFull: the filesystem is fuller than the count says
+            victim = self.victim(slot, skipped)
+            self._restore(slot, skipped)
+            if victim is None:
+                return False
+            self.evict_copy(slot, victim)
+        return False
+
+    def refusal(self, slot: TierSlot, rec: BlockRecord) -> str:
+        """Why *slot* did not take *rec* just now (for messages)."""
+        if not slot.usable():
+            return "is unavailable"
+        if slot.is_busy(rec.name):
+            return "is busy with an earlier copy of it"
+        cap = slot.capacity
+        if cap is not None and self.footprint(slot, rec) > cap:
+            return "is too small for it"
+        return "is full (of pinned or busy blocks)"
+
+    def place(self, rec: BlockRecord, data: Any) -> TierSlot | None:
+        """Seal the new block *rec* into the hottest tier that takes it (under the lock)."""
+        for slot in self.slots:
+            if self.copy_into(slot, rec, data, EventKind.STORED, new=True):
+                return slot
+        return None
+
+    def promote(self, rec: BlockRecord, data: Any, below: int) -> None:
+        """Copy a block just read from tier *below* into the hottest tier that takes it."""
+        if not self.is_current(rec):
+            return
+        for slot in self.slots[:below]:
+            if rec.tiers & slot.bit:
+                return
+            if self.copy_into(slot, rec, data, EventKind.PROMOTED):
+                return
+
+
+def _open_in(tier: Tier, name: str) -> BlockRef:
+    return tier.open(name)
+
+
+def _unpack_ref(ref: BlockRef) -> tuple[memoryview, int]:
+    return ref.data, ref.checksum
