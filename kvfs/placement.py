@@ -321,9 +321,10 @@ class Placement:
             if rec is not None and rec.tiers & slot.bit and not rec.pinned:
                 self.policy_insert(slot, rec)
 
-    def make_room(self, slot: TierSlot, need: int) -> bool:
+    def make_room(self, slot: TierSlot, need: int, *, lossless: bool = False) -> bool:
         """Evict from *slot* until *need* more bytes fit (under the lock, which is let go
-        while a victim's last copy is demoted); False if they cannot."""
+        while a victim's last copy is demoted); False if they cannot. *lossless*: never
+        drop a block's last copy to make the room (the flush at unmount)."""
         cap = slot.capacity
         if cap is None:
             return True
@@ -333,27 +334,30 @@ class Placement:
         try:
             while self.catalog.used[slot.index] + slot.reserved + need > cap:
                 victim = self.victim(slot, skipped)
-                if victim is None:
+                if victim is None or not self.evict_copy(slot, victim, lossless=lossless):
                     return False
-                self.evict_copy(slot, victim)
             return True
         finally:
             self._restore(slot, skipped)
 
-    def evict_copy(self, slot: TierSlot, rec: BlockRecord, detail: str = "") -> None:
+    def evict_copy(self, slot: TierSlot, rec: BlockRecord, detail: str = "", *, lossless: bool = False) -> bool:
         """Remove the copy in *slot* to make room; demote it first if it is the last copy
-        here or colder (write-back). Under the lock; demoting lets go of it."""
+        here or colder (write-back). Under the lock; demoting lets go of it. False when
+        nothing was freed: pinned meanwhile, or (*lossless*) no colder tier took it."""
         if not rec.tiers >> (slot.index + 1):
             self.require_io(slot.index + 1 if slot.index + 1 < len(self.slots) else slot.index, "a demotion")
-            self.demote(slot, rec)
+            demoted = self.demote(slot, rec)
             if not self.is_current(rec) or not rec.tiers & slot.bit:
-                return  # removed or replaced meanwhile: its room is free already
+                return True  # removed or replaced meanwhile: its room is free already
             if rec.pinned:
-                return  # pinned meanwhile: it stays (and keeps its new colder copy)
+                return False  # pinned meanwhile: it stays (and keeps its new colder copy)
+            if lossless and not demoted:
+                return False
         self.drop_copy(slot, rec)
         slot.counters.evictions += 1
         self.emit(EventKind.EVICTED, rec, slot, detail)
         self.lose_if_empty(rec, "evicted; no colder tier took it")
+        return True
 
     def admits(self, rec: BlockRecord, source: TierSlot, target: TierSlot) -> bool:
         """Whether *target* takes *rec* on its way down from *source* (eviction or a
@@ -390,7 +394,15 @@ class Placement:
     # -- placing a copy ---------------------------------------------------------------
 
     def copy_into(
-        self, slot: TierSlot, rec: BlockRecord, data: Any, kind: EventKind, detail: str = "", *, new: bool = False
+        self,
+        slot: TierSlot,
+        rec: BlockRecord,
+        data: Any,
+        kind: EventKind,
+        detail: str = "",
+        *,
+        new: bool = False,
+        lossless: bool = False,
     ) -> bool:
         """Put *data* (the block's bytes, valid until this returns) into *slot* for *rec*.
 
@@ -398,6 +410,7 @@ class Placement:
         phases: reserve (evicting by policy), write with the lock let go, commit. False
         when the tier cannot take it now (unavailable, too small, full of pinned blocks,
         the name busy there). *new*: *rec* is a block being sealed, not yet in the catalog.
+        *lossless*: no block loses its last copy to make the room.
         """
         name = rec.name
         if not slot.usable() or slot.is_busy(name):
@@ -405,16 +418,16 @@ class Placement:
         if slot.persistent:
             self.require_io(slot.index, "writing a copy")
         fp = self.footprint(slot, rec)
-        if not self.make_room(slot, fp):
+        if not self.make_room(slot, fp, lossless=lossless):
             return False
         if not new and not self.is_current(rec):
             return False  # deleted or replaced while room was made
         if rec.tiers & slot.bit:
             return True  # another reader promoted it meanwhile
         if not slot.persistent:
-            if not self._put_volatile(slot, rec, data):
+            if not self._put_volatile(slot, rec, data, lossless):
                 return False
-        elif not self._put_persistent(slot, rec, data, fp, new=new):
+        elif not self._put_persistent(slot, rec, data, fp, new=new, lossless=lossless):
             return False
         self.add_copy(slot, rec)
         if slot.shared:
@@ -430,21 +443,26 @@ class Placement:
         self.emit(kind, rec, slot, detail)
         return True
 
-    def _put_volatile(self, slot: TierSlot, rec: BlockRecord, data: Any) -> bool:
+    def _put_volatile(self, slot: TierSlot, rec: BlockRecord, data: Any, lossless: bool) -> bool:
         for _ in range(_TIER_FULL_RETRIES):
             try:
                 slot.tier.put(rec.name, data, rec.checksum)
                 return True
             except TierFull:  # fragmented: evict more
-                skipped: list[str] = []
-                victim = self.victim(slot, skipped)
-                self._restore(slot, skipped)
-                if victim is None:
+                if not self._evict_one(slot, lossless):
                     return False
-                self.evict_copy(slot, victim)
         return False
 
-    def _put_persistent(self, slot: TierSlot, rec: BlockRecord, data: Any, fp: int, *, new: bool) -> bool:
+    def _evict_one(self, slot: TierSlot, lossless: bool) -> bool:
+        """Evict the policy's next victim from *slot* (a tier fuller than its count says)."""
+        skipped: list[str] = []
+        victim = self.victim(slot, skipped)
+        self._restore(slot, skipped)
+        return victim is not None and self.evict_copy(slot, victim, lossless=lossless)
+
+    def _put_persistent(
+        self, slot: TierSlot, rec: BlockRecord, data: Any, fp: int, *, new: bool, lossless: bool
+    ) -> bool:
         name = rec.name
         for _ in range(_TIER_FULL_RETRIES):
             slot.reserved += fp
@@ -470,12 +488,8 @@ class Placement:
                     return True
                 self.delete_copy(slot, name)  # deleted or replaced while written: nobody's file
                 return False
-            skipped: list[str] = []  # TierFull: the filesystem is fuller than the count says
-            victim = self.victim(slot, skipped)
-            self._restore(slot, skipped)
-            if victim is None:
+            if not self._evict_one(slot, lossless):  # TierFull: fuller than the count says
                 return False
-            self.evict_copy(slot, victim)
         return False
 
     def refusal(self, slot: TierSlot, rec: BlockRecord) -> str:

@@ -250,7 +250,7 @@ class WriteBack:
                     if slot.index in failed:
                         reasons.append(f"{slot.name} is unavailable")
                         continue
-                    if p.copy_into(slot, rec, ref.data, EventKind.DEMOTED, "flush"):
+                    if p.copy_into(slot, rec, ref.data, EventKind.DEMOTED, "flush", lossless=True):
                         return None
                     if not p.is_current(rec):
                         return ""

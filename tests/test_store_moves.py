@@ -1,0 +1,402 @@
+"""The store's collaborators and its two-phase moves, on real tiers.
+
+- each collaborator (slot, placement, shared view, write-through queue, health breaker,
+  deadline executor, lease table) is built and used on its own;
+- no tier I/O under the store's lock: a DRAM hit completes while a demotion is stuck in a
+  disk tier that stopped answering (a real stalling FUSE filesystem, tools/stallfs.py);
+- the flush before unmount never drops a block's last copy to make room, and says which
+  blocks it could not write down;
+- leases keep a DRAM extent and a disk file from being reused, replaced or removed;
+- rebuild treats a header naming ``../../x`` as a corrupt file and never moves it;
+- fsync is a per-tier choice;
+- revalidation against shared tiers runs in the background; a bad local copy after a
+  restart falls to a good shared one on the first read; mkdir under a directory only
+  another node made works.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from kvfs.backlog import CopyJob, DeleteJob, WriteThroughQueue
+from kvfs.blockfile import checksum, encode_header
+from kvfs.catalog import BlockRecord, Catalog
+from kvfs.config import DiskConfig, DramConfig, PolicyConfig, PosixConfig, PromoteMode
+from kvfs.deadline import DeadlineExecutor
+from kvfs.errors import BlockNotFound, TierUnavailable
+from kvfs.events import EventKind, EventLog
+from kvfs.health import HealthBreaker
+from kvfs.leases import LeaseTable
+from kvfs.names import TierName
+from kvfs.placement import Placement
+from kvfs.shared import SharedView
+from kvfs.slot import TierSlot
+from kvfs.store import Store
+from kvfs.tiers.disk import DiskTier
+from kvfs.tiers.dram import DramTier
+from kvfs.tiers.posix import PosixTier
+
+from conftest import fuse_missing
+
+BLOCK = 64 << 10
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def blob(i: int, size: int = BLOCK) -> bytes:
+    return random.Random(i).randbytes(size)
+
+
+def dram(blocks: int = 4) -> DramTier:
+    return DramTier(DramConfig(name=TierName("dram"), capacity=blocks * BLOCK, mlock=False, prefault=False))
+
+
+def disk(path: Path, capacity: int = 64 << 20, **kw) -> DiskTier:
+    return DiskTier(DiskConfig(name=TierName("disk"), capacity=capacity, path=path, **kw))
+
+
+def posix(path: Path, **kw) -> PosixTier:
+    kw.setdefault("timeout", 2.0)
+    return PosixTier(PosixConfig(name=TierName("posix"), capacity=1 << 30, path=path, **kw))
+
+
+# -- each collaborator on its own ----------------------------------------------------------
+
+
+def test_health_breaker_opens_and_half_opens():
+    clock = Clock()
+    h = HealthBreaker("t", clock=clock, retry_after=5.0)
+    assert h.usable() and h.healthy
+    h.failed(TierUnavailable("down"))
+    assert not h.healthy and not h.usable() and h.errors == 1
+    clock.now += 5.0
+    assert h.usable() and not h.healthy  # half-open: one may try
+    h.answered()
+    assert h.healthy
+
+
+def test_deadline_executor_abandons_and_never_joins():
+    ex = DeadlineExecutor("stuck", timeout=0.2, workers=1)
+    gate = threading.Event()
+    released = []
+    with pytest.raises(TierUnavailable, match="timed out"):
+        ex.call(lambda: (gate.wait(10), "result")[1], on_abandon=released.append)
+    gate.set()
+    for _ in range(200):
+        if released:
+            break
+        time.sleep(0.01)
+    assert released == ["result"]  # the late result was handed back, not leaked
+    assert all(t.daemon for t in threading.enumerate() if t.name == "kvfs-stuck")
+    done = threading.Event()
+    job = ex.submit(lambda: 7, on_done=lambda j: done.set())
+    assert job is not None and done.wait(5) and job.result == 7
+    ex.close()
+
+
+def test_write_through_queue_alone():
+    q = WriteThroughQueue()
+    rec = BlockRecord("a", 1, 1)
+    q.copy(rec, 2)
+    q.delete("b", 2)
+    q.delete("c", 3)
+    assert q.pending() == 3 and q.pending(2) == 2 and q.deleting("b")
+    job = q.pop(2)
+    assert isinstance(job, CopyJob) and job.rec is rec
+    assert q.take_delete(2, "b") is not None and not q.deleting("b")
+    q.push_back(DeleteJob("d", 3))
+    assert isinstance(q.pop(3), DeleteJob) and q.pending(3) == 1
+
+
+def test_slot_and_placement_alone(tmp_path):
+    clock = Clock()
+    slots = [
+        TierSlot.build(0, dram(2), eviction="lru", clock=clock),
+        TierSlot.build(1, disk(tmp_path / "d"), eviction="lru", clock=clock),
+    ]
+    catalog = Catalog(2)
+    p = Placement(slots, catalog, WriteThroughQueue(), events=EventLog(), clock=clock)
+    recs = [BlockRecord(f"b{i}", BLOCK, checksum(blob(i))) for i in range(3)]
+    with p.locked():
+        for i, rec in enumerate(recs):
+            assert p.place(rec, blob(i)) is slots[0]
+            catalog.add(rec)
+    assert recs[0].tiers == slots[1].bit  # demoted when b2 needed the room
+    assert catalog.used[0] == 2 * BLOCK and slots[1].reserved == 0 and not slots[1].busy
+    for s in slots:
+        s.close()
+
+
+def test_shared_view_alone(tmp_path):
+    clock = Clock()
+    tier = posix(tmp_path / "shared")
+    data = b"x" * 100
+    tier.put("ns/a", data, checksum(data))
+    view = SharedView([TierSlot.build(0, tier, eviction="lru", clock=clock)], clock=clock, negative_ttl=2.0)
+    answer = view.stat("ns/a")
+    assert answer.complete and [info.size for _, info in answer.found] == [100]
+    assert view.listing("ns") == {"a": False}
+    got = []
+    done = view.stat_later("ns/b", lambda name, ans: got.append((name, ans.found, ans.complete)))
+    assert done is not None and done.wait(5)
+    assert got == [("ns/b", (), True)]
+    view.remember_missing("ns/b")
+    assert view.known_missing("ns/b")
+    clock.now += 2.1
+    assert not view.known_missing("ns/b")
+    view.close()
+    tier.close()
+
+
+def test_lease_table_alone():
+    now = [0.0]
+    table = LeaseTable(clock=lambda: now[0])
+    assert table.deadline(10) == 10.0 and table.deadline(10_000) == 600.0
+    with pytest.raises(ValueError):
+        table.deadline(0)
+
+
+# -- no tier I/O under the lock --------------------------------------------------------------
+
+
+@pytest.fixture
+def stalling(tmp_path):
+    reason = fuse_missing()
+    if reason:
+        pytest.skip(reason)
+    from kvfs.tools.stallfs import StallingMount
+
+    with StallingMount(tmp_path) as m:
+        yield m
+
+
+def test_a_dram_hit_never_waits_behind_a_demotion(stalling):
+    """The disk tier stops answering while an eviction demotes to it: the put that evicts
+    waits (its demotion is stuck in the kernel), a DRAM hit from another thread does not."""
+    s = Store([dram(4), disk(stalling.mountpoint / "disk")], policy=PolicyConfig(eviction="lru"))
+    try:
+        for i in range(4):
+            s.put(f"b{i}", blob(i))
+        stalling.stall()
+        putter = threading.Thread(target=s.put, args=("b4", blob(4)))
+        putter.start()
+        deadline = time.monotonic() + 10
+        while not s.slots[1].busy and time.monotonic() < deadline:  # the demotion of b0 is in flight
+            time.sleep(0.01)
+        assert s.slots[1].busy, "the demotion never started"
+        hits: list[bytes] = []
+        reader = threading.Thread(target=lambda: hits.extend(s.read(f"b{i}") for i in (1, 2, 3)))
+        reader.start()
+        reader.join(30)  # the stall lasts until the reader is done: it must not wait for it
+        assert not reader.is_alive(), "a DRAM hit waited behind the stalled demotion"
+        assert stalling.stalled and putter.is_alive()
+        assert hits == [blob(1), blob(2), blob(3)]
+        assert s.stat("b0").tiers == ("dram",)  # still served from DRAM while it moves
+        assert s.read("b0") == blob(0)
+    finally:
+        stalling.resume()
+        putter.join(30)
+        assert not putter.is_alive()
+        assert s.stat("b0").tiers == ("disk",) and s.read("b0") == blob(0)
+        assert s.stat("b4").tiers == ("dram",)
+        s.close()
+
+
+# -- the flush before unmount --------------------------------------------------------------
+
+
+def test_flush_never_drops_a_last_copy_and_names_what_it_lost(tmp_path):
+    """DRAM holds four blocks, the disk two: the flush writes two down and reports the
+    other two by name, instead of evicting the first ones it wrote to fit the rest."""
+    s = Store([dram(4), disk(tmp_path / "d", capacity=2 * (BLOCK + 4096))], policy=PolicyConfig(eviction="lru"))
+    for i in range(4):
+        s.put(f"b{i}", blob(i))
+    report = s.flush_report()
+    assert report.written == 2 and not report.ok
+    lost = dict(report.lost)
+    assert len(lost) == 2 and all("disk is full" in why for why in lost.values())
+    kept = [n for n in ("b0", "b1", "b2", "b3") if "disk" in s.stat(n).tiers]
+    assert len(kept) == 2 and set(kept).isdisjoint(lost)
+    assert all(s.read(f"b{i}") == blob(i) for i in range(4))
+    s.close()
+
+
+def test_flush_reports_a_persistent_tier_that_is_down(tmp_path):
+    shared = posix(tmp_path / "shared", timeout=0.5)
+    s = Store([dram(4), shared])
+    s.put("a", blob(1))
+    s.slots[1].failed(TierUnavailable("nfs stalled"))  # what a timed-out call does
+    report = s.flush_report()
+    assert report.lost == (("a", "posix is unavailable"),)
+    s.close()
+
+
+# -- leases ------------------------------------------------------------------------------------
+
+
+def test_a_dram_lease_keeps_its_extent_until_released(tmp_path):
+    s = Store([dram(2), disk(tmp_path / "d")], policy=PolicyConfig(eviction="lru"))
+    s.put("a", blob(1))
+    lease = s.lease("a")
+    loc = lease.location
+    assert lease.tier == "dram" and loc is not None and loc.length == BLOCK
+    s.delete("a")  # removed, and its extent would be reused by the next writes...
+    for i in range(4):
+        s.put(f"x{i}", blob(10 + i))
+    with open(loc.path, "rb") as f:  # ...but a reader of the arena (another process) still sees it
+        f.seek(loc.offset)
+        assert f.read(loc.length) == blob(1)
+    assert s.release(lease) and not s.release(lease)
+    s.close()
+
+
+def test_a_disk_lease_keeps_its_file_from_removal_and_replacement(tmp_path):
+    tiers = [dram(1), disk(tmp_path / "d"), posix(tmp_path / "shared")]
+    s = Store(tiers, policy=PolicyConfig(eviction="lru", promote=PromoteMode.NEVER))
+    s.put("a", blob(1))
+    s.put("b", blob(2))  # a goes down to disk
+    assert s.stat("a").tiers == ("disk",)
+    lease = s.lease("a", ttl=60)
+    loc = lease.location
+    assert loc is not None and lease.tier == "disk"
+    s.put("a", blob(3))  # a new version: lands in DRAM, the leased file stays
+    s.put("c", blob(4))  # evicting the new a: its demotion skips the leased file, goes to posix
+    with open(loc.path, "rb") as f:
+        f.seek(loc.offset)
+        assert f.read(loc.length) == blob(1)
+    assert s.stat("a").tiers == ("posix",) and s.read("a") == blob(3)
+    s.delete("a")
+    assert os.path.exists(loc.path)  # removal waits for the lease
+    s.release(lease)
+    assert not os.path.exists(loc.path)
+    s.close()
+
+
+def test_leases_expire(tmp_path):
+    now = [0.0]
+    s = Store([dram(2), disk(tmp_path / "d")], lease_clock=lambda: now[0])
+    s.put("a", blob(1))
+    s.flush()
+    lease = s.lease("a", tier="disk", ttl=5)
+    assert s.slots[1].is_busy("a")
+    now[0] = 4.0
+    assert s.expire_leases() == 0
+    now[0] = 5.0
+    assert s.expire_leases() == 1 and not s.slots[1].is_busy("a")
+    assert not s.release(lease)
+    s.close()
+
+
+# -- rebuild -----------------------------------------------------------------------------------
+
+
+def test_a_header_naming_dot_dot_is_corrupt_and_never_moved(tmp_path):
+    root = tmp_path / "d"
+    d = disk(root)
+    d.close()
+    data = b"evil" * 1000
+    for header_name in ("../../x", "/etc/kvfs-x", "a//b"):
+        f = root / "blocks" / "ns" / f"f{len(header_name)}"
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_bytes(encode_header(header_name, len(data), checksum(data)) + data)
+    os.symlink("/etc/passwd", root / "blocks" / "ns" / "link")
+    s = Store([disk(root)])
+    assert len(s) == 0
+    assert s.statistics().tiers[0].corrupt == 4 and s.rebuilt_corrupt == 4
+    assert not (tmp_path / "x").exists() and not (root / "x").exists() and not Path("/etc/kvfs-x").exists()
+    assert os.listdir(root / "blocks" / "ns") == []  # removed from the tier, nothing moved out
+    assert Path("/etc/passwd").exists()
+    kinds = [e.kind for e in s.events.drain()]
+    assert kinds == [EventKind.CORRUPT] * 4
+    s.close()
+
+
+def test_an_interrupted_rename_is_still_completed(tmp_path):
+    root = tmp_path / "d"
+    disk(root).close()
+    data = b"y" * 5000
+    (root / "blocks" / "old").write_bytes(encode_header("new/name", len(data), checksum(data)) + data)
+    s = Store([disk(root)])
+    assert s.read("new/name") == data and not (root / "blocks" / "old").exists()
+    s.close()
+
+
+# -- durability --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("on", [False, True])
+def test_fsync_is_a_per_tier_setting(tmp_path, monkeypatch, on):
+    synced = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real(fd))[1])
+    t = disk(tmp_path / "d", fsync=on)
+    t.put("ns/a", b"x", checksum(b"x"))
+    assert len(synced) == (2 if on else 0)  # the file, then its directory
+    t.close()
+
+
+# -- shared tiers --------------------------------------------------------------------------------
+
+
+def test_revalidation_runs_in_the_background(tmp_path):
+    """With shared_wait = 0 (the daemon's), a due revalidation never makes the caller
+    wait: the read is served from DRAM, and the deletion on another node is applied when
+    the background answer arrives."""
+    clock = Clock()
+    a = Store([dram(), posix(tmp_path / "shared")], clock=clock, negative_ttl=2.0)
+    b = Store([dram(), posix(tmp_path / "shared")], clock=clock, negative_ttl=2.0)
+    a.put("m/x", blob(1))
+    a.run_pending()
+    assert b.read("m/x") == blob(1)
+    a.delete("m/x")
+    a.run_pending()
+    clock.now += 2.5
+    assert b.read("m/x") == blob(1)  # answered from DRAM; the check runs meanwhile
+    deadline = time.monotonic() + 10
+    while b.lookup("m/x") is not None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert b.lookup("m/x") is None
+    with pytest.raises(BlockNotFound):
+        b.read("m/x")
+    a.close(), b.close()
+
+
+def test_a_bad_local_copy_after_restart_falls_to_the_shared_one(tmp_path):
+    data = blob(7)
+    a = Store([dram(), disk(tmp_path / "d"), posix(tmp_path / "shared")])
+    a.put("m/x", data)
+    a.run_pending()  # written through to posix
+    a.prefetch("m/x", "disk")
+    a.close()
+    f = tmp_path / "d" / "blocks" / "m" / "x"
+    raw = bytearray(f.read_bytes())
+    raw[4096 + 10] ^= 0xFF
+    f.write_bytes(raw)
+    a = Store([dram(), disk(tmp_path / "d"), posix(tmp_path / "shared")])
+    assert a.stat("m/x").tiers == ("disk",)  # the shared copy is not known yet at start
+    assert a.read("m/x") == data  # the first read: the bad disk copy dropped, posix's read
+    assert a.statistics().tiers[1].corrupt == 1
+    assert "posix" in a.stat("m/x").tiers
+    a.close()
+
+
+def test_mkdir_under_a_directory_another_node_created(tmp_path):
+    a = Store([dram(), posix(tmp_path / "shared")])
+    b = Store([dram(), posix(tmp_path / "shared")])
+    a.put("ns/ab/blk", b"x")
+    a.run_pending()
+    b.mkdir("ns/ab/sub")  # ns/ab exists here only through the shared tier
+    assert b.listdir("ns/ab") == {"blk": False, "sub": True}
+    a.close(), b.close()
