@@ -1,9 +1,12 @@
 """Whether a tier answers: a circuit breaker per tier.
 
 A tier whose call raised :class:`~kvfs.errors.TierUnavailable` (a timeout, a backend
-error) is *unhealthy*: it is skipped for ``retry_after`` seconds, then the next call may
-try it again (half-open), and the first call that succeeds marks it healthy. What the
-tools and metrics show as a tier's health and error count lives here.
+error) is *unhealthy*: it is skipped for ``retry_after`` seconds; then one thread may try
+it again (half-open: the first to ask becomes the probe, everyone else keeps skipping it
+until the probe's call answers or another ``retry_after`` passes), and a call that
+succeeds marks it healthy. So a long outage costs one waiting call per ``retry_after``,
+not one per caller. What the tools and metrics show as a tier's health and error count
+lives here.
 
 Thread-safe on its own (a small lock), so calls that finish in background threads report
 without the store's lock.
@@ -34,11 +37,23 @@ class HealthBreaker:
         self.errors = 0
         """Calls that failed (timeouts, backend errors) since the start."""
         self._until = 0.0
+        self._probe: int | None = None  # the thread trying an unhealthy tier again
 
     def usable(self) -> bool:
         """True when the tier may be called now: healthy, or unhealthy for long enough
-        that it is worth trying again."""
-        return self.healthy or self._clock() >= self._until
+        that it is worth trying again and this thread is the one that does."""
+        if self.healthy:
+            return True
+        now = self._clock()
+        me = threading.get_ident()
+        with self._lock:
+            if self.healthy:
+                return True
+            if now < self._until:
+                return self._probe == me
+            self._probe = me
+            self._until = now + self.retry_after
+            return True
 
     def failed(self, exc: BaseException) -> None:
         """A call raised *exc* (a TierUnavailable): count it, mark the tier unhealthy."""
@@ -46,6 +61,7 @@ class HealthBreaker:
             self.errors += 1
             was = self.healthy
             self.healthy = False
+            self._probe = None
             self._until = self._clock() + self.retry_after
         if was:
             log.warning("tier %s is unhealthy: %s", self.name, exc)
@@ -56,5 +72,6 @@ class HealthBreaker:
             return
         with self._lock:
             was, self.healthy = self.healthy, True
+            self._probe = None
         if not was:
             log.warning("tier %s answers again", self.name)

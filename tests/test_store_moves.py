@@ -82,7 +82,12 @@ def test_health_breaker_opens_and_half_opens():
     h.failed(TierUnavailable("down"))
     assert not h.healthy and not h.usable() and h.errors == 1
     clock.now += 5.0
-    assert h.usable() and not h.healthy  # half-open: one may try
+    assert h.usable() and not h.healthy  # half-open: this thread probes...
+    others: list[bool] = []
+    t = threading.Thread(target=lambda: others.append(h.usable()))
+    t.start()
+    t.join()
+    assert others == [False] and h.usable()  # ...and the others keep skipping it meanwhile
     h.answered()
     assert h.healthy
 
