@@ -335,7 +335,9 @@ def default_cache_dir() -> Path:
 
 def default_config() -> Config:
     """The embedded default: a DRAM tier of 1/16 of memory (256 MiB to 8 GiB) over a
-    disk tier in the user's cache directory of a quarter of its free space (up to 64 GiB).
+    disk tier in the user's cache directory of a quarter of its free space (up to 64 GiB),
+    but at least the DRAM tier's size where half the free space allows, so a clean
+    unmount can write everything in DRAM down.
     """
     dram = min(max(_memory_bytes() // 16, 256 << 20), 8 << 30)
     disk_dir = default_cache_dir() / "disk"
@@ -343,7 +345,7 @@ def default_config() -> Config:
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
     free = shutil.disk_usage(probe).free
-    disk = max(min(free // 4, 64 << 30), 256 << 20)
+    disk = max(min(free // 4, 64 << 30), min(dram, free // 2), 256 << 20)
     return Config(
         tiers=(
             DramConfig(name=TierName("dram"), capacity=dram & ~0xFFFFF),

@@ -341,17 +341,21 @@ class Placement:
             self._restore(slot, skipped)
 
     def evict_copy(self, slot: TierSlot, rec: BlockRecord, detail: str = "", *, lossless: bool = False) -> bool:
-        """Remove the copy in *slot* to make room; demote it first if it is the last copy
-        here or colder (write-back). Under the lock; demoting lets go of it. False when
-        nothing was freed: pinned meanwhile, or (*lossless*) no colder tier took it."""
-        if not rec.tiers >> (slot.index + 1):
+        """Remove the copy in *slot* to make room. Demote it first when no colder local
+        tier holds it: into any colder tier when it is the last copy here or colder
+        (write-back), into a colder local tier when only shared tiers hold it (local
+        tiers cache what the shared ones hold; nothing is lost if none takes it). Under
+        the lock; demoting lets go of it. False when nothing was freed: pinned meanwhile,
+        or (*lossless*) a last copy no colder tier took."""
+        colder = rec.tiers >> (slot.index + 1) << (slot.index + 1)
+        if not colder & self.local_mask:
             self.require_io(slot.index + 1 if slot.index + 1 < len(self.slots) else slot.index, "a demotion")
-            demoted = self.demote(slot, rec)
+            demoted = self.demote(slot, rec, skip=self.shared_mask if colder else 0)
             if not self.is_current(rec) or not rec.tiers & slot.bit:
                 return True  # removed or replaced meanwhile: its room is free already
             if rec.pinned:
                 return False  # pinned meanwhile: it stays (and keeps its new colder copy)
-            if lossless and not demoted:
+            if lossless and not demoted and not colder:
                 return False
         self.drop_copy(slot, rec)
         slot.counters.evictions += 1
