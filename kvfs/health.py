@@ -47,13 +47,16 @@ class HealthBreaker:
         now = self._clock()
         me = threading.get_ident()
         with self._lock:
-            if self.healthy:
+            if self._answering():  # marked healthy by another thread meanwhile
                 return True
             if now < self._until:
                 return self._probe == me
             self._probe = me
             self._until = now + self.retry_after
             return True
+
+    def _answering(self) -> bool:
+        return self.healthy
 
     def failed(self, exc: BaseException) -> None:
         """A call raised *exc* (a TierUnavailable): count it, mark the tier unhealthy."""
