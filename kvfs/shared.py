@@ -164,18 +164,24 @@ class SharedView:
 
     # -- stat ---------------------------------------------------------------------------
 
-    def stat(self, name: str) -> SharedAnswer:
-        """Stat *name* on every usable shared tier now, in this thread."""
-        found: list[tuple[TierSlot, BlockInfo]] = []
+    def _ask_all(self, ask: Callable[[Tier], Any]) -> tuple[list[tuple[TierSlot, Any]], bool]:
+        """``ask(tier)`` on every usable shared tier now, in this thread: the answers that
+        are not None, and whether every shared tier answered."""
+        answers: list[tuple[TierSlot, Any]] = []
         complete = True
         for slot in self.slots:
             if not slot.usable():
                 complete = False
                 continue
-            _, info, ok = _ask_tier(slot, _stat_of(name))
+            _, answer, ok = _ask_tier(slot, ask)
             complete &= ok
-            if info is not None:
-                found.append((slot, info))
+            if answer is not None:
+                answers.append((slot, answer))
+        return answers, complete
+
+    def stat(self, name: str) -> SharedAnswer:
+        """Stat *name* on every usable shared tier now, in this thread."""
+        found, complete = self._ask_all(_stat_of(name))
         return SharedAnswer(tuple(found), complete)
 
     def stat_later(self, name: str, on_answer: Callable[[str, SharedAnswer], None]) -> threading.Event | None:
@@ -219,13 +225,8 @@ class SharedView:
         if not block:
             return None
         merged: dict[str, bool] = {}
-        complete = True
-        for slot in self.slots:
-            if not slot.usable():
-                complete = False
-                continue
-            _, listing, ok = _ask_tier(slot, _listing_of(directory))
-            complete &= ok
+        listings, complete = self._ask_all(_listing_of(directory))
+        for _, listing in listings:
             _merge(merged, listing)
         self._cache_listing(directory, merged, complete, now)
         return merged
