@@ -14,21 +14,27 @@ the lease is held:
 Every lease has a deadline (``ttl``, at most :data:`MAX_TTL` seconds): a client that dies
 without releasing cannot pin a copy forever. The store ends expired leases when its owner
 calls ``Store.expire_leases()`` (the daemon does, from its background task). Leases are
-the store side of the batch client (issue 12).
+the store side of the batch client (issue 12): :class:`Leases` takes, releases and
+expires them.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from .errors import KvfsError
+from .placement import Placement
 from .slot import TierSlot
 from .tier import BlockRef, Location
 
-__all__ = ["MAX_TTL", "Lease", "LeaseTable"]
+__all__ = ["MAX_TTL", "Lease", "Leases"]
+
+log = logging.getLogger("kvfs.store")
 
 MAX_TTL = 600.0  # seconds: the longest lease the store hands out
 
@@ -65,46 +71,95 @@ class Lease:
         }
 
 
-class LeaseTable:
-    """The leases handed out, by id. *clock* is monotonic seconds. Thread-safe."""
+class Leases:
+    """The leases handed out on *placement*'s copies, by id (see the module doc).
+    *clock* is monotonic seconds. Thread-safe."""
 
-    def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, placement: Placement, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.placement = placement
         self.clock = clock
         self._ids = itertools.count(1)
         self._leases: dict[int, Lease] = {}
         self._lock = threading.Lock()
-
-    def new_id(self) -> int:
-        return next(self._ids)
 
     def deadline(self, ttl: float) -> float:
         if not ttl > 0:
             raise ValueError(f"a lease needs a positive ttl (got {ttl!r})")
         return self.clock() + min(ttl, MAX_TTL)
 
-    def add(self, lease: Lease) -> None:
+    def take(self, name: str, *, tier: int | None = None, ttl: float = 30.0) -> Lease:
+        """Hold one local copy of block *name* (normalized): the copy in tier index
+        *tier*, or the hottest local copy. Until :meth:`release` or *ttl* seconds, a DRAM
+        extent is not reused and a disk file is not removed, replaced or renamed. Raises
+        :class:`~kvfs.errors.BlockNotFound`, or :class:`~kvfs.errors.KvfsError` when
+        there is no local copy to hold there."""
+        p = self.placement
+        with p.locked():
+            rec = p.catalog.require(name)
+            if tier is not None:
+                slot = p.slots[tier]
+                if slot.shared or not rec.tiers & slot.bit:
+                    raise KvfsError(f"tier {slot.name!r} holds no local copy of {name!r} to lease")
+            else:
+                local = rec.tiers & p.local_mask
+                if not local:
+                    raise KvfsError(f"{name!r} has no local copy to lease (only shared tiers hold it)")
+                slot = p.slots[(local & -local).bit_length() - 1]
+            ref = None
+            if not slot.persistent:
+                ref = slot.tier.open(name)  # holds the extent
+            else:
+                slot.hold(name)
+            lease = Lease(
+                id=next(self._ids),
+                name=name,
+                tier=slot.name,
+                size=rec.size,
+                checksum=rec.checksum,
+                location=slot.tier.locate(name),
+                expires=self.deadline(ttl),
+                slot=slot,
+                ref=ref,
+            )
         with self._lock:
             self._leases[lease.id] = lease
+        return lease
 
-    def pop(self, lease_id: int) -> Lease | None:
+    def release(self, lease: Lease | int) -> bool:
+        """End a lease (by object or id); False if it had already ended (released or expired)."""
         with self._lock:
-            return self._leases.pop(lease_id, None)
+            held = self._leases.pop(lease if isinstance(lease, int) else lease.id, None)
+        if held is None:
+            return False
+        self._end(held)
+        return True
 
-    def expired(self) -> list[Lease]:
-        """Remove and return every lease past its deadline."""
+    def _end(self, lease: Lease) -> None:
+        if lease.ref is not None:
+            lease.ref.release()
+            return
+        with self.placement.locked():
+            self.placement.release_hold(lease.slot, lease.name)
+
+    def expire(self) -> int:
+        """End every lease past its deadline; returns how many."""
         now = self.clock()
         with self._lock:
             gone = [lease for lease in self._leases.values() if lease.expires <= now]
             for lease in gone:
                 del self._leases[lease.id]
-        return gone
+        for lease in gone:
+            log.warning("lease %d on %s in %s expired without being released", lease.id, lease.name, lease.tier)
+            self._end(lease)
+        return len(gone)
 
-    def all(self) -> list[Lease]:
-        """Remove and return every lease (at close)."""
+    def close(self) -> None:
+        """End every lease (the store is closing)."""
         with self._lock:
-            out = list(self._leases.values())
+            held = list(self._leases.values())
             self._leases.clear()
-        return out
+        for lease in held:
+            self._end(lease)
 
     def __len__(self) -> int:
         return len(self._leases)

@@ -54,7 +54,7 @@ class OperatorCommands:
     def pin(self, name: str, pinned: bool = True) -> BlockStat:
         """Pin (or unpin) a block: a pinned block is never evicted from the tiers it is in."""
         name = normalize(name)
-        self.store._refresh(name)
+        self.store.records.refresh(name)
         p = self.placement
         with p.locked():
             rec = self.catalog.require(name)
@@ -73,7 +73,7 @@ class OperatorCommands:
         name = normalize(name)
         k = 0 if tier is None else self.store.tier_index(tier)
         slot = self.slots[k]
-        self.store._refresh(name)
+        self.store.records.refresh(name)
         p = self.placement
         with p.locked():
             rec = self.catalog.require(name)

@@ -13,11 +13,12 @@ The store is a facade over collaborators that each own their state (docs/store.m
 - :class:`~kvfs.placement.Placement`: the lock, the copy bookkeeping and every move of
   bytes (two-phase: reserve, copy outside the lock, commit or abort);
 - :class:`~kvfs.shared.SharedView`: questions to the shared tiers, the negative and
-  listing caches;
+  listing caches; :class:`~kvfs.revalidation.SharedRecords`: what they say applied to the
+  catalog (discovery, background revalidation, shared deletes);
 - :class:`~kvfs.backlog.WriteThroughQueue` and :class:`~kvfs.writeback.WriteBack`: the
   background copies and deletes, and the flush before unmount;
 - :class:`~kvfs.steering.OperatorCommands`: pin, prefetch, evict, du, fsck;
-- :class:`~kvfs.leases.LeaseTable`: copies held for readers outside the store.
+- :class:`~kvfs.leases.Leases`: copies held for readers outside the store.
 
 Threading: every public method is thread-safe. Nothing that touches a persistent tier runs
 under the store's lock, so a DRAM hit never waits behind a demotion or an upload, and no
@@ -30,9 +31,7 @@ deadlines. Background work (write-through) is run by the store's owner, which ca
 
 from __future__ import annotations
 
-import functools
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
@@ -52,11 +51,12 @@ from .errors import (
     TierUnavailable,
 )
 from .events import EventKind, EventLog
-from .leases import Lease, LeaseTable
+from .leases import Lease, Leases
 from .names import normalize, parent_of, split
 from .placement import Placement
 from .policies import EvictionPolicy, make_policy
-from .shared import SharedAnswer, SharedView
+from .revalidation import SharedRecords
+from .shared import SharedView
 from .slot import TierSlot
 from .stats import StoreStatistics
 from .steering import LastCopy, OperatorCommands, Usage
@@ -112,12 +112,12 @@ class Store:
         self.placement = Placement(self.slots, self.catalog, self.queue, events=self.events, clock=clock)
         self.shared = SharedView(self.slots, clock=clock, negative_ttl=negative_ttl, listing_ttl=listing_ttl)
         self.writeback = WriteBack(self.placement, self.queue)
+        self.records = SharedRecords(
+            self.placement, self.shared, self.queue, self.writeback, clock=clock, shared_wait=shared_wait
+        )
         self.operator = OperatorCommands(self)
-        self.leases = LeaseTable(clock=lease_clock)
-        self.shared_wait = shared_wait
+        self.leases = Leases(self.placement, clock=lease_clock)
         self._through = [s for s in self.slots if s.index > 0 and s.tier.config.write is WriteMode.THROUGH]
-        shared = [s.index for s in self.slots if s.shared]
-        self._ask_tier = shared[-1] if shared else None  # whose limiter a question to them runs under
         self._lookups = 0
         self._misses = 0
         self.rebuilt_corrupt = 0
@@ -125,6 +125,10 @@ class Store:
             self.rebuild()
 
     # -- helpers ---------------------------------------------------------------------
+
+    @property
+    def shared_wait(self) -> float:
+        return self.records.shared_wait
 
     @property
     def negative_ttl(self) -> float:
@@ -259,7 +263,7 @@ class Store:
         """Read through the copies hottest first. *fetch(tier, name)* returns a result that
         *unpack* turns into ``(payload view, checksum)``; the first good result is returned."""
         name = normalize(name)
-        self._refresh(name)
+        self.records.refresh(name)
         p = self.placement
         counted = False
         rediscovered = False
@@ -287,7 +291,7 @@ class Store:
                     )
                 p.lose_if_empty(rec, "no readable copy")
                 ask = bool(self.shared) and not rediscovered and not p.waiting_forbidden
-            if not ask or not self._discover(name):
+            if not ask or not self.records.discover(name):
                 break
             rediscovered = True  # a good copy another node holds (the local one was bad)
         with p.locked():
@@ -349,148 +353,25 @@ class Store:
             c = slot.counters
             c.hits += 1
             c.bytes_read += rec.size
-            if self.shared and self._due(rec):
-                self.shared.stat_later(name, functools.partial(self._revalidated, rec))
+            if self.shared and self.records.due(rec):
+                self.records.revalidate_later(rec)
             return ref
         finally:
             p.lock.release()
-
-    # -- the shared tiers ------------------------------------------------------------------
-
-    def _due(self, rec: BlockRecord) -> bool:
-        """Whether the shared tiers should confirm *rec* again (see docs/shared-tiers.md)."""
-        if not (rec.tiers & self.shared.mask or rec.learn_shared):
-            return False
-        return self.clock() - rec.checked >= self.shared.negative_ttl
-
-    def _refresh(self, name: str) -> None:
-        """Bring the record of *name* in line with the shared tiers, when it is due.
-
-        Unknown here and not known missing: ask the shared tiers now, in this thread (a
-        local miss; bounded by their deadlines). Known and due for a check: ask in the
-        background and answer from what is known; wait at most ``shared_wait`` for the
-        answer. Raises :class:`StoreBusy` inside :meth:`nowait` when the tiers must be asked.
-        """
-        if not self.shared:
-            return
-        p = self.placement
-        with p.locked():
-            if self.catalog.is_dir(name):
-                return
-            rec = self.catalog.get(name)
-            if rec is None:
-                if self.shared.known_missing(name) or self.queue.deleting(name):
-                    return
-                assert self._ask_tier is not None
-                p.require_io(self._ask_tier, "asking the shared tiers")
-                pending = None
-            else:
-                if not self._due(rec):
-                    return
-                pending = self.shared.stat_later(name, functools.partial(self._revalidated, rec))
-                if pending is None or p.waiting_forbidden or self.shared_wait <= 0:
-                    return
-        if pending is None:
-            self._discover(name)
-        else:
-            pending.wait(self.shared_wait)
-
-    def _discover(self, name: str) -> bool:
-        """Ask the shared tiers for *name* now (outside the lock) and record what they
-        hold; True when a record with copies exists afterwards."""
-        answer = self.shared.stat(name)
-        with self.placement.locked():
-            rec = self.catalog.get(name)
-            if rec is not None:
-                return bool(rec.tiers)  # written or found here meanwhile: the local answer is newer
-            if self.catalog.is_dir(name) or self.queue.deleting(name):
-                return False
-            self._apply(name, None, answer)
-            rec = self.catalog.get(name)
-            return rec is not None and bool(rec.tiers)
-
-    def _revalidated(self, rec: BlockRecord, name: str, answer: SharedAnswer) -> None:
-        """The background answer for *rec* arrived (in a limiter's thread)."""
-        with self.placement.locked():
-            if self.catalog.get(name) is rec:
-                self._apply(name, rec, answer)
-
-    def _apply(self, name: str, rec: BlockRecord | None, answer: SharedAnswer) -> None:
-        """Bring the record of *name* (*rec*, None if unknown) in line with *answer*.
-        Under the lock."""
-        p = self.placement
-        now = self.clock()
-        if rec is not None and rec.moving:
-            return  # being renamed or moved right now: ask again later
-        # A tier where this node is writing, deleting or renaming the name right now says
-        # nothing about other nodes: its answer does not count, and the answer is partial.
-        busy = [slot for slot in self.shared.slots if slot.is_busy(name)]
-        found = [(slot, info) for slot, info in answer.found if slot not in busy]
-        complete = answer.complete and not busy
-        if found:
-            first = found[0][1]
-            same = [slot for slot, info in found if (info.size, info.checksum) == (first.size, first.checksum)]
-            if rec is not None and (rec.size, rec.checksum) == (first.size, first.checksum):
-                rec.checked = now
-                rec.learn_shared = False
-                for slot in same:
-                    if not rec.tiers & slot.bit:
-                        p.add_copy(slot, rec)
-                return
-            if rec is not None:
-                if not rec.tiers & self.shared.mask:
-                    # found here at start, another version shared: keep ours, never guess
-                    rec.checked = now
-                    rec.learn_shared = False
-                    return
-                self._drop_record(rec, "replaced on another node")
-            new = BlockRecord(name, first.size, first.checksum, created=now, accessed=now, checked=now)
-            try:
-                self.catalog.add(new)
-            except KvfsError as exc:  # e.g. a local directory of that name
-                log.warning("block %s in a shared tier is hidden here: %s", name, exc)
-                return
-            for slot in same:
-                p.add_copy(slot, new)
-            self.shared.forget_missing(name)
-            return
-        if not complete:
-            return  # some shared tier did not answer: neither "gone" nor "missing" is known
-        if rec is not None:
-            if not rec.tiers & self.shared.mask:
-                rec.checked = now  # a local block the shared tiers never had
-                rec.learn_shared = False
-                return
-            self._drop_record(rec, "deleted on another node")
-        self.shared.remember_missing(name)
-
-    def _drop_record(self, rec: BlockRecord, why: str) -> None:
-        """Remove a record: delete this node's local copies, forget the shared ones (a
-        block another node removed or replaced, whose shared copies must never be deleted
-        from here; ``delete`` queues those deletes itself). Under the lock."""
-        p = self.placement
-        for i in list(rec.tier_indexes()):
-            slot = self.slots[i]
-            if slot.shared:
-                p.forget_copy(slot, rec)
-            else:
-                p.drop_copy(slot, rec)
-        self.catalog.discard(rec)
-        p.emit(EventKind.REMOVED, rec, detail=why)
 
     # -- lookups ---------------------------------------------------------------------------
 
     def stat(self, name: str) -> BlockStat:
         """The block's record; :class:`BlockNotFound` if absent."""
         name = normalize(name)
-        self._refresh(name)
+        self.records.refresh(name)
         with self.placement.locked():
             return self._stat(self.catalog.require(name))
 
     def lookup(self, name: str) -> BlockStat | None:
         """Like :meth:`stat` but ``None`` for a missing block (and for a directory)."""
         name = normalize(name)
-        self._refresh(name)
+        self.records.refresh(name)
         with self.placement.locked():
             rec = self.catalog.get(name)
             return None if rec is None else self._stat(rec)
@@ -505,7 +386,7 @@ class Store:
         if p.waiting_forbidden:
             listing = self.shared.listing(directory, block=False)
             if listing is None:
-                raise StoreBusy("listing the shared tiers", tier=self._ask_tier)
+                raise StoreBusy("listing the shared tiers", tier=self.records.ask_tier)
             return listing
         return self.shared.listing(directory, wait=self.shared_wait) or {}
 
@@ -596,7 +477,7 @@ class Store:
         believed here, and nothing republishes the name there first.
         """
         name = normalize(name)
-        self._refresh(name)
+        self.records.refresh(name)
         p = self.placement
         with p.locked():
             rec = self.catalog.require(name)
@@ -604,27 +485,13 @@ class Store:
                 for i in rec.tier_indexes():
                     if self.slots[i].persistent and not self.slots[i].shared:
                         p.require_io(i, "deleting a file")
-            self._drop_record(rec, "deleted")
+            self.records.drop_record(rec, "deleted")
             for slot in self.shared.slots:
                 p.delete_copy(slot, name)
             self.shared.remember_missing(name)
             self.shared.forget_listing(parent_of(name))
             nowait = p.waiting_forbidden
-        self._run_shared_deletes(name, wait=not nowait)
-
-    def _run_shared_deletes(self, name: str, *, wait: bool) -> None:
-        """Start the queued deletes of *name* on the shared tiers in their limiters; wait
-        for them at most ``shared_wait`` when *wait*."""
-        done: list[threading.Event] = []
-        for slot in self.shared.slots:
-            if slot.usable() and slot.limiter is not None:
-                job = slot.limiter.submit(self.writeback.run_delete, slot, name, on_done=_ignore)
-                if job is not None:
-                    done.append(job.finished)
-        if wait and self.shared_wait > 0:
-            deadline = time.monotonic() + self.shared_wait
-            for ev in done:
-                ev.wait(max(0.0, deadline - time.monotonic()))
+        self.records.run_deletes(name, wait=not nowait)
 
     def rename(self, old: str, new: str) -> None:
         """Rename block *old* to *new*, atomically replacing a block named *new*.
@@ -635,7 +502,7 @@ class Store:
         renamed now (outside the lock).
         """
         old, new = normalize(old), normalize(new)
-        self._refresh(old)
+        self.records.refresh(old)
         p = self.placement
         with p.locked():
             rec = self.catalog.require(old)
@@ -762,64 +629,16 @@ class Store:
 
     def lease(self, name: str, *, tier: str | None = None, ttl: float = 30.0) -> Lease:
         """Hold one local copy of *name* for a reader outside the store (see
-        :mod:`kvfs.leases`): the copy in *tier*, or the hottest local copy. Until
-        :meth:`release` or *ttl* seconds, a DRAM extent is not reused and a disk file is
-        not removed, replaced or renamed. Raises :class:`BlockNotFound`, or
-        :class:`KvfsError` when *tier* holds no local copy of it."""
-        name = normalize(name)
-        p = self.placement
-        with p.locked():
-            rec = self.catalog.require(name)
-            if tier is not None:
-                slot = self.slots[self.tier_index(tier)]
-                if slot.shared or not rec.tiers & slot.bit:
-                    raise KvfsError(f"tier {tier!r} holds no local copy of {name!r} to lease")
-            else:
-                local = rec.tiers & p.local_mask
-                if not local:
-                    raise KvfsError(f"{name!r} has no local copy to lease (only shared tiers hold it)")
-                slot = self.slots[(local & -local).bit_length() - 1]
-            ref = None
-            if not slot.persistent:
-                ref = slot.tier.open(name)  # holds the extent
-            else:
-                slot.hold(name)
-            lease = Lease(
-                id=self.leases.new_id(),
-                name=name,
-                tier=slot.name,
-                size=rec.size,
-                checksum=rec.checksum,
-                location=slot.tier.locate(name),
-                expires=self.leases.deadline(ttl),
-                slot=slot,
-                ref=ref,
-            )
-            self.leases.add(lease)
-            return lease
+        :meth:`Leases.take`)."""
+        return self.leases.take(normalize(name), tier=None if tier is None else self.tier_index(tier), ttl=ttl)
 
     def release(self, lease: Lease | int) -> bool:
-        """End a lease (by object or id); False if it had already ended (released or expired)."""
-        held = self.leases.pop(lease if isinstance(lease, int) else lease.id)
-        if held is None:
-            return False
-        self._end_lease(held)
-        return True
-
-    def _end_lease(self, lease: Lease) -> None:
-        if lease.ref is not None:
-            lease.ref.release()
-            return
-        with self.placement.locked():
-            self.placement.release_hold(lease.slot, lease.name)
+        """End a lease (by object or id); False if it had already ended."""
+        return self.leases.release(lease)
 
     def expire_leases(self) -> int:
         """End every lease past its deadline; returns how many (the daemon calls this)."""
-        gone = self.leases.expired()
-        for lease in gone:
-            log.warning("lease %d on %s in %s expired without being released", lease.id, lease.name, lease.tier)
-            self._end_lease(lease)
-        return len(gone)
+        return self.leases.expire()
 
     # -- background work, rebuild, lifecycle ------------------------------------------------
 
@@ -912,8 +731,7 @@ class Store:
     def close(self) -> None:
         """End every lease and close every tier. Call :meth:`flush` first to keep blocks
         that are only in DRAM. Threads stuck in a hung tier are left behind, never waited for."""
-        for lease in self.leases.all():
-            self._end_lease(lease)
+        self.leases.close()
         self.shared.close()
         for slot in self.slots:
             slot.close()
@@ -925,7 +743,3 @@ def _open(tier: Tier, name: str) -> BlockRef:
 
 def _unpack_ref(ref: BlockRef) -> tuple[memoryview, int]:
     return ref.data, ref.checksum
-
-
-def _ignore(_job: object) -> None:
-    """A background call whose outcome the caller does not need (it records its own)."""

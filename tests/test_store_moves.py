@@ -32,7 +32,7 @@ from kvfs.deadline import DeadlineExecutor
 from kvfs.errors import BlockNotFound, TierUnavailable
 from kvfs.events import EventKind, EventLog
 from kvfs.health import HealthBreaker
-from kvfs.leases import LeaseTable
+from kvfs.leases import Leases
 from kvfs.names import TierName
 from kvfs.placement import Placement
 from kvfs.shared import SharedView
@@ -165,12 +165,22 @@ def test_shared_view_alone(tmp_path):
     tier.close()
 
 
-def test_lease_table_alone():
-    now = [0.0]
-    table = LeaseTable(clock=lambda: now[0])
-    assert table.deadline(10) == 10.0 and table.deadline(10_000) == 600.0
+def test_leases_alone(tmp_path):
+    clock = Clock()
+    slots = [TierSlot.build(0, dram(2), eviction="lru", clock=clock)]
+    catalog = Catalog(1)
+    p = Placement(slots, catalog, WriteThroughQueue(), events=EventLog(), clock=clock)
+    leases = Leases(p, clock=lambda: 0.0)
+    assert leases.deadline(10) == 10.0 and leases.deadline(10_000) == 600.0
     with pytest.raises(ValueError):
-        table.deadline(0)
+        leases.deadline(0)
+    rec = BlockRecord("a", BLOCK, checksum(blob(1)))
+    with p.locked():
+        p.place(rec, blob(1))
+        catalog.add(rec)
+    lease = leases.take("a")
+    assert lease.tier == "dram" and len(leases) == 1 and leases.release(lease.id) and len(leases) == 0
+    slots[0].close()
 
 
 # -- no tier I/O under the lock --------------------------------------------------------------
