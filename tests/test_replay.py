@@ -66,14 +66,17 @@ def test_a_block_found_after_the_first_miss_is_not_written_again():
     assert s.written_blocks == 4 and s.tier_written[0] == 4  # 1, 2, 3 and 9, nothing twice
 
 
-class _Refuse(EvictionPolicy):
-    """LRU that refuses every block offered from a hotter tier."""
+class _LRUSpy(EvictionPolicy):
+    """LRU that records what the replayer asks beyond the four calls (admit, hint)."""
 
-    name = "refuse"
+    name = "spy"
 
-    def __init__(self, ctx) -> None:
+    def __init__(self, ctx, *, admit: bool = True) -> None:
         self._lru = make_policy("lru")
+        self._clock = ctx.clock
+        self._admit = admit
         self.offers = []
+        self.hints = []
 
     def insert(self, key, size=0, parent=None):
         self._lru.insert(key, size, parent)
@@ -95,18 +98,21 @@ class _Refuse(EvictionPolicy):
 
     def admit(self, key, parent=None, *, hits=0, idle=None):
         self.offers.append((key, parent, hits, idle))
-        return False
+        return self._admit
+
+    def hint(self, keys, when):
+        self.hints.append((self._clock(), when, list(keys)))
 
 
 def test_a_refused_demotion_is_dropped_and_counted():
     made = []
 
     def factory(ctx):
-        made.append(_Refuse(ctx))
+        made.append(_LRUSpy(ctx, admit=False))
         return made[-1]
 
     # dram=1, disk=4: [1,2] pushes 1 out of DRAM; the disk refuses it. [1]: a miss.
-    s = replay([Request((1, 2), 0.0), Request((1,), 5.0)], parse_stack("dram=1,disk=4"), "refuse", factory=factory)
+    s = replay([Request((1, 2), 0.0), Request((1,), 5.0)], parse_stack("dram=1,disk=4"), "spy", factory=factory)
     assert (s.hits, s.demotions, s.refused, s.dropped) == (0, 0, 2, 2)
     assert s.tier_written == (3, 0)
     # the disk's policy was asked, with the parent, the hits so far and the idle time
@@ -401,38 +407,6 @@ def test_bench_policy_bad_hints(capsys, spec, message):
 # -- hints in the replay ----------------------------------------------------------------------
 
 
-class _Recorder(EvictionPolicy):
-    """LRU that records the hints it gets, with the replay's clock."""
-
-    name = "recorder"
-
-    def __init__(self, ctx) -> None:
-        self._lru = make_policy("lru")
-        self._clock = ctx.clock
-        self.hints = []
-
-    def insert(self, key, size=0, parent=None):
-        self._lru.insert(key, size, parent)
-
-    def touch(self, key):
-        self._lru.touch(key)
-
-    def remove(self, key):
-        self._lru.remove(key)
-
-    def victim(self):
-        return self._lru.victim()
-
-    def __len__(self):
-        return len(self._lru)
-
-    def __contains__(self, key):
-        return key in self._lru
-
-    def hint(self, keys, when):
-        self.hints.append((self._clock(), when, list(keys)))
-
-
 def test_replay_sends_soon_and_ended_hints_in_time():
     reqs = [
         Request((1, 2), 0.0, session=7, last=False),
@@ -443,10 +417,10 @@ def test_replay_sends_soon_and_ended_hints_in_time():
     made = []
 
     def factory(ctx):
-        made.append(_Recorder(ctx))
+        made.append(_LRUSpy(ctx))
         return made[-1]
 
-    s = replay(reqs, one_tier(10), "recorder", factory=factory, hints=HintModel(soon=1, ended=1.0, ended_delay=2.0))
+    s = replay(reqs, one_tier(10), "spy", factory=factory, hints=HintModel(soon=1, ended=1.0, ended_delay=2.0))
     # SOON for the next request when one arrives; ENDED for a session's last request,
     # ended_delay later, sent before the first request that arrives after it.
     assert made[0].hints == [
