@@ -423,13 +423,13 @@ def test_session_arc_soon_hint_holds_blocks_until_read_or_ttl():
         p.insert(k)
     p.hint([1, 99], Hint.SOON)  # 99 is not here: ignored
     assert p.victim() == 2  # 1 is held
-    now[0] = 11.0  # the hint ran out: 1 goes back at the old end of T1
-    assert p.victim() == 1
-    p.hint([1], Hint.SOON)
+    now[0] = 11.0  # the hint ran out: 1 goes back into T1 as if read at the hint: [2, 3, 1]
     assert p.victim() == 2
-    p.touch(1)  # read as announced: 1 leaves the hold for T2
+    p.hint([2], Hint.SOON)
+    assert p.victim() == 3
+    p.touch(2)  # read as announced: 2 leaves the hold for T2
     now[0] = 100.0
-    assert drain(p) == [2, 3, 1]
+    assert drain(p) == [3, 1, 2]
 
 
 def test_session_arc_soon_hint_with_no_ttl_only_refreshes():

@@ -14,7 +14,7 @@ of it, what a KV cache knows about conversations:
   off for a while.
 - **Hints** (:class:`~kvfs.policies.base.Hint`). ``SOON``: the named blocks are kept
   out of the eviction order until they are read or ``hint_ttl`` passes (then they go
-  back at the old end of their list); a dead one is revived. ``ENDED``: walking up from
+  back into their list as if read when hinted); a dead one is revived. ``ENDED``: walking up from
   the deepest named block, every block whose last child is gone or dead and that is not
   a branch point (a shared prompt, a document) becomes dead; the walk stops at the
   first one that does not. ``SOON`` wins over ``ENDED``.
@@ -275,9 +275,13 @@ class SessionARC(EvictionPolicy):
         return key
 
     def _expire(self) -> None:
-        """Hand blocks whose ``SOON`` hint ran out back to the old end of their list."""
+        """Hand blocks whose ``SOON`` hint ran out back to their list, as if read when hinted.
+
+        Not to its old end: a tier whose copy was not read may simply not have served the
+        read (a hotter copy did), which says nothing against the block."""
         now = self._clock()
         end = self._ends[_SOON]
+        d = self._d
         while self._n[_SOON]:
             node = end[_NEWER]
             deadline, home = self._soon[node[_KEY]]
@@ -285,7 +289,8 @@ class SessionARC(EvictionPolicy):
                 return
             del self._soon[node[_KEY]]
             self._unlink(node)
-            self._link(node, home, self._ends[home][_NEWER])  # oldest: the request did not come
+            parent = node[_PARENT]
+            self._link(node, home, d.get(parent) if parent is not None else None)
 
     def hint(self, keys, when: Hint) -> None:
         d = self._d
