@@ -3,8 +3,10 @@
 A config is a stack of tiers, hottest first, a policy table and a mount table::
 
     [policy]
-    eviction = "prefix-arc"   # see kvfs.policies.POLICIES and docs/policies.md
+    eviction = "session-arc"  # see kvfs.policies.POLICIES and docs/policies.md
     promote = "always"        # always | second-hit | never
+    admit_threshold = 0.02    # colder tiers refuse kinds of blocks read less often than this
+    hint_ttl = "30s"          # how long a "read soon" hint keeps blocks
 
     [[tiers]]
     kind = "dram"             # dram | disk | posix | s3
@@ -27,14 +29,16 @@ import dataclasses
 import enum
 import os
 import shutil
+import time
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
 from .names import TierName
-from .policies import DEFAULT_POLICY, POLICIES
+from .policies import DEFAULT_POLICY, POLICIES, PolicyContext
 from .units import parse_duration, parse_size
 
 __all__ = [
@@ -152,8 +156,18 @@ class S3Config(TierConfig):
 
 @dataclass(frozen=True, kw_only=True)
 class PolicyConfig:
+    """``[policy]``. ``admit_threshold`` and ``hint_ttl`` tune the policies that use them
+    (``session-arc``): :meth:`context` builds the :class:`~kvfs.policies.PolicyContext`
+    to pass to :func:`~kvfs.policies.make_policy`."""
+
     eviction: str = DEFAULT_POLICY
     promote: PromoteMode = PromoteMode.ALWAYS
+    admit_threshold: float = PolicyContext().admit_threshold
+    hint_ttl: float = PolicyContext().hint_ttl
+
+    def context(self, clock: Callable[[], float] = time.monotonic) -> PolicyContext:
+        """The policy context for this config with the store's *clock*."""
+        return PolicyContext(clock=clock, admit_threshold=self.admit_threshold, hint_ttl=self.hint_ttl)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -196,8 +210,12 @@ def _convert(where: str, f: dataclasses.Field[Any], value: Any) -> Any:
             if value in ("unlimited", "unbounded"):
                 return None
             return parse_size(value)
-        if name in ("timeout", "negative_ttl", "listing_ttl"):
+        if name in ("timeout", "negative_ttl", "listing_ttl", "hint_ttl"):
             return parse_duration(value)
+        if name == "admit_threshold":
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1:
+                raise ValueError("expected a share from 0 (admit every block) up to, not including, 1")
+            return float(value)
         if name == "multipart_threshold":
             return parse_size(value)
         if name == "write":

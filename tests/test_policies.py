@@ -4,11 +4,16 @@ policy's exact eviction order on small hand-made traces."""
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 
-from kvfs.policies import _REGISTRY, DEFAULT_POLICY, POLICIES, make_policy
+from kvfs.config import PolicyConfig, parse_config
+from kvfs.errors import ConfigError
+from kvfs.policies import _REGISTRY, DEFAULT_POLICY, POLICIES, Hint, PolicyContext, make_policy, namespace_of_name
+from kvfs.policies.admission import Admission
 from kvfs.policies.chains import ChainIndex
+from kvfs.policies.session_arc import SessionARC
 from kvfs.tools.replay import Belady
 
 
@@ -113,6 +118,34 @@ def test_remove_of_an_inner_block_and_reinsert(name):
     p.insert(2, 0, 1)  # unpinned
     assert len(p) == 5
     assert sorted(drain(p)) == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_hints_and_admission_keep_every_policy_consistent(name):
+    """Hints and admission questions never break the bookkeeping, whatever they name."""
+    now = [0.0]
+    p = make_policy(name, context=PolicyContext(clock=lambda: now[0], hint_ttl=5.0))
+    rng = random.Random(name)
+    resident = set()
+    for k in range(400):
+        now[0] += rng.random()
+        parent = k - 1 if k % 5 else None
+        assert p.admit(k, parent, hits=rng.randrange(3), idle=rng.random() * 100) in (True, False)
+        p.insert(k, 0, parent)
+        resident.add(k)
+        if k % 3 == 0:
+            p.touch(rng.randrange(k + 1))
+        if k % 7 == 0:
+            chain = list(range(max(0, k - rng.randrange(8)), k + 1)) + [10_000 + k]  # one key never seen
+            p.hint(chain, Hint.SOON if rng.random() < 0.5 else Hint.ENDED)
+        while len(p) > 30:
+            v = p.victim()
+            assert v in resident and v in p
+            p.remove(v)
+            resident.discard(v)
+        assert len(p) == len(resident)
+    now[0] += 100.0  # every SOON hint has run out
+    assert sorted(drain(p)) == sorted(resident)
 
 
 @pytest.mark.parametrize("name", POLICIES)
@@ -328,3 +361,215 @@ def test_recency_list_anchors():
     assert list(r) == ["b", "a", "c"]
     assert r.discard("a") and not r.discard("a")
     assert list(r) == ["b", "c"] and r.oldest() == "b" and len(r) == 2
+
+
+# -- session-arc ------------------------------------------------------------------------------
+
+
+def _session_arc(now=None, **kw) -> SessionARC:
+    clock = (lambda: now[0]) if now is not None else (lambda: 0.0)
+    return make_policy("session-arc", context=PolicyContext(clock=clock, **kw))
+
+
+def test_session_arc_evicts_the_previous_turns_partial_block_first():
+    p = _session_arc()
+    p.insert(1)  # a shared prompt
+    p.insert(10, 0, 1)  # session B: a full block and a partial one
+    p.insert(11, 0, 10)
+    p.insert(2, 0, 1)  # session A
+    p.insert(3, 0, 2)  # A's partial last block
+    p.touch(1)
+    p.touch(2)  # A's next turn reads 1, 2 and extends 2: 3 will never be read again
+    p.insert(4, 0, 2)
+    # T1 = [11, 10, 4], T2 = [2, 1]; 3 is dead and goes first (prefix-arc: 11, 10, 3, ...)
+    assert drain(p) == [3, 11, 10, 4, 2, 1]
+
+
+def test_prefix_arc_for_contrast_keeps_the_dead_partial_block():
+    p = make_policy("prefix-arc")
+    for k, parent in ((1, None), (10, 1), (11, 10), (2, 1), (3, 2)):
+        p.insert(k, 0, parent)
+    p.touch(1)
+    p.touch(2)
+    p.insert(4, 0, 2)
+    assert drain(p) == [11, 10, 3, 4, 2, 1]
+
+
+def test_session_arc_a_dead_block_that_is_read_lives_again():
+    p = _session_arc()
+    for k, parent in ((1, None), (10, 1), (11, 10), (2, 1), (3, 2)):
+        p.insert(k, 0, parent)
+    p.touch(1)
+    p.touch(2)
+    p.insert(4, 0, 2)  # 3 dead
+    p.touch(3)  # read after all (an edit of the last turn): T2 = [3, 2, 1]
+    assert drain(p) == [11, 10, 4, 3, 2, 1]
+
+
+def test_session_arc_a_block_written_again_does_not_supersede_itself():
+    p = _session_arc()
+    p.insert(1)
+    p.insert(2, 0, 1)
+    p.touch(1)
+    p.remove(2)  # evicted (not through victim: no ghost)
+    p.insert(2, 0, 1)  # the engine writes it again under the same parent
+    assert drain(p) == [2, 1]
+
+
+def test_session_arc_soon_hint_holds_blocks_until_read_or_ttl():
+    now = [0.0]
+    p = _session_arc(now, hint_ttl=10.0)
+    for k in (1, 2, 3):
+        p.insert(k)
+    p.hint([1, 99], Hint.SOON)  # 99 is not here: ignored
+    assert p.victim() == 2  # 1 is held
+    now[0] = 11.0  # the hint ran out: 1 goes back into T1 as if read at the hint: [2, 3, 1]
+    assert p.victim() == 2
+    p.hint([2], Hint.SOON)
+    assert p.victim() == 3
+    p.touch(2)  # read as announced: 2 leaves the hold for T2
+    now[0] = 100.0
+    assert drain(p) == [3, 1, 2]
+
+
+def test_session_arc_soon_hint_with_no_ttl_only_refreshes():
+    p = _session_arc(hint_ttl=0.0)
+    for k in (1, 2, 3):
+        p.insert(k)
+    p.hint([1], Hint.SOON)
+    assert drain(p) == [2, 3, 1]
+
+
+def test_session_arc_ended_hint_frees_the_session_but_not_the_shared_prompt():
+    p = _session_arc()
+    for k, parent in ((1, None), (10, 1), (11, 10), (2, 1), (3, 2)):
+        p.insert(k, 0, parent)  # two sessions under prompt 1: it is a branch point
+    p.hint([1, 2, 3], Hint.ENDED)  # session A is over: 3 and 2 die, the walk stops at 1
+    assert drain(p) == [3, 2, 11, 10, 1]
+
+
+def test_session_arc_ended_hint_of_a_lone_session_frees_the_whole_chain():
+    p = _session_arc()
+    for k, parent in ((1, None), (2, 1), (3, 2), (7, None)):
+        p.insert(k, 0, parent)
+    p.touch(7)
+    p.hint([1, 2, 3], Hint.ENDED)
+    assert drain(p) == [3, 2, 1, 7]
+
+
+def test_session_arc_soon_wins_over_ended():
+    p = _session_arc(hint_ttl=10.0)
+    for k, parent in ((1, None), (2, 1), (3, 2), (7, None)):
+        p.insert(k, 0, parent)
+    p.hint([1, 2, 3], Hint.SOON)
+    p.hint([1, 2, 3], Hint.ENDED)  # a new request of the session is already queued
+    assert p.victim() == 7
+
+
+def test_session_arc_stops_calling_blocks_dead_when_they_come_back():
+    p = _session_arc()
+    p.insert(0)
+    p.touch(0)
+    p.insert(1, 0, 0)
+    for i in range(2, 2000):
+        p.insert(i, 0, 0)  # a new leaf under 0: the previous one, never read, is dead
+        v = p.victim()
+        if v != i - 1:
+            break
+        p.remove(v)
+        p.insert(v, 0, 0)  # ... and is written again at once: this workload re-reads old branches
+        p.remove(v)
+    assert not p._supersede and i > 256
+    for k in range(10_000, 10_000 + p._off_until):  # after a while it tries again
+        p.insert(k)
+        p.remove(p.victim())
+    assert p._supersede
+
+
+def test_session_arc_is_prefix_arc_without_dead_blocks_and_hints():
+    """The same order as prefix-arc on a trace without partial blocks being superseded."""
+    a, b = make_policy("prefix-arc"), _session_arc()
+    rng = random.Random(3)
+    for k in range(300):
+        for p in (a, b):
+            p.insert(k, 0, k - 1 if k % 6 else None)
+        t = rng.randrange(k + 1)
+        for p in (a, b):
+            p.touch(t)
+            if len(p) > 40:
+                p.remove(p.victim())
+    assert drain(a) == drain(b)
+
+
+def test_session_arc_admission_learns_to_refuse_unread_kinds():
+    p = _session_arc(admit_threshold=0.5)
+    for k in range(32):  # blocks offered with no read so far and no child, never read here
+        assert p.admit(k, None, hits=0, idle=1.0)
+        p.insert(k)
+        p.remove(p.victim())
+    assert not p.admit(100, None, hits=0, idle=1.0)  # the kind is refused now
+    assert p.admit(101, None, hits=2, idle=1.0)  # a block read twice is another kind
+    assert p._admission.refused == 1
+
+
+def test_admission_refuses_below_threshold_and_explores():
+    a = Admission(threshold=0.5, capacity=lambda: 100, min_samples=4, explore=3)
+    for k in range(4):
+        assert a.offer(k, None, 0, 0.0)
+        a.left(k)  # left unread
+    assert [a.offer(10 + i, None, 0, 0.0) for i in range(6)] == [False, False, True, False, False, True]
+    assert (a.offered, a.refused) == (10, 4)
+    assert a.offer(20, None, 1, 0.0)  # read before: another kind, nothing known yet
+    a.hit(20)
+    assert a.estimate(a.kind(20, 1, 0.0)) is None  # one outcome is below min_samples
+
+
+def test_admission_kinds():
+    a = Admission(threshold=0.1, capacity=lambda: 10, namespace_of=namespace_of_name)
+    assert a.kind("llama/ab/abc", 0, None) == ("llama", False, False, False, 0, False)
+    a.offer("llama/ab/def", "llama/ab/abc", 3, 5.0)  # abc is a parent now
+    assert a.kind("llama/ab/abc", 1, 5000.0) == ("llama", True, True, False, 5, False)
+    a.left("llama/ab/def")
+    assert a.kind("llama/ab/def", 0, 20.0)[3:5] == (True, 2)  # left unread; idle 16..64
+    a.ended(["llama/ab/xyz"], lambda k: False)
+    assert a.kind("llama/ab/xyz", 0, 0.0)[5]
+
+
+def test_admission_with_threshold_zero_admits_everything():
+    a = Admission(threshold=0.0, capacity=lambda: 10)
+    for k in range(100):
+        assert a.offer(k, None, 0, 0.0)
+        a.left(k)
+    assert a.offered == 0  # nothing recorded
+
+
+def test_default_policies_admit_everything_and_ignore_hints():
+    p = make_policy("lru")
+    p.insert(1)
+    p.insert(2)
+    assert p.admit(3, None, hits=0) and p.hint([1], Hint.ENDED) is None
+    assert drain(p) == [1, 2]
+
+
+def test_policy_context_checks_its_tuning():
+    with pytest.raises(ValueError, match="admit_threshold=1.0: a share"):
+        PolicyContext(admit_threshold=1.0)
+    with pytest.raises(ValueError, match="hint_ttl=-1"):
+        PolicyContext(hint_ttl=-1)
+    assert namespace_of_name("ns/ab/abcd") == "ns" and namespace_of_name(7) is None
+
+
+def test_policy_config_keys():
+    tiers = [{"kind": "dram", "capacity": "1GiB"}]
+    cfg = parse_config({"tiers": tiers, "policy": {"admit_threshold": 0.1, "hint_ttl": "5s"}})
+    assert (cfg.policy.admit_threshold, cfg.policy.hint_ttl) == (0.1, 5.0)
+    ctx = cfg.policy.context(clock=lambda: 42.0)
+    assert (ctx.clock(), ctx.admit_threshold, ctx.hint_ttl) == (42.0, 0.1, 5.0)
+    assert PolicyConfig().eviction == DEFAULT_POLICY == "session-arc"
+    with pytest.raises(ConfigError) as info:
+        parse_config({"tiers": tiers, "policy": {"admit_threshold": 2}})
+    assert str(info.value) == (
+        "config error in policy.admit_threshold: expected a share from 0 (admit every block) up to, not including, 1"
+    )
+    with pytest.raises(ConfigError, match="policy.hint_ttl"):
+        parse_config({"tiers": tiers, "policy": {"hint_ttl": "soon"}})

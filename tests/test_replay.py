@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections import Counter
 
 import pytest
 
-from kvfs.policies import POLICIES
+from kvfs.policies import POLICIES, EvictionPolicy, Hint, PolicyContext, make_policy
 from kvfs.tools.cli import main
-from kvfs.tools.replay import BELADY, TierSpec, parse_stack, replay
-from kvfs.tools.traces import WORKLOADS, Trace, find_mooncake, generate, load_mooncake
+from kvfs.tools.conversations import MODELS
+from kvfs.tools.replay import BELADY, HintModel, TierSpec, parse_stack, replay
+from kvfs.tools.traces import TIMED_WORKLOADS, WORKLOADS, Request, Trace, find_mooncake, generate, load_mooncake
 
 ONE = 1000  # bytes per block in these tests
 
@@ -42,19 +44,85 @@ def test_blocks_after_the_first_miss_are_not_hits():
 
 
 def test_tier_stack_demotes_promotes_and_counts_bytes():
-    # dram=1, disk=2, LRU. [1,2]: 2 pushes 1 down to disk.
-    # [1,2]: 1 hits on disk, is promoted and pushes 2 down; 2 hits on disk, is promoted
-    # and pushes 1 down.
+    # dram=1, disk=2, LRU. [1,2]: 2 pushes 1 down to disk (its last copy: a demotion).
+    # [1,2]: 1 hits on disk and is promoted (copied up; the disk copy stays), which pushes
+    # 2 down (a demotion); 2 hits on disk and is promoted, which pushes 1 out of DRAM:
+    # 1 still has its disk copy, so nothing is written.
     tiers = parse_stack("dram=1,disk=2")
     s = replay([[1, 2], [1, 2]], tiers, "lru", block_bytes=ONE)
     assert s.hits == 2 and s.tier_hits == (0, 2)
-    assert (s.promotions, s.demotions, s.dropped, s.written_blocks) == (2, 3, 0, 2)
-    assert s.bytes_moved == 5 * ONE
+    assert (s.promotions, s.demotions, s.dropped, s.written_blocks, s.refused) == (2, 2, 0, 2, 0)
+    assert s.tier_written == (4, 2)  # dram: 2 engine writes + 2 promotions; disk: 2 demotions
+    assert s.bytes_moved == 4 * ONE
+    assert s.written_per_hit(1) == 2 * ONE / 2
+
+
+def test_a_block_found_after_the_first_miss_is_not_written_again():
+    # dram=1, disk=4. [1,2,3] leaves 3 in DRAM, 1 and 2 on disk. [9,1,2]: 9 misses, so 1
+    # and 2 are not hits; the engine finds them cached (on disk) and does not write them.
+    tiers = parse_stack("dram=1,disk=4")
+    s = replay([[1, 2, 3], [9, 1, 2]], tiers, "lru", block_bytes=ONE)
+    assert s.hits == 0
+    assert s.written_blocks == 4 and s.tier_written[0] == 4  # 1, 2, 3 and 9, nothing twice
+
+
+class _LRUSpy(EvictionPolicy):
+    """LRU that records what the replayer asks beyond the four calls (admit, hint)."""
+
+    name = "spy"
+
+    def __init__(self, ctx, *, admit: bool = True) -> None:
+        self._lru = make_policy("lru")
+        self._clock = ctx.clock
+        self._admit = admit
+        self.offers = []
+        self.hints = []
+
+    def insert(self, key, size=0, parent=None):
+        self._lru.insert(key, size, parent)
+
+    def touch(self, key):
+        self._lru.touch(key)
+
+    def remove(self, key):
+        self._lru.remove(key)
+
+    def victim(self):
+        return self._lru.victim()
+
+    def __len__(self):
+        return len(self._lru)
+
+    def __contains__(self, key):
+        return key in self._lru
+
+    def admit(self, key, parent=None, *, hits=0, idle=None):
+        self.offers.append((key, parent, hits, idle))
+        return self._admit
+
+    def hint(self, keys, when):
+        self.hints.append((self._clock(), when, list(keys)))
+
+
+def test_a_refused_demotion_is_dropped_and_counted():
+    made = []
+
+    def factory(ctx):
+        made.append(_LRUSpy(ctx, admit=False))
+        return made[-1]
+
+    # dram=1, disk=4: [1,2] pushes 1 out of DRAM; the disk refuses it. [1]: a miss.
+    s = replay([Request((1, 2), 0.0), Request((1,), 5.0)], parse_stack("dram=1,disk=4"), "spy", factory=factory)
+    assert (s.hits, s.demotions, s.refused, s.dropped) == (0, 0, 2, 2)
+    assert s.tier_written == (3, 0)
+    # the disk's policy was asked, with the parent, the hits so far and the idle time
+    assert made[1].offers == [(1, None, 0, 0.0), (2, 1, 0, 5.0)]
 
 
 def test_bottom_tier_drops():
     s = replay([[1], [2], [3], [1]], parse_stack("a=1,b=1"), "fifo", block_bytes=ONE)
-    # 1 → a; 2 pushes 1 to b; 3 pushes 2 to b, b drops 1; 1 misses.
+    # 1 → a; 2 pushes 1 to b; 3 pushes 2 to b, b drops 1; 1 misses and pushes 3 to b,
+    # which drops 2.
     assert (s.hits, s.demotions, s.dropped, s.written_blocks) == (0, 3, 2, 4)
 
 
@@ -106,6 +174,8 @@ def test_belady_is_never_beaten(name, requests, capacity):
     best = replay(requests, one_tier(capacity), BELADY).hits
     for policy in POLICIES:
         assert replay(requests, one_tier(capacity), policy).hits <= best, policy
+    for hints in (HintModel(soon=4), HintModel(ended=1.0, ended_delay=0.0), HintModel(soon=2, ended=0.5)):
+        assert replay(requests, one_tier(capacity), "session-arc", hints=hints).hits <= best, hints
 
 
 def test_with_room_for_everything_only_first_reads_miss():
@@ -160,8 +230,11 @@ def test_load_mooncake_file(tmp_path):
         '{"timestamp": 9, "input_length": 600, "output_length": 4, "hash_ids": [0, 2]}\n'
     )
     t = load_mooncake(f)
-    assert t == Trace(name="t", requests=((0, 1), (0, 2)))
-    assert load_mooncake(f, limit=1).requests == ((0, 1),)
+    assert t == Trace(name="t", requests=(Request((0, 1), 0.0), Request((0, 2), 0.009)))
+    assert t.timed and list(t.requests[1]) == [0, 2] and len(t.requests[1]) == 2
+    assert load_mooncake(f, limit=1).requests == (Request((0, 1), 0.0),)
+    f.write_text('{"hash_ids": [0, 1]}\n{"timestamp": 4, "hash_ids": [0]}\n')
+    assert not load_mooncake(f).timed  # all requests timed, or none
 
 
 def test_load_mooncake_names_the_bad_line(tmp_path):
@@ -170,6 +243,10 @@ def test_load_mooncake_names_the_bad_line(tmp_path):
     with pytest.raises(ValueError) as info:
         load_mooncake(f)
     assert str(info.value) == f"{f}:2: hash_ids must be a list of integers"
+    f.write_text('{"hash_ids": [0], "timestamp": "noon"}\n')
+    with pytest.raises(ValueError) as info:
+        load_mooncake(f)
+    assert str(info.value) == f"{f}:1: timestamp must be a number of milliseconds"
 
 
 def test_shared_mooncake_trace():
@@ -238,10 +315,17 @@ def test_bench_policy_json(capsys):
     for r in rows:
         if len(r["tiers"]) == 1:
             assert r["vs_belady"] <= 1.0
-    assert [s["policy"] for s in out["summary"]] == [BELADY, *POLICIES]
+    assert [(s["policy"], s["stacks"]) for s in out["summary"]] == [
+        *((p, False) for p in (BELADY, *POLICIES)),
+        *((p, True) for p in (BELADY, *POLICIES)),
+    ]
     stack = next(r for r in rows if r["capacity"] == "dram=20,disk=60" and r["policy"] == "lru")
     assert stack["tiers"] == [{"name": "dram", "capacity": 20}, {"name": "disk", "capacity": 60}]
     assert stack["bytes_moved"] == (stack["promotions"] + stack["demotions"]) * out["block_bytes"]
+    assert stack["written_per_hit"] == [w * out["block_bytes"] / stack["hits"] for w in stack["tier_written"]]
+    assert stack["tier_written"][1] == stack["demotions"]
+    ref = next(r for r in rows if r["capacity"] == "dram=20,disk=60" and r["policy"] == "prefix-arc")
+    assert ref["vs_reference_written"] == 1.0 and out["reference"] == "prefix-arc"
 
 
 def test_bench_policy_table_and_cost(capsys):
@@ -274,3 +358,145 @@ def test_bench_policy_bad_arguments(capsys):
     assert "--workload 'nope': known workloads are" in capsys.readouterr().err
     assert main(["bench", "policy", "--workload", "chat", "--capacity", "x", "--requests", "10"]) == 1
     assert "kvfs: --capacity: 'x' in 'x' is not a whole number" in capsys.readouterr().err
+
+
+def test_bench_policy_hints_rows_and_threshold(capsys):
+    rc = main(
+        [
+            "bench",
+            "policy",
+            "--workload",
+            "conversations",
+            "--requests",
+            "200",
+            "--capacity",
+            "5%",
+            "--policies",
+            "prefix-arc,session-arc",
+            "--hints",
+            "soon=4,ended=0.5,delay=5",
+            "--admit-threshold",
+            "0",
+            "--json",
+            "--quiet",
+        ]
+    )
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [r["policy"] for r in out["results"]] == [BELADY, "lru", "prefix-arc", "session-arc", "session-arc +hints"]
+    hinted = out["results"][-1]
+    assert hinted["hints"] > 0 and out["results"][-2]["hints"] == 0
+    assert out["hints"] == {"soon": 4, "ended": 0.5, "ended_delay": 5.0, "seed": 0}
+    assert out["admit_threshold"] == 0
+
+
+@pytest.mark.parametrize(
+    "spec,message",
+    [
+        ("soon", "--hints: 'soon': write soon=N, ended=SHARE or delay=SECONDS, comma-separated"),
+        ("soon=x", "--hints: 'soon=x': 'x' is not a number"),
+        ("ended=2", "--hints: ended=2.0: a share of sessions, between 0 and 1"),
+        ("delay=5", "--hints: nothing to send; give soon=N (N > 0) or ended=SHARE (> 0)"),
+    ],
+)
+def test_bench_policy_bad_hints(capsys, spec, message):
+    assert main(["bench", "policy", "--workload", "chat", "--requests", "10", "--hints", spec]) == 1
+    assert f"kvfs: {message}" in capsys.readouterr().err
+
+
+# -- hints in the replay ----------------------------------------------------------------------
+
+
+def test_replay_sends_soon_and_ended_hints_in_time():
+    reqs = [
+        Request((1, 2), 0.0, session=7, last=False),
+        Request((5,), 1.0, session=8, last=True),
+        Request((1, 2, 3), 4.0, session=7, last=True),
+        Request((9,), 30.0, session=9, last=False),
+    ]
+    made = []
+
+    def factory(ctx):
+        made.append(_LRUSpy(ctx))
+        return made[-1]
+
+    s = replay(reqs, one_tier(10), "spy", factory=factory, hints=HintModel(soon=1, ended=1.0, ended_delay=2.0))
+    # SOON for the next request when one arrives; ENDED for a session's last request,
+    # ended_delay later, sent before the first request that arrives after it.
+    assert made[0].hints == [
+        (0.0, Hint.SOON, [5]),
+        (1.0, Hint.SOON, [1, 2, 3]),
+        (3.0, Hint.ENDED, [5]),
+        (4.0, Hint.SOON, [9]),
+        (6.0, Hint.ENDED, [1, 2, 3]),
+    ]
+    assert s.hints == 5
+
+
+def test_hint_model_checks_its_fields():
+    with pytest.raises(ValueError, match="soon=-1: the lookahead"):
+        HintModel(soon=-1)
+    with pytest.raises(ValueError, match="between 0 and 1"):
+        HintModel(ended=1.5)
+    with pytest.raises(ValueError, match="ended_delay=-1"):
+        HintModel(ended_delay=-1)
+    assert not HintModel().active and HintModel(soon=1).active
+
+
+def test_replay_passes_the_context_and_namespaces():
+    seen = []
+
+    def factory(ctx):
+        seen.append(ctx)
+        return make_policy("lru")
+
+    reqs = [Request((1, 2), 0.0, namespace="a"), Request((3,), 1.0, namespace="b")]
+    replay(reqs, one_tier(4), "x", factory=factory, context=PolicyContext(admit_threshold=0.3, hint_ttl=7.0))
+    ctx = seen[0]
+    assert (ctx.admit_threshold, ctx.hint_ttl) == (0.3, 7.0)
+    assert (ctx.namespace_of(1), ctx.namespace_of(3), ctx.namespace_of(99)) == ("a", "b", None)
+
+
+# -- the conversation workloads ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", TIMED_WORKLOADS)
+def test_conversation_workloads_have_time_sessions_and_turns(name):
+    t = generate(name, requests=1500, seed=3)
+    times = [r.time for r in t.requests]
+    assert times == sorted(times) and t.timed
+    turns: dict = {}
+    for r in t.requests:
+        turns.setdefault(r.session, []).append(r)
+    model = MODELS[name]
+    for reqs in turns.values():
+        assert [r.last for r in reqs[:-1]] == [False] * (len(reqs) - 1)
+    finished = [reqs for reqs in turns.values() if reqs[-1].last]
+    one_turn = sum(1 for reqs in finished if len(reqs) == 1) / len(finished)
+    if model.burst > 1.0:
+        # a client sends bursts seconds apart: each request its prompt and a new user part
+        # (a prompt shorter than a block shares nothing)
+        pairs = [(a, b) for reqs in turns.values() for a, b in itertools.pairwise(reqs)]
+        assert all(b.time - a.time < 60 for a, b in pairs)
+        assert sum(a.blocks[0] == b.blocks[0] for a, b in pairs) > 0.8 * len(pairs)
+        assert all(a.blocks[-1] != b.blocks[-1] for a, b in pairs)
+    else:
+        assert abs(one_turn - model.single_turn) < 0.08, one_turn
+        assert max(len(reqs) for reqs in turns.values()) >= 8  # a long tail of long chats
+        gaps = []
+        for reqs in turns.values():
+            for a, b in itertools.pairwise(reqs):
+                # the next turn resends the previous one's full blocks and extends them
+                assert b.blocks[: len(a.blocks) - 1] == a.blocks[:-1]
+                assert len(b.blocks) >= len(a.blocks)
+                gaps.append(b.time - a.time)
+        gaps.sort()
+        assert gaps[len(gaps) // 10] >= 1.0 and gaps[len(gaps) * 9 // 10] >= 60.0  # seconds to minutes
+    # shared system prompts: many sessions start with the same block
+    firsts = [reqs[0].blocks[0] for reqs in turns.values() if len(reqs[0].blocks) > 1]
+    assert max(firsts.count(b) for b in set(firsts)) >= 20
+
+
+def test_conversation_workload_parameters_are_documented_fields():
+    m = MODELS["conversations"]
+    assert (m.think, m.single_turn, m.apps) == ((40.0, 1.3), 0.55, 24)

@@ -3,8 +3,12 @@
 Replays each trace (``--trace FILE`` in the Mooncake format, ``--workload NAME`` from the
 generator; the shared Mooncake trace when neither is given) at each ``--capacity`` with
 each policy, and prints the prefix-aware block hit ratio, its ratio to Belady's optimum
-and to LRU, and the bytes written and moved between tiers. ``--cost`` also times each
-policy with a million blocks in it. Progress goes to stderr, results to stdout.
+and to LRU, and the cost in writes: bytes written into each tier per hit (the top tier
+takes the engine's writes and promotions, a colder tier the demotions it admitted: for a
+disk tier, its SSD writes). ``--hints`` replays the policies that take hints a second
+time with them (rows ``NAME +hints``). ``--cost`` also times each policy with a million
+blocks in it, against ``lru`` and ``prefix-arc`` in the same run. Progress goes to
+stderr, results to stdout.
 """
 
 from __future__ import annotations
@@ -16,11 +20,11 @@ import sys
 import time
 
 from kvfs.errors import KvfsError
-from kvfs.policies import POLICIES
+from kvfs.policies import POLICIES, EvictionPolicy, PolicyContext, make_policy
 from kvfs.units import format_size
 
 from .policy_cost import measure_cost
-from .replay import BELADY, BLOCK_BYTES, ReplayStats, parse_stack, replay
+from .replay import BELADY, BLOCK_BYTES, HintModel, ReplayStats, parse_stack, replay
 from .traces import WORKLOADS, Trace, find_mooncake, generate, load_mooncake
 
 __all__ = ["add_arguments", "run"]
@@ -48,7 +52,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="CAP",
         help="tier capacities in blocks: '2000,8000' is two runs, 'dram=1000,disk=8000' "
         "is a stack (hottest first); N%% means a share of the trace's distinct "
-        "blocks (default: 5%% 10%% 20%% 40%%)",
+        "blocks (default: 1%% 2%% 5%% 10%%)",
+    )
+    parser.add_argument(
+        "--hints",
+        default=None,
+        metavar="SPEC",
+        help="also replay the policies that take hints with them: soon=N (hint the request N ahead), "
+        "ended=SHARE (of sessions that say they ended), delay=SECONDS (after their last request), "
+        "e.g. soon=8,ended=0.5,delay=10",
+    )
+    parser.add_argument(
+        "--admit-threshold",
+        type=float,
+        default=PolicyContext().admit_threshold,
+        help="share of a kind of block that must be read from a colder tier for it to be admitted there "
+        "(session-arc; 0 admits everything; default %(default)s)",
     )
     parser.add_argument(
         "--policies",
@@ -98,7 +117,7 @@ def _traces(args) -> list[Trace]:
 
 def _capacities(args) -> list[str]:
     out = []
-    for item in args.capacity or ["5%", "10%", "20%", "40%"]:
+    for item in args.capacity or ["1%", "2%", "5%", "10%"]:
         out.extend([item] if "=" in item else [c for c in item.split(",") if c.strip()])
     return out
 
@@ -114,6 +133,33 @@ def _policies(args) -> list[str]:
     return names if "lru" in names else ["lru", *names]  # the reference for "x LRU"
 
 
+def _hints(spec: str | None) -> HintModel | None:
+    if spec is None:
+        return None
+    fields = {"soon": ("soon", int), "ended": ("ended", float), "delay": ("ended_delay", float)}
+    kwargs = {}
+    for part in spec.split(","):
+        key, sep, value = part.partition("=")
+        if not sep or key.strip() not in fields:
+            raise BenchError(f"--hints: {part!r}: write soon=N, ended=SHARE or delay=SECONDS, comma-separated")
+        name, conv = fields[key.strip()]
+        try:
+            kwargs[name] = conv(value)
+        except ValueError:
+            raise BenchError(f"--hints: {part!r}: {value!r} is not a number") from None
+    try:
+        model = HintModel(**kwargs)
+    except ValueError as exc:
+        raise BenchError(f"--hints: {exc}") from None
+    if not model.active:
+        raise BenchError("--hints: nothing to send; give soon=N (N > 0) or ended=SHARE (> 0)")
+    return model
+
+
+def _takes_hints(policy: str) -> bool:
+    return type(make_policy(policy)).hint is not EvictionPolicy.hint
+
+
 def _row(trace: Trace, cap: str, s: ReplayStats, belady: ReplayStats, lru: ReplayStats | None) -> dict:
     return {
         "trace": trace.name,
@@ -126,29 +172,46 @@ def _row(trace: Trace, cap: str, s: ReplayStats, belady: ReplayStats, lru: Repla
         "hits": s.hits,
         "accesses": s.accesses,
         "tier_hits": list(s.tier_hits),
+        "tier_written": list(s.tier_written),
+        "written_per_hit": [s.written_per_hit(i) for i in range(len(s.tiers))],
         "bytes_written": s.bytes_written,
         "bytes_moved": s.bytes_moved,
         "promotions": s.promotions,
         "demotions": s.demotions,
+        "refused": s.refused,
+        "hints": s.hints,
     }
 
 
-def _summary(rows: list[dict], policies: list[str]) -> list[dict]:
-    """Per policy over every (trace, capacity): geometric mean and worst of the ratios."""
+def _geomean(xs: list[float]) -> float | None:
+    xs = [x for x in xs if x]
+    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None
+
+
+def _summary(rows: list[dict], labels: list[str], *, stacks: bool) -> list[dict]:
+    """Per policy over every (trace, capacity) of one kind (single tiers or stacks):
+    geometric mean and worst of the ratios, and of the colder tiers' writes per hit
+    against the reference policy's."""
     out = []
-    for p in [BELADY, *policies]:
-        mine = [r for r in rows if r["policy"] == p]
+    for p in [BELADY, *labels]:
+        mine = [r for r in rows if r["policy"] == p and (len(r["tiers"]) > 1) == stacks]
+        if not mine:
+            continue
         vb = [r["vs_belady"] for r in mine if r["vs_belady"]]
         vl = [r["vs_lru"] for r in mine if r["vs_lru"]]
+        vw = [r["vs_reference_written"] for r in mine if r.get("vs_reference_written")]
         out.append(
             {
                 "policy": p,
+                "stacks": stacks,
                 "runs": len(mine),
-                "mean_hit_ratio": sum(r["hit_ratio"] for r in mine) / len(mine) if mine else 0.0,
-                "geomean_vs_belady": math.exp(sum(map(math.log, vb)) / len(vb)) if vb else None,
+                "mean_hit_ratio": sum(r["hit_ratio"] for r in mine) / len(mine),
+                "geomean_vs_belady": _geomean(vb),
                 "min_vs_belady": min(vb) if vb else None,
-                "geomean_vs_lru": math.exp(sum(map(math.log, vl)) / len(vl)) if vl else None,
+                "geomean_vs_lru": _geomean(vl),
                 "min_vs_lru": min(vl) if vl else None,
+                "geomean_vs_reference_written": _geomean(vw),
+                "max_vs_reference_written": max(vw) if vw else None,
             }
         )
     return out
@@ -158,59 +221,117 @@ def _fmt(x, spec: str) -> str:
     return "-" if x is None else format(x, spec)
 
 
-def _print_tables(rows: list[dict], summary: list[dict], cost: list[dict], block_bytes: int) -> None:
+def _per_hit(x: float | None) -> str:
+    return "-" if x is None else format_size(round(x))
+
+
+def _print_tables(rows: list[dict], summaries: list[dict], cost: list[dict], block_bytes: int, ref: str) -> None:
     print(f"prefix-aware block hit ratio; bytes at {format_size(block_bytes)} per block")
+    print("written/hit: bytes written into the tier per hit (engine writes and promotions into the top")
+    print(f"tier, admitted demotions into the others); x {ref}: the colder tiers' writes per hit against {ref}'s")
     key = None
     for r in rows:
         if (r["trace"], r["capacity"]) != key:
             key = (r["trace"], r["capacity"])
-            stack = ",".join(f"{t['name']}={t['capacity']}" for t in r["tiers"])
-            stack = str(r["tiers"][0]["capacity"]) if len(r["tiers"]) == 1 else stack
+            tiers = r["tiers"]
+            stack = ",".join(f"{t['name']}={t['capacity']}" for t in tiers)
+            stack = str(tiers[0]["capacity"]) if len(tiers) == 1 else stack
             print(f"\n{r['trace']}  capacity {r['capacity']} ({stack} blocks)")
-            print(
-                f"  {'policy':<14} {'hit ratio':>9} {'x Belady':>9} {'x LRU':>7} {'written':>11} {'moved':>11}"
-                f" {'top-tier hits':>14}"
+            cols = "".join(f" {t['name'][:8] + ' w/hit':>15}" for t in tiers)
+            extra = f" {'x ' + ref[:10]:>13} {'top-tier hits':>14}" if len(tiers) > 1 else ""
+            print(f"  {'policy':<20} {'hit ratio':>9} {'x Belady':>9} {'x LRU':>7}{cols}{extra}")
+        per_hit = "".join(f" {_per_hit(w):>15}" for w in r["written_per_hit"])
+        extra = ""
+        if len(r["tiers"]) > 1:
+            top = r["tier_hits"][0] / r["hits"] if r["hits"] else 0.0
+            extra = f" {_fmt(r.get('vs_reference_written'), '.2f'):>13} {top:>14.1%}"
+        print(
+            f"  {r['policy']:<20} {r['hit_ratio']:>9.4f} {_fmt(r['vs_belady'], '.3f'):>9} "
+            f"{_fmt(r['vs_lru'], '.3f'):>7}{per_hit}{extra}"
+        )
+    for stacks in (False, True):
+        part = [s for s in summaries if s["stacks"] == stacks]
+        if not part:
+            continue
+        what = "tier stacks (Belady is a reference there, not a bound)" if stacks else "single tiers"
+        print(f"\nacross all traces and capacities, {what} (geometric mean, worst)")
+        head = f"  {'policy':<20} {'x Belady':>9} {'worst':>7} {'x LRU':>7} {'worst':>7}"
+        print(head + (f" {'x ' + ref[:10] + ' w':>15} {'worst':>7}" if stacks else ""))
+        for s in part:
+            line = (
+                f"  {s['policy']:<20} {_fmt(s['geomean_vs_belady'], '.3f'):>9} {_fmt(s['min_vs_belady'], '.3f'):>7} "
+                f"{_fmt(s['geomean_vs_lru'], '.3f'):>7} {_fmt(s['min_vs_lru'], '.3f'):>7}"
             )
-        top = r["tier_hits"][0] / r["hits"] if r["hits"] else 0.0
-        print(
-            f"  {r['policy']:<14} {r['hit_ratio']:>9.4f} {_fmt(r['vs_belady'], '.3f'):>9} "
-            f"{_fmt(r['vs_lru'], '.3f'):>7} {format_size(r['bytes_written']):>11} {format_size(r['bytes_moved']):>11}"
-            f" {top:>14.1%}"
-        )
-    print("\nacross all traces and capacities (geometric mean, worst)")
-    print(f"  {'policy':<14} {'x Belady':>9} {'worst':>7} {'x LRU':>7} {'worst':>7}")
-    for s in summary:
-        print(
-            f"  {s['policy']:<14} {_fmt(s['geomean_vs_belady'], '.3f'):>9} {_fmt(s['min_vs_belady'], '.3f'):>7} "
-            f"{_fmt(s['geomean_vs_lru'], '.3f'):>7} {_fmt(s['min_vs_lru'], '.3f'):>7}"
-        )
+            if stacks:
+                line += (
+                    f" {_fmt(s['geomean_vs_reference_written'], '.3f'):>15}"
+                    f" {_fmt(s['max_vs_reference_written'], '.3f'):>7}"
+                )
+            print(line)
     if cost:
         print(f"\npolicy cost at {cost[0]['blocks']:,} blocks (one decision = one insert/touch/victim/remove call)")
-        print(f"  {'policy':<14} {'fill/s':>12} {'decisions/s':>12}")
+        print(f"  {'policy':<20} {'fill/s':>12} {'decisions/s':>12} {'x lru':>7} {'x prefix-arc':>13}")
         for c in cost:
-            print(f"  {c['policy']:<14} {c['fill_per_s']:>12,.0f} {c['decisions_per_s']:>12,.0f}")
+            print(
+                f"  {c['policy']:<20} {c['fill_per_s']:>12,.0f} {c['decisions_per_s']:>12,.0f} "
+                f"{_fmt(c.get('vs_lru'), '.2f'):>7} {_fmt(c.get('vs_prefix_arc'), '.2f'):>13}"
+            )
+
+
+def _reference_writes(rows: list[dict], ref: str) -> None:
+    """Fill ``vs_reference_written``: the colder tiers' bytes written per hit against *ref*'s run."""
+    base = {(r["trace"], r["capacity"]): r for r in rows if r["policy"] == ref}
+    for r in rows:
+        b = base.get((r["trace"], r["capacity"]))
+        if len(r["tiers"]) < 2 or b is None:
+            continue
+        mine, theirs = sum(r["tier_written"][1:]), sum(b["tier_written"][1:])
+        if r["hits"] and b["hits"] and theirs:
+            r["vs_reference_written"] = (mine / r["hits"]) / (theirs / b["hits"])
 
 
 def run(args) -> int:
     traces = _traces(args)
     caps = _capacities(args)
     policies = _policies(args)
+    hints = _hints(args.hints)
+    try:
+        context = PolicyContext(admit_threshold=args.admit_threshold)
+    except ValueError as exc:
+        raise BenchError(f"--admit-threshold: {exc}") from None
+    hinted = [p for p in policies if hints is not None and _takes_hints(p)]
+    labels = [*policies, *(f"{p} +hints" for p in hinted)]
+    ref = "prefix-arc" if "prefix-arc" in policies else "lru"
     progress = (lambda msg: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
     rows = []
     for trace in traces:
         distinct = trace.distinct
-        progress(f"{trace.name}: {len(trace.requests)} requests, {trace.accesses} accesses, {distinct} distinct blocks")
+        timed = "timed" if trace.timed else "untimed"
+        progress(
+            f"{trace.name}: {len(trace.requests)} requests ({timed}), {trace.accesses} accesses, "
+            f"{distinct} distinct blocks"
+        )
         for cap in caps:
             try:
                 tiers = parse_stack(cap, distinct=distinct)
             except ValueError as exc:
                 raise BenchError(f"--capacity: {exc}") from exc
             t0 = time.perf_counter()
-            results = {p: replay(trace.requests, tiers, p, block_bytes=args.block_bytes) for p in [BELADY, *policies]}
+            results = {
+                p: replay(trace.requests, tiers, p, block_bytes=args.block_bytes, context=context)
+                for p in [BELADY, *policies]
+            }
+            for p in hinted:
+                s = replay(trace.requests, tiers, p, block_bytes=args.block_bytes, context=context, hints=hints)
+                results[f"{p} +hints"] = s
             progress(f"  capacity {cap}: {len(results)} replays in {time.perf_counter() - t0:.1f}s")
             belady, lru = results[BELADY], results.get("lru")
-            rows.extend(_row(trace, cap, s, belady, lru) for s in results.values())
-    summary = _summary(rows, policies)
+            for label, s in results.items():
+                row = _row(trace, cap, s, belady, lru)
+                row["policy"] = label
+                rows.append(row)
+    _reference_writes(rows, ref)
+    summaries = _summary(rows, labels, stacks=False) + _summary(rows, labels, stacks=True)
     cost = []
     if args.cost:
         for p in policies:
@@ -225,11 +346,22 @@ def run(args) -> int:
                     "decisions_per_s": c.decisions_per_s,
                 }
             )
+        by = {c["policy"]: c["decisions_per_s"] for c in cost}
+        for c in cost:
+            c["vs_lru"] = c["decisions_per_s"] / by["lru"] if "lru" in by else None
+            c["vs_prefix_arc"] = c["decisions_per_s"] / by["prefix-arc"] if "prefix-arc" in by else None
     if args.json:
-        json.dump(
-            {"block_bytes": args.block_bytes, "results": rows, "summary": summary, "cost": cost}, sys.stdout, indent=1
-        )
+        out = {
+            "block_bytes": args.block_bytes,
+            "hints": None if hints is None else vars(hints),
+            "admit_threshold": args.admit_threshold,
+            "reference": ref,
+            "results": rows,
+            "summary": summaries,
+            "cost": cost,
+        }
+        json.dump(out, sys.stdout, indent=1)
         print()
     else:
-        _print_tables(rows, summary, cost, args.block_bytes)
+        _print_tables(rows, summaries, cost, args.block_bytes, ref)
     return 0

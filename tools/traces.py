@@ -9,19 +9,29 @@ As in the Mooncake trace, a request's last block is usually partial: when a
 conversation or an agent goes on, the next request fills that block with more tokens,
 which makes it a different block. The generators model this with a fresh last id on
 every chat turn and agent step; only an exact repeat of a request repeats its last id.
+
+A :class:`Request` is a sequence of block ids (iterate it, ``len`` it) that may also
+carry its arrival time, its session and the namespace its blocks belong to. The
+generated conversation workloads (:mod:`kvfs.tools.conversations`) and the Mooncake file
+have times; the other generated workloads have none (the replayer then counts time in
+requests).
 """
 
 from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from .conversations import MODELS, sessions
+
 __all__ = [
     "MOONCAKE_FILE",
+    "TIMED_WORKLOADS",
     "WORKLOADS",
+    "Request",
     "Trace",
     "find_mooncake",
     "generate",
@@ -31,12 +41,39 @@ __all__ = [
 MOONCAKE_FILE = "mooncake_synthetic.jsonl"
 
 
+@dataclass(frozen=True, slots=True)
+class Request(Sequence):
+    """One request: its prefix blocks in order, and what else the trace knows about it.
+
+    ``time``: arrival in seconds from the trace's start (``None``: untimed trace).
+    ``session``: the session (conversation, client burst) it belongs to, ``last``: it is
+    that session's last request; ``None``/``False`` where the trace does not say.
+    ``namespace``: the namespace of its blocks (a model, a tenant), ``None`` for one.
+    Compares equal to a plain tuple of the same ids only through ``blocks``.
+    """
+
+    blocks: tuple[int, ...]
+    time: float | None = None
+    session: int | None = None
+    last: bool = False
+    namespace: str | None = None
+
+    def __len__(self) -> int:
+        return len(self.blocks)
+
+    def __iter__(self):
+        return iter(self.blocks)
+
+    def __getitem__(self, i):
+        return self.blocks[i]
+
+
 @dataclass(frozen=True, kw_only=True)
 class Trace:
-    """A named list of requests, each a tuple of block ids."""
+    """A named list of requests."""
 
     name: str
-    requests: tuple[tuple[int, ...], ...]
+    requests: tuple[Request, ...]
 
     @property
     def accesses(self) -> int:
@@ -46,11 +83,18 @@ class Trace:
     def distinct(self) -> int:
         return len({b for r in self.requests for b in r})
 
+    @property
+    def timed(self) -> bool:
+        return bool(self.requests) and self.requests[0].time is not None
+
 
 def find_mooncake() -> Path | None:
-    """The shared Mooncake trace: ``../shared/traces/`` beside the repository, if present."""
+    """The shared Mooncake trace: ``shared/traces/`` in the repository or the nearest
+    directory above it that has one (``../shared`` beside a checkout, ``../../shared``
+    beside a worktree), if present."""
     root = Path(__file__).resolve().parent.parent
-    for candidate in (root.parent / "shared" / "traces" / MOONCAKE_FILE, root / "shared" / "traces" / MOONCAKE_FILE):
+    for d in (root, *root.parents):
+        candidate = d / "shared" / "traces" / MOONCAKE_FILE
         if candidate.is_file():
             return candidate
     return None
@@ -71,12 +115,18 @@ def load_mooncake(path: str | Path, *, limit: int | None = None) -> Trace:
             if not line.strip():
                 continue
             try:
-                ids = json.loads(line)["hash_ids"]
-            except (json.JSONDecodeError, KeyError, TypeError) as exc:
+                obj = json.loads(line)
+                ids = obj["hash_ids"]
+                stamp = obj.get("timestamp")
+            except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
                 raise ValueError(f"{path}:{lineno}: not a Mooncake request ({exc})") from exc
             if not isinstance(ids, list) or not all(isinstance(b, int) for b in ids):
                 raise ValueError(f"{path}:{lineno}: hash_ids must be a list of integers")
-            requests.append(tuple(ids))
+            if stamp is not None and (isinstance(stamp, bool) or not isinstance(stamp, int | float)):
+                raise ValueError(f"{path}:{lineno}: timestamp must be a number of milliseconds")
+            requests.append(Request(tuple(ids), None if stamp is None else stamp / 1000))
+    if requests and any(r.time is None for r in requests):
+        requests = [Request(r.blocks) for r in requests]  # all timed or none
     return Trace(name=path.stem, requests=tuple(requests))
 
 
@@ -197,24 +247,33 @@ _GENERATORS = {
     "agents": _agents,
 }
 
-WORKLOADS: tuple[str, ...] = (*_GENERATORS, "mixed")
+TIMED_WORKLOADS: tuple[str, ...] = tuple(MODELS)
+WORKLOADS: tuple[str, ...] = (*_GENERATORS, "mixed", *TIMED_WORKLOADS)
 
 
 def generate(name: str, *, requests: int = 4000, seed: int = 0) -> Trace:
     """A generated workload: same *name*, *requests* and *seed* give the same trace.
 
-    ``mixed`` interleaves all the others (weights 3:3:2:2) with one id space.
+    ``mixed`` interleaves the four untimed ones (weights 3:3:2:2) with one id space,
+    each request labelled with the namespace it came from. The timed workloads
+    (``TIMED_WORKLOADS``) come from :mod:`kvfs.tools.conversations`.
     Raises ``ValueError`` naming the known workloads for an unknown *name*.
     """
     if name not in WORKLOADS:
         raise ValueError(f"unknown workload {name!r}; known: {', '.join(WORKLOADS)}")
     rng = random.Random(f"kvfs-{name}-{seed}")
     ids = _Ids()
+    if name in MODELS:
+        turns = sessions(MODELS[name], rng, ids.new)
+        out = []
+        for _ in range(requests):
+            t = next(turns)
+            out.append(Request(t.blocks, t.time, t.session, t.last))
+        return Trace(name=name, requests=tuple(out))
     if name == "mixed":
-        streams = [_GENERATORS[n](random.Random(f"kvfs-{n}-{seed}"), ids) for n in _GENERATORS]
+        names = list(_GENERATORS)
+        streams = [_GENERATORS[n](random.Random(f"kvfs-{n}-{seed}"), ids) for n in names]
         pick = [rng.choices(range(4), (3, 3, 2, 2))[0] for _ in range(requests)]
-        out = tuple(next(streams[i]) for i in pick)
-    else:
-        stream = _GENERATORS[name](rng, ids)
-        out = tuple(next(stream) for _ in range(requests))
-    return Trace(name=name, requests=out)
+        return Trace(name=name, requests=tuple(Request(next(streams[i]), namespace=names[i]) for i in pick))
+    stream = _GENERATORS[name](rng, ids)
+    return Trace(name=name, requests=tuple(Request(next(stream)) for _ in range(requests)))
