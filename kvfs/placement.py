@@ -350,7 +350,7 @@ class Placement:
         colder = rec.tiers >> (slot.index + 1) << (slot.index + 1)
         if not colder & self.local_mask:
             self.require_io(slot.index + 1 if slot.index + 1 < len(self.slots) else slot.index, "a demotion")
-            demoted = self.demote(slot, rec, skip=self.shared_mask if colder else 0)
+            demoted = self.demote(slot, rec, skip=self.shared_mask if colder else 0, admit=not lossless)
             if not self.is_current(rec) or not rec.tiers & slot.bit:
                 return True  # removed or replaced meanwhile: its room is free already
             if rec.pinned:
@@ -364,20 +364,26 @@ class Placement:
         return True
 
     def admits(self, rec: BlockRecord, source: TierSlot, target: TierSlot) -> bool:
-        """Whether *target* takes *rec* on its way down from *source* (eviction or a
-        request to evict). The one admission decision: every colder tier admits every
-        block today; an admission policy plugs in here."""
-        return True
+        """Whether *target* takes *rec* on its way down from *source* when *source*'s
+        policy evicts it: the one admission decision, made by *target*'s policy
+        (``EvictionPolicy.admit``: Dynamo-style gating of SSD writes by what the colder
+        tier reads back). A refused block tries the next colder tier, and is dropped
+        when none takes it. Flushes and operator requests do not ask (they must keep
+        every block)."""
+        idle = max(self.clock() - rec.accessed, 0.0)
+        return bool(target.policy.admit(rec.name, rec.parent, hits=rec.hits, idle=idle))
 
-    def demotion_targets(self, rec: BlockRecord, source: TierSlot) -> Iterator[TierSlot]:
-        """The colder tiers that may take *rec* leaving *source*, in order."""
+    def demotion_targets(self, rec: BlockRecord, source: TierSlot, *, admit: bool = True) -> Iterator[TierSlot]:
+        """The colder tiers that may take *rec* leaving *source*, in order; *admit*: ask
+        each one's admission policy (:meth:`admits`)."""
         for target in self.slots[source.index + 1 :]:
-            if target.usable() and self.admits(rec, source, target):
+            if target.usable() and (not admit or self.admits(rec, source, target)):
                 yield target
 
-    def demote(self, slot: TierSlot, rec: BlockRecord, *, skip: int = 0) -> bool:
+    def demote(self, slot: TierSlot, rec: BlockRecord, *, skip: int = 0, admit: bool = True) -> bool:
         """Copy the block from *slot* into the first colder tier that takes it (not the
-        tiers in the mask *skip*). Under the lock, let go for the copy."""
+        tiers in the mask *skip*; *admit*: only tiers whose admission policy accepts it).
+        Under the lock, let go for the copy."""
         rec.moving |= slot.bit
         slot.policy.remove(rec.name)  # not a victim candidate while it moves
         try:
@@ -386,7 +392,7 @@ class Placement:
                 log.warning("cannot demote %s from %s: its copy is not readable", rec.name, slot.name)
                 return False
             with ref:
-                for target in self.demotion_targets(rec, slot):
+                for target in self.demotion_targets(rec, slot, admit=admit):
                     if not skip & target.bit and self.copy_into(target, rec, ref.data, EventKind.DEMOTED):
                         return True
             return False

@@ -109,7 +109,7 @@ class OperatorCommands:
                 if not p.is_current(rec) or not rec.tiers & slot.bit:
                     continue  # moved meanwhile (the lock is let go while demoting)
                 if not rec.tiers & ~dropping:
-                    saved = p.demote(slot, rec, skip=dropping)
+                    saved = p.demote(slot, rec, skip=dropping, admit=False)  # the operator keeps it
                     if not p.is_current(rec):
                         return None
                     if not saved and not force:

@@ -31,6 +31,7 @@ deadlines. Background work (write-through) is run by the store's owner, which ca
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -77,7 +78,8 @@ class Store:
 
     *tiers* are open :class:`Tier` objects; *policy* picks the eviction policy and when
     reads promote; *clock* returns seconds (wall clock by default, pass a fake in tests);
-    *policy_factory* builds one eviction policy per tier. *negative_ttl* and
+    *policy_factory* builds one eviction policy per tier (by default :func:`make_policy`
+    with the ``[policy]`` tuning and *clock*). *negative_ttl* and
     *listing_ttl* are the shared-tier caches' lifetimes (docs/shared-tiers.md);
     *shared_wait* is how long a call waits for background work on the shared tiers that
     it started (a revalidation, a delete) before answering from what this node knows:
@@ -90,7 +92,7 @@ class Store:
         *,
         policy: PolicyConfig = PolicyConfig(),
         clock: Callable[[], float] = time.time,
-        policy_factory: Callable[[str], EvictionPolicy] = make_policy,
+        policy_factory: Callable[[str], EvictionPolicy] | None = None,
         rebuild: bool = True,
         negative_ttl: float = 2.0,
         listing_ttl: float = 5.0,
@@ -102,6 +104,8 @@ class Store:
         self.tiers: list[Tier] = list(tiers)
         self.policy = policy
         self.clock = clock
+        if policy_factory is None:  # the policies see the store's clock and the [policy] tuning
+            policy_factory = functools.partial(make_policy, context=policy.context(clock))
         self.slots = [
             TierSlot.build(i, t, eviction=policy.eviction, clock=clock, policy_factory=policy_factory)
             for i, t in enumerate(self.tiers)

@@ -35,6 +35,7 @@ from kvfs.health import HealthBreaker
 from kvfs.leases import Leases
 from kvfs.names import TierName
 from kvfs.placement import Placement
+from kvfs.policies.lru import LRU
 from kvfs.shared import SharedView
 from kvfs.slot import TierSlot
 from kvfs.store import Store
@@ -255,6 +256,67 @@ def test_flush_reports_a_persistent_tier_that_is_down(tmp_path):
     s.slots[1].failed(TierUnavailable("nfs stalled"))  # what a timed-out call does
     report = s.flush_report()
     assert report.lost == (("a", "posix is unavailable"),)
+    s.close()
+
+
+class _RefusesCold(LRU):
+    """LRU that, as a colder tier, refuses blocks whose names start with ``cold/`` (what
+    an admission policy decides from what the tier reads back; here fixed, to test the
+    store's side of the decision)."""
+
+    asked: list
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked = []
+
+    def admit(self, key, parent=None, *, hits=0, idle=None):
+        self.asked.append((key, parent, hits, idle))
+        return not str(key).startswith("cold/")
+
+
+def test_admission_decides_what_eviction_writes_to_disk(tmp_path):
+    """An evicted last copy the disk's policy refuses is dropped, not written; admitted
+    ones are demoted. The policy is asked with the record's parent, hits and idle time.
+    The flush and an operator's evict never ask: they keep every block."""
+    clock = Clock()
+    policies: list[_RefusesCold] = []
+
+    def factory(name: str) -> _RefusesCold:
+        policies.append(_RefusesCold())
+        return policies[-1]
+
+    s = Store([dram(2), disk(tmp_path / "d")], policy=PolicyConfig(eviction="lru"), clock=clock, policy_factory=factory)
+    s.put("cold/a", blob(1))
+    clock.now += 5
+    s.put("warm/b", blob(2), parent="warm/root")
+    s.read("warm/b")
+    clock.now += 5
+    s.put("x/c", blob(3))  # evicts cold/a: refused by the disk, dropped
+    assert s.lookup("cold/a") is None
+    assert not (tmp_path / "d" / "blocks" / "cold" / "a").exists()
+    s.put("x/d", blob(4))  # evicts warm/b: admitted, demoted
+    assert s.stat("warm/b").tiers == ("disk",)
+    asked = {k: (parent, hits, idle) for k, parent, hits, idle in policies[1].asked}
+    assert asked["cold/a"] == (None, 0, 10.0)
+    assert asked["warm/b"] == ("warm/root", 1, 5.0)
+    assert policies[0].asked == []  # only the colder tier decides
+
+    s.put("cold/e", blob(5))  # DRAM now holds x/d and cold/e
+    s.evict("cold/e", "dram")  # the operator's evict keeps the block, admission or not
+    assert s.stat("cold/e").tiers == ("disk",)
+    s.put("cold/f", blob(6))
+    assert s.flush() == 2  # x/d and cold/f: the flush keeps every block too
+    assert s.stat("cold/f").tiers == ("dram", "disk")
+    assert all(s.read(n) == blob(i) for n, i in [("warm/b", 2), ("x/c", 3), ("x/d", 4), ("cold/e", 5), ("cold/f", 6)])
+    s.close()
+
+
+def test_the_default_policies_get_the_store_clock_and_the_policy_tuning(tmp_path):
+    clock = Clock()
+    s = Store([dram(2)], policy=PolicyConfig(eviction="session-arc", hint_ttl=7.0), clock=clock)
+    policy = s.slots[0].policy
+    assert policy._clock is clock and policy._ttl == 7.0
     s.close()
 
 

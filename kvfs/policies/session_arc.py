@@ -37,6 +37,7 @@ block two of whose children got children of their own while it was resident.
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import Any
 
 from .admission import Admission
 from .arc import remember_evicted
@@ -72,7 +73,8 @@ class SessionARC(EvictionPolicy):
         ctx = context or PolicyContext()
         self._clock = ctx.clock
         self._ttl = ctx.hint_ttl
-        self._ends = (None, _sentinel(), _sentinel(), _sentinel(), _sentinel())
+        # list ends by list number (0 is unused; a sentinel keeps the tuple one type)
+        self._ends: tuple[list[Any], ...] = tuple(_sentinel() for _ in range(5))
         self._n = [0, 0, 0, 0, 0]  # blocks per list
         self._d: dict = {}  # key -> node
         self._waiting: OrderedDict = OrderedDict()  # absent parent -> its child that arrived first
