@@ -55,7 +55,7 @@ from .events import EventKind, EventLog
 from .leases import Lease, Leases
 from .names import normalize, parent_of, split
 from .placement import Placement
-from .policies import EvictionPolicy, make_policy
+from .policies import EvictionPolicy, Hint, make_policy
 from .revalidation import SharedRecords
 from .shared import SharedView
 from .slot import TierSlot
@@ -605,6 +605,18 @@ class Store:
             if p.is_current(rec):
                 p.forget_copy(slot, rec)
         return [s for s in moves if s.index not in errors]
+
+    # -- advice from engines and routers ---------------------------------------------------
+
+    def hint(self, names: Sequence[str], when: Hint) -> None:
+        """Pass advice about *names* (a chain, root first) to every tier's policy:
+        ``Hint.SOON``, they are about to be read (queued requests); ``Hint.ENDED``, their
+        session is over. A hint never moves or removes a block by itself; names this
+        store does not hold are ignored. Raises :class:`InvalidName` for a bad name."""
+        keys = [normalize(n) for n in names]
+        with self.placement.locked():
+            for slot in self.slots:
+                slot.policy.hint(keys, when)
 
     # -- operator commands (kvfs pin, prefetch, evict, du, fsck) ----------------------------
 

@@ -29,12 +29,13 @@ from kvfs.blockfile import checksum, encode_header
 from kvfs.catalog import BlockRecord, Catalog
 from kvfs.config import DiskConfig, DramConfig, PolicyConfig, PosixConfig, PromoteMode
 from kvfs.deadline import DeadlineExecutor
-from kvfs.errors import BlockNotFound, TierUnavailable
+from kvfs.errors import BlockNotFound, InvalidName, TierUnavailable
 from kvfs.events import EventKind, EventLog
 from kvfs.health import HealthBreaker
 from kvfs.leases import Leases
 from kvfs.names import TierName
 from kvfs.placement import Placement
+from kvfs.policies import Hint
 from kvfs.policies.lru import LRU
 from kvfs.shared import SharedView
 from kvfs.slot import TierSlot
@@ -317,6 +318,26 @@ def test_the_default_policies_get_the_store_clock_and_the_policy_tuning(tmp_path
     s = Store([dram(2)], policy=PolicyConfig(eviction="session-arc", hint_ttl=7.0), clock=clock)
     policy = s.slots[0].policy
     assert policy._clock is clock and policy._ttl == 7.0
+    s.close()
+
+
+def test_hints_reach_every_tier_policy_and_a_soon_hint_keeps_a_chain(tmp_path):
+    """With session-arc, a chain hinted SOON stays in DRAM while newer blocks go; without
+    the hint the oldest block would be the victim. Hints reach every tier's policy."""
+    clock = Clock()
+    s = Store([dram(2), disk(tmp_path / "d")], policy=PolicyConfig(eviction="session-arc"), clock=clock)
+    s.put("m/a", blob(1))
+    s.put("m/b", blob(2))
+    s.hint(["m/a"], Hint.SOON)
+    s.put("m/c", blob(3))  # evicts m/b, not the older but hinted m/a
+    assert s.stat("m/a").tiers == ("dram",) and s.stat("m/b").tiers == ("disk",)
+    seen: list = []
+    for slot in s.slots:
+        slot.policy.hint = lambda keys, when, seen=seen, tier=slot.name: seen.append((tier, list(keys), when))
+    s.hint(["/m/x/", "m/y"], Hint.ENDED)
+    assert seen == [("dram", ["m/x", "m/y"], Hint.ENDED), ("disk", ["m/x", "m/y"], Hint.ENDED)]
+    with pytest.raises(InvalidName):
+        s.hint(["../escape"], Hint.SOON)
     s.close()
 
 
