@@ -87,7 +87,7 @@ def check_mountpoint(path: str | os.PathLike) -> str:
 def fs_options_from_env():
     """Per-file FUSE settings, overridable through $KVFS_FUSE_OPTIONS (a JSON object of
     :class:`~kvfs.mount.fs.FsOptions` fields; ``kvfs bench fuse`` uses it to compare)."""
-    from .fs import FsOptions
+    from .options import FsOptions
 
     raw = os.environ.get(_FUSE_OPTIONS_ENV)
     if not raw:
@@ -187,7 +187,7 @@ def serve_foreground(mountpoint: str, config: Config, on_ready=lambda: None) -> 
     mountpoint = check_mountpoint(mountpoint)
     options = fs_options_from_env()
     store = open_store(config)
-    ops = KvfsOperations(store, options)
+    ops = KvfsOperations(store, options, write_buffer=config.mount.write_buffer)
     # every path derived from the mountpoint is computed before mounting: resolving it
     # afterwards would stat our own mount before its loop serves (a deadlock)
     pidfile = pid_path(mountpoint)
