@@ -18,9 +18,36 @@ bytes that later writes do not change.
 
 from __future__ import annotations
 
-__all__ = ["CHUNK", "WriteBuffer"]
+import ctypes
+import logging
+
+__all__ = ["CHUNK", "WriteBuffer", "keep_freed_memory"]
+
+log = logging.getLogger("kvfs.mount.buffer")
 
 CHUNK = 1 << 20
+
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+
+
+def keep_freed_memory(mmap_threshold: int = 32 << 20, trim_threshold: int = 128 << 20) -> bool:
+    """Make glibc's malloc keep freed memory for reuse instead of returning it at once.
+
+    Every FUSE write arrives as a fresh ``bytes`` of up to 1 MiB, and every seal joins a
+    block; by default glibc serves such sizes with fresh ``mmap``s (or trims them off the
+    heap when freed), so each block costs the daemon a page fault per 4 KiB, which was
+    two thirds of the time of writing a 2 MiB block (docs/benchmarks-fuse.md). Allocations
+    below *mmap_threshold* come from the heap, and up to *trim_threshold* bytes of freed
+    heap stay mapped, warm. Returns False where this is not glibc (nothing changes)."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    ok = mallopt(_M_MMAP_THRESHOLD, mmap_threshold) == 1 and mallopt(_M_TRIM_THRESHOLD, trim_threshold) == 1
+    if not ok:  # pragma: no cover - glibc accepts these values
+        log.info("mallopt refused the thresholds; freed buffers go back to the kernel")
+    return ok
 
 
 class WriteBuffer:
@@ -68,8 +95,7 @@ class WriteBuffer:
                 mv = mv if mv is not None else memoryview(data)
                 self._patch(k, lo, mv[pos - off : pos - off + take])
             pos += take
-        if end > self.size:
-            self.size = end
+        self.size = max(self.size, end)
 
     def _set(self, k: int, chunk: bytes | bytearray) -> None:
         old = self._chunks.get(k)

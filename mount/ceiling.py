@@ -25,6 +25,7 @@ import pyfuse3
 import trio
 from pyfuse3 import FUSEError
 
+from .buffer import keep_freed_memory
 from .daemon import _set_read_ahead
 from .options import FsOptions
 
@@ -49,6 +50,7 @@ class CeilingOperations(pyfuse3.Operations):
 
     def __init__(self, options: FsOptions = FsOptions()) -> None:
         super().__init__()
+        keep_freed_memory()  # as kvfs does: the comparison is of handlers, not of malloc settings
         self.options = options
         self.nodes: dict[int, _Node] = {pyfuse3.ROOT_INODE: _Node(pyfuse3.ROOT_INODE, True)}
         self._next = pyfuse3.ROOT_INODE + 1

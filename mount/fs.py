@@ -33,10 +33,11 @@ from kvfs.names import normalize
 from kvfs.store import BlockStat, Store, StoreBusy
 from kvfs.tier import BlockRef
 
+from .buffer import keep_freed_memory
 from .errnos import errno_of, handler, refused
 from .inodes import Inode, InodeTable
-from .options import FsOptions
 from .opstats import OpStats
+from .options import FsOptions
 from .writes import Version, WriteHandle, Writes
 
 __all__ = ["XATTRS", "FsOptions", "KvfsOperations", "default_write_buffer", "errno_of"]
@@ -46,6 +47,7 @@ log = logging.getLogger("kvfs.mount.fs")
 _NAME_MAX = 255
 _SMALL_SEAL = 4 << 20  # blocks up to this size seal on the loop when DRAM has room (a memcpy)
 _UNBOUNDED_BLOCK = 5 << 40  # the largest block an unbounded tier takes (S3's largest object)
+_RESERVE_FOR = 1.0  # seconds the writer's retried open has to claim its reserved inode
 
 XATTR_TIERS = b"user.kvfs.tiers"
 XATTR_PINNED = b"user.kvfs.pinned"
@@ -70,6 +72,16 @@ class _ReadHandle:
     ref: BlockRef
 
 
+@dataclass(slots=True, eq=False)
+class _Reservation:
+    """An inode set aside for the new version a writer opens of a sealed block."""
+
+    name: str
+    pid: int
+    node: Inode
+    expires: float
+
+
 class KvfsOperations(pyfuse3.Operations):
     """FUSE requests over *store*. *opstats* records every operation's latency;
     *write_buffer* caps the memory of files being written (bytes; None: automatic)."""
@@ -86,12 +98,15 @@ class KvfsOperations(pyfuse3.Operations):
         write_buffer: int | None = None,
     ) -> None:
         super().__init__()
+        keep_freed_memory()  # write buffers are reused warm (a page fault per 4 KiB otherwise)
         self.store = store
         self.options = options
         self.opstats = opstats if opstats is not None else OpStats()
         self.inodes = InodeTable()
         self._handles: dict[int, _ReadHandle | WriteHandle] = {}
         self._dirs: dict[int, tuple[Inode, list[str]]] = {}
+        self._reserved: dict[tuple[str, int], _Reservation] = {}
+        self._reserved_ino: dict[int, _Reservation] = {}
         self._next_fh = 1
         self._limiters = [trio.CapacityLimiter(max(1, t.config.concurrency)) for t in store.tiers]
         self._hot_volatile = not store.tiers[0].persistent
@@ -106,7 +121,9 @@ class KvfsOperations(pyfuse3.Operations):
         self._negative_timeout = min(options.entry_timeout, store.negative_ttl) if shared else options.entry_timeout
         largest = max((t.capacity if t.capacity is not None else _UNBOUNDED_BLOCK) for t in store.tiers)
         cap = write_buffer if write_buffer is not None else default_write_buffer()
-        self.writes = Writes(cap=cap, max_block=min(largest, cap), release_wait=options.release_wait)
+        self.writes = Writes(
+            cap=cap, max_block=min(largest, cap), release_wait=options.release_wait, opstats=self.opstats
+        )
         self._nursery: trio.Nursery | None = None
         self.started = time.time()
 
@@ -158,6 +175,17 @@ class KvfsOperations(pyfuse3.Operations):
         if st is None or not st.tiers:
             return 0
         return self.store.tier_index(st.tiers[-1])
+
+    async def _change(self, st: BlockStat, fn, *args):
+        """A store call that changes block *st* in every tier holding it (delete, rename):
+        on the loop when those are all volatile (DRAM) and no shared tier may be asked,
+        else in a thread bounded by the coldest tier's limiter."""
+        if self._meta_limiter is None and self._hot_volatile and st.tiers == (self.store.tiers[0].name,):
+            try:
+                return self.store.nowait(fn, *args)
+            except StoreBusy:
+                pass
+        return await self._slow(self._coldest(st), fn, *args)
 
     async def _put(self, name: str, data, parent: str | None) -> BlockStat:
         """Seal *data* as block *name* (the store call of a seal)."""
@@ -223,17 +251,12 @@ class KvfsOperations(pyfuse3.Operations):
             a.attr_timeout = self.options.attr_timeout
         else:
             a.st_mode = stat_mod.S_IFREG | 0o644
-            a.st_nlink = 1 if node.name is not None else 0
+            a.st_nlink = 1 if node.name is not None or node.version is not None else 0
             mtime = node.mtime
             v = node.version
-            if v is not None:  # being written: nothing to cache, it changes with every write
-                a.st_size = v.size
-                a.entry_timeout = 0
-                a.attr_timeout = 0
-            else:
-                a.st_size = node.size
-                a.entry_timeout = self.options.entry_timeout
-                a.attr_timeout = self.options.attr_timeout
+            a.st_size = v.size if v is not None else node.size  # being written: the size so far
+            a.entry_timeout = self.options.entry_timeout
+            a.attr_timeout = self.options.attr_timeout
         a.st_uid = self.options.uid
         a.st_gid = self.options.gid
         a.st_rdev = 0
@@ -300,7 +323,15 @@ class KvfsOperations(pyfuse3.Operations):
     async def lookup(self, parent_inode, name, ctx=None):
         path = self._child(parent_inode, name)
         await self._settle(path)
-        node = self._resolve(path, *await self._meta(self._probe, path))
+        is_dir, st = await self._meta(self._probe, path)
+        r = self._reserved.get((path, ctx.pid)) if ctx is not None and self._reserved else None
+        if r is not None and st is not None and r.node.shows(st.checksum, st.size) and r.expires > time.monotonic():
+            # the retry of an open for writing that was answered ESTALE: the writer's own inode
+            self.inodes.looked_up(r.node)
+            attr = self._attr(r.node)
+            attr.entry_timeout = 0  # nobody else is to reach it through this name
+            return attr
+        node = self._resolve(path, is_dir, st)
         if node is None:
             return self._negative()
         self.inodes.looked_up(node)
@@ -382,7 +413,7 @@ class KvfsOperations(pyfuse3.Operations):
             raise FUSEError(errno.EISDIR if is_dir else errno.ENOENT)
         self.writes.unlink(path)  # files being written there are dropped when closed
         if st is not None:
-            await self._slow(self._coldest(st), self.store.delete, path)
+            await self._change(st, self.store.delete, path)
         self.inodes.detach(path)
 
     @handler
@@ -404,7 +435,7 @@ class KvfsOperations(pyfuse3.Operations):
         if new_dir:
             raise FUSEError(errno.EISDIR)
         if st is not None:
-            await self._slow(self._coldest(st), self.store.rename, old, new)
+            await self._change(st, self.store.rename, old, new)
         # a file being written moves with its name; it is published under the new one
         # (replacing what is there then), and files being written at the target lose it
         self.writes.rename(old, new)
@@ -485,9 +516,6 @@ class KvfsOperations(pyfuse3.Operations):
             raise FUSEError(errno.EISDIR)
         if flags & os.O_EXCL and (st is not None or self.writes.has(path)):
             raise FUSEError(errno.EEXIST)
-        parent = path.rpartition("/")[0]
-        if not await self._meta(self.store.is_dir, parent):
-            raise FUSEError(errno.ENOENT)
         # a fresh inode for a fresh version: the kernel has no pages or size of it
         node = self.inodes.new(path, False)
         node.mtime = time.time()
@@ -503,6 +531,9 @@ class KvfsOperations(pyfuse3.Operations):
         node = self.inodes.get(inode)
         if node.is_dir:
             raise FUSEError(errno.EISDIR)
+        r = self._reserved_ino.get(inode) if self._reserved_ino else None
+        if r is not None:
+            return await self._open_reserved(r, flags, ctx)
         if node.name is None:
             raise FUSEError(errno.ESTALE)  # replaced or removed: the kernel looks the name up again
         await self._settle(node.name)
@@ -511,7 +542,7 @@ class KvfsOperations(pyfuse3.Operations):
             raise FUSEError(errno.ESTALE)
         if flags & os.O_ACCMODE == os.O_RDONLY:
             return await self._open_read(node, name)
-        return await self._open_write(node, name, flags)
+        return await self._open_write(node, name, flags, ctx.pid)
 
     async def _open_read(self, node: Inode, name: str) -> pyfuse3.FileInfo:
         if node.version is not None:
@@ -534,14 +565,14 @@ class KvfsOperations(pyfuse3.Operations):
         fh = self._new_fh(_ReadHandle(node, ref))
         return pyfuse3.FileInfo(fh=fh, keep_cache=keep, direct_io=self.options.direct_io_read)
 
-    async def _open_write(self, node: Inode, name: str, flags: int) -> pyfuse3.FileInfo:
-        trunc = bool(flags & os.O_TRUNC)
+    async def _open_write(self, node: Inode, name: str, flags: int, pid: int) -> pyfuse3.FileInfo:
         v = node.version
         if v is not None and not v.ended:
-            if not trunc:  # a second open of a file being written (by path, or O_RDWR): the same file
+            if not flags & os.O_TRUNC:  # a second open of a file being written (by path, or O_RDWR): the same file
                 fh = self._new_fh(WriteHandle(node, v))
                 return pyfuse3.FileInfo(fh=fh, direct_io=self.options.direct_io_write, keep_cache=True)
-            # O_TRUNC: a new version of its own; the one being written goes on
+            # O_TRUNC: a new version of its own, through the same inode (only writers use it:
+            # a file being written has no readers), its writes bypassing the page cache
             v.shares_inode = True
             new = self.writes.start(name, node, shares_inode=True)
             fh = self._new_fh(WriteHandle(node, new))
@@ -549,24 +580,56 @@ class KvfsOperations(pyfuse3.Operations):
         st = await self._meta(self.store.lookup, name)
         if st is None or not node.shows(st.checksum, st.size):
             raise self._stale(node)  # gone or replaced since the lookup: O_CREAT creates anew
+        # A new version of a sealed block. Its writer must not share the block's inode with
+        # the block's readers: the kernel would change the size they see as it writes. So
+        # the old block's inode is detached (its readers keep it), and the open is answered
+        # ESTALE: the kernel looks the name up again, within the same call, from the same
+        # thread, and that lookup returns an inode of the writer's own.
+        self._reserve(name, pid, st)
+        if self.inodes.bound(name) is node:
+            self.inodes.detach(name)
+            self._invalidate_entry(name)
+        raise FUSEError(errno.ESTALE)
+
+    def _reserve(self, name: str, pid: int, st: BlockStat) -> None:
+        now = time.monotonic()
+        for key, r in list(self._reserved.items()):  # forget reservations never taken
+            if r.expires <= now:
+                del self._reserved[key]
+                self._reserved_ino.pop(r.node.ino, None)
+                self.inodes.closed(r.node)
+        old = self._reserved.pop((name, pid), None)
+        if old is not None:
+            self._reserved_ino.pop(old.node.ino, None)
+            self.inodes.closed(old.node)
+        node = self.inodes.new(None, False)
+        node.checksum, node.size, node.mtime = st.checksum, st.size, st.created
+        self.inodes.opened(node)  # held by the reservation until it is taken or expires
+        r = _Reservation(name, pid, node, now + _RESERVE_FOR)
+        self._reserved[(name, pid)] = r
+        self._reserved_ino[node.ino] = r
+
+    async def _open_reserved(self, r: _Reservation, flags: int, ctx) -> pyfuse3.FileInfo:
+        """The writer's open of the inode reserved for its new version of a block."""
+        node = r.node
+        if ctx.pid != r.pid or flags & os.O_ACCMODE == os.O_RDONLY or r.expires <= time.monotonic():
+            raise FUSEError(errno.ESTALE)  # someone else came through the writer's name: look again
+        del self._reserved[(r.name, r.pid)]
+        del self._reserved_ino[node.ino]
         base = None
-        if not trunc:  # a new version that starts as the old bytes
-            base = await self._open_block(name)
-            if not node.shows(base.checksum, len(base.data)):
-                base.release()
-                raise self._stale(node)
-        if node.name != name:  # renamed or replaced while the block was opened
-            if base is not None:
-                base.release()
-            raise FUSEError(errno.ESTALE)
-        # The old block's readers share this inode with the writer, whose writes therefore
-        # bypass the page cache; new readers get an inode of their own for the old block
-        # until the new version is sealed.
-        self.inodes.detach(name)
-        self._invalidate_entry(name)
-        v = self.writes.start(name, node, base=base, shares_inode=True)
-        fh = self._new_fh(WriteHandle(node, v))
-        return pyfuse3.FileInfo(fh=fh, direct_io=True, keep_cache=True)
+        try:
+            if not flags & os.O_TRUNC:  # a new version that starts as the old bytes
+                base = await self._open_block(r.name)
+                if not node.shows(base.checksum, len(base.data)):
+                    base.release()
+                    raise FUSEError(errno.ESTALE)  # replaced meanwhile
+            v = self.writes.start(r.name, node, base=base)
+            node.version = v
+            node.mtime = time.time()
+            fh = self._new_fh(WriteHandle(node, v))
+        finally:
+            self.inodes.closed(node)  # the reservation's hold; the handle holds it now
+        return pyfuse3.FileInfo(fh=fh, direct_io=self.options.direct_io_write, keep_cache=False)
 
     @handler
     async def read(self, fh, off, size):
@@ -614,25 +677,26 @@ class KvfsOperations(pyfuse3.Operations):
         node = v.node
         if st is not None:
             bound = self.inodes.bound(st.name)
-            if final and not v.shares_inode and node.version is v and bound is node:
+            if final and not v.shares_inode and node.version is v and (bound is node or node.name is None):
                 # the writer's own inode becomes the block's: the kernel's pages of it came
                 # from these writes, so they are the sealed bytes and later opens keep them
                 node.version = None
                 node.checksum, node.size = st.checksum, st.size
                 node.cache_ok = True
+                if bound is not node:
+                    self.inodes.bind(node, st.name)
+                    self._invalidate_entry(st.name)
                 return
             if bound is not None:
                 self.inodes.detach(st.name)  # the old version's inode (or the writer's): a new one at the next lookup
             self._invalidate_entry(st.name)
-            if v.shares_inode and node.version is None:
-                # a rewritten block's inode: the kernel changed its size with the writes;
-                # make it ask again, so the old readers see the old size
-                self._invalidate_attrs(node.ino)
         if final and node.version is v:
             node.version = None  # shows nothing now: detached, it serves no one
             node.checksum = None
             if node.name is not None and self.inodes.bound(node.name) is node:
-                self.inodes.detach(node.name)
+                name = node.name
+                self.inodes.detach(name)
+                self._invalidate_entry(name)
             self._invalidate_attrs(node.ino)
 
     # -- filesystem ------------------------------------------------------------------
@@ -668,9 +732,16 @@ class KvfsOperations(pyfuse3.Operations):
             raise FUSEError(errno.ENOENT)
         return await self._meta(self.store.stat, node.name)
 
+    async def _settled_node(self, inode: int) -> Inode:
+        """*inode*, once a seal of its file in progress (or about to start) is done."""
+        node = self.inodes.get(inode)
+        if node.version is not None and node.name is not None:
+            await self._settle(node.name)
+        return node
+
     @handler
     async def getxattr(self, inode, name, ctx):
-        node = self.inodes.get(inode)
+        node = await self._settled_node(inode)
         if node.version is not None:  # being written: only what the writer set
             if name == XATTR_PARENT and node.version.parent:
                 return node.version.parent.encode()
@@ -690,7 +761,7 @@ class KvfsOperations(pyfuse3.Operations):
 
     @handler
     async def listxattr(self, inode, ctx):
-        node = self.inodes.get(inode)
+        node = await self._settled_node(inode)
         if node.is_dir or node.version is not None:
             return []
         await self._block_stat(node)
@@ -709,6 +780,8 @@ class KvfsOperations(pyfuse3.Operations):
                 raise FUSEError(errno.EINVAL) from None
             return
         if node.version is not None:
+            node = await self._settled_node(inode)
+        if node.version is not None:
             raise FUSEError(errno.ENOTSUP if name not in XATTRS else errno.EPERM)
         st = await self._block_stat(node)
         if name == XATTR_PINNED:
@@ -723,7 +796,7 @@ class KvfsOperations(pyfuse3.Operations):
 
     @handler
     async def removexattr(self, inode, name, ctx):
-        st = await self._block_stat(self.inodes.get(inode))
+        st = await self._block_stat(await self._settled_node(inode))
         if name == XATTR_PINNED:
             await self._meta(self.store.pin, st.name, False)
             return

@@ -34,8 +34,10 @@ from __future__ import annotations
 
 import errno
 import logging
+import time
+from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import trio
 from pyfuse3 import FUSEError
@@ -46,6 +48,7 @@ from kvfs.tier import BlockRef
 
 from .buffer import WriteBuffer
 from .inodes import Inode
+from .opstats import OpStats
 
 __all__ = ["Version", "WriteHandle", "Writes"]
 
@@ -74,8 +77,8 @@ class Version:
     ended: bool = False
     parent: str | None = None
     charged: int = 0
-    settled: trio.Event = field(default_factory=trio.Event)
-    """Set (and replaced) whenever the version stops closing or sealing: waiters re-check."""
+    settled: trio.Event | None = None
+    """Made by a waiter; set (and dropped) when the version stops closing or sealing."""
 
     @property
     def dirty(self) -> bool:
@@ -85,9 +88,15 @@ class Version:
     def size(self) -> int:
         return self.buffer.size
 
+    async def wait_settled(self) -> None:
+        if self.settled is None:
+            self.settled = trio.Event()
+        await self.settled.wait()
+
     def _wake(self) -> None:
-        self.settled.set()
-        self.settled = trio.Event()
+        if self.settled is not None:
+            self.settled.set()
+            self.settled = None
 
 
 @dataclass(slots=True, eq=False)
@@ -101,16 +110,16 @@ class WriteHandle:
 class Writes:
     """Every live version by name and directory; writes, bounds and seals (module doc)."""
 
-    def __init__(self, *, cap: int, max_block: int, release_wait: float) -> None:
+    def __init__(self, *, cap: int, max_block: int, release_wait: float, opstats: OpStats | None = None) -> None:
+        self.opstats = opstats if opstats is not None else OpStats()
         self.cap = cap
         self.max_block = max_block
         self.release_wait = release_wait
         self.used = 0
-        self.seal_failures = 0
         self._by_name: dict[str, list[Version]] = {}
         self._by_dir: dict[str, dict[str, int]] = {}
-        self._name_locks: dict[str, trio.Lock] = {}
-        self._freed = trio.Event()
+        self._sealing: dict[str, deque[trio.Event]] = {}  # name -> seals waiting their turn
+        self._freed: trio.Event | None = None
 
     # -- the registry --------------------------------------------------------------
 
@@ -181,13 +190,13 @@ class Writes:
                 return
             sealing = next((v for v in vs if v.sealing), None)
             if sealing is not None:
-                await sealing.settled.wait()  # a seal always ends
+                await sealing.wait_settled()  # a seal always ends
                 continue
             closing = next((v for v in vs if v.closing), None)
             if closing is None:
                 return
             with trio.move_on_at(deadline) as scope:
-                await closing.settled.wait()
+                await closing.wait_settled()
             if scope.cancelled_caught:
                 return
 
@@ -232,6 +241,8 @@ class Writes:
             return
         with trio.move_on_after(MEMORY_WAIT):
             while self.used + need > self.cap:
+                if self._freed is None:
+                    self._freed = trio.Event()
                 await self._freed.wait()
         if self.used + need > self.cap:
             log.warning(
@@ -249,8 +260,9 @@ class Writes:
         v.charged = charge
 
     def _wake_memory(self) -> None:
-        self._freed.set()
-        self._freed = trio.Event()
+        if self._freed is not None:
+            self._freed.set()
+            self._freed = None
 
     def flush(self, v: Version) -> None:
         """A descriptor of *v* was closed: report its error; it may be the last close."""
@@ -289,37 +301,60 @@ class Writes:
         v.sealing = True
         v._wake()  # waiters on a closing version now wait for the seal itself
         key = v.name
-        lock = self._name_locks.setdefault(key, trio.Lock()) if key is not None else None
         try:
-            if lock is not None:
-                await lock.acquire()
+            if key is not None:
+                await self._take_turn(key)
             try:
                 name = v.name  # a rename or unlink waits for this seal: the name cannot move now
                 if name is None or not v.dirty:
                     return None
                 changes = v.changes
+                t0 = time.perf_counter()
                 data = v.buffer.snapshot(final=final)
                 try:
                     st = await put(name, data, v.parent)
                 except (KvfsError, OSError, FUSEError) as exc:
-                    self.seal_failures += 1
+                    self.opstats.observe("seal", time.perf_counter() - t0, True)
                     if final:
                         log.error("%s: sealing at the last close failed; nothing was published: %s", name, exc)
                         return None
                     raise
+                self.opstats.observe("seal", time.perf_counter() - t0, False)
                 v.sealed_changes = changes
                 published(v, st, final)
                 return st
             finally:
-                if lock is not None:
-                    lock.release()
-                    if not lock.locked() and not lock.statistics().tasks_waiting:
-                        self._name_locks.pop(key, None)
+                if key is not None:
+                    self._pass_turn(key)
         finally:
             v.sealing = False
             if final:
                 self.end(v)
             v._wake()
+
+    async def _take_turn(self, name: str) -> None:
+        """Wait until no other seal of *name* runs (first come, first served)."""
+        queue = self._sealing.get(name)
+        if queue is None:
+            self._sealing[name] = deque()
+            return
+        turn = trio.Event()
+        queue.append(turn)
+        try:
+            await turn.wait()
+        except BaseException:
+            if turn in queue:
+                queue.remove(turn)
+            elif turn.is_set():
+                self._pass_turn(name)  # we were handed the turn as we were cancelled
+            raise
+
+    def _pass_turn(self, name: str) -> None:
+        queue = self._sealing[name]
+        if queue:
+            queue.popleft().set()
+        else:
+            del self._sealing[name]
 
     def end(self, v: Version) -> None:
         """Forget *v*: its memory and base are released (after the last release, or at
