@@ -47,7 +47,7 @@ log = logging.getLogger("kvfs.mount.fs")
 _NAME_MAX = 255
 _SMALL_SEAL = 4 << 20  # blocks up to this size seal on the loop when DRAM has room (a memcpy)
 _UNBOUNDED_BLOCK = 5 << 40  # the largest block an unbounded tier takes (S3's largest object)
-_RESERVE_FOR = 1.0  # seconds the writer's retried open has to claim its reserved inode
+_RESERVE_FOR = 5.0  # seconds the writer's retried open has to claim its reserved inode
 
 XATTR_TIERS = b"user.kvfs.tiers"
 XATTR_PINNED = b"user.kvfs.pinned"
@@ -325,8 +325,11 @@ class KvfsOperations(pyfuse3.Operations):
         await self._settle(path)
         is_dir, st = await self._meta(self._probe, path)
         r = self._reserved.get((path, ctx.pid)) if ctx is not None and self._reserved else None
-        if r is not None and st is not None and r.node.shows(st.checksum, st.size) and r.expires > time.monotonic():
-            # the retry of an open for writing that was answered ESTALE: the writer's own inode
+        if r is not None and st is not None and r.expires > time.monotonic():
+            # the retry of an open for writing that was answered ESTALE: the writer's own
+            # inode (made anew if the block changed in between)
+            if not r.node.shows(st.checksum, st.size):
+                r = self._reserve(path, ctx.pid, st)
             self.inodes.looked_up(r.node)
             attr = self._attr(r.node)
             attr.entry_timeout = 0  # nobody else is to reach it through this name
@@ -534,11 +537,15 @@ class KvfsOperations(pyfuse3.Operations):
         r = self._reserved_ino.get(inode) if self._reserved_ino else None
         if r is not None:
             return await self._open_reserved(r, flags, ctx)
-        if node.name is None:
-            raise FUSEError(errno.ESTALE)  # replaced or removed: the kernel looks the name up again
-        await self._settle(node.name)
+        if node.name is not None:
+            await self._settle(node.name)
         name = node.name  # it may have been renamed or detached while this handler waited
-        if name is None:
+        if name is None:  # replaced or removed: the kernel looks the name up again
+            if flags & os.O_ACCMODE != os.O_RDONLY and node.was is not None and node.version is None:
+                # and an open for writing will want an inode of its own there (below): one retry
+                st = await self._meta(self.store.lookup, node.was)
+                if st is not None:
+                    self._reserve(node.was, ctx.pid, st)
             raise FUSEError(errno.ESTALE)
         if flags & os.O_ACCMODE == os.O_RDONLY:
             return await self._open_read(node, name)
@@ -578,9 +585,9 @@ class KvfsOperations(pyfuse3.Operations):
             fh = self._new_fh(WriteHandle(node, new))
             return pyfuse3.FileInfo(fh=fh, direct_io=True, keep_cache=True)
         st = await self._meta(self.store.lookup, name)
-        if st is None or not node.shows(st.checksum, st.size):
-            raise self._stale(node)  # gone or replaced since the lookup: O_CREAT creates anew
-        # A new version of a sealed block. Its writer must not share the block's inode with
+        if st is None:
+            raise self._stale(node)  # gone since the lookup: O_CREAT creates anew
+        # A new version of a sealed block (of the newest one, if it changed since the lookup). Its writer must not share the block's inode with
         # the block's readers: the kernel would change the size they see as it writes. So
         # the old block's inode is detached (its readers keep it), and the open is answered
         # ESTALE: the kernel looks the name up again, within the same call, from the same
@@ -591,7 +598,7 @@ class KvfsOperations(pyfuse3.Operations):
             self._invalidate_entry(name)
         raise FUSEError(errno.ESTALE)
 
-    def _reserve(self, name: str, pid: int, st: BlockStat) -> None:
+    def _reserve(self, name: str, pid: int, st: BlockStat) -> _Reservation:
         now = time.monotonic()
         for key, r in list(self._reserved.items()):  # forget reservations never taken
             if r.expires <= now:
@@ -608,6 +615,7 @@ class KvfsOperations(pyfuse3.Operations):
         r = _Reservation(name, pid, node, now + _RESERVE_FOR)
         self._reserved[(name, pid)] = r
         self._reserved_ino[node.ino] = r
+        return r
 
     async def _open_reserved(self, r: _Reservation, flags: int, ctx) -> pyfuse3.FileInfo:
         """The writer's open of the inode reserved for its new version of a block."""
@@ -619,10 +627,12 @@ class KvfsOperations(pyfuse3.Operations):
         base = None
         try:
             if not flags & os.O_TRUNC:  # a new version that starts as the old bytes
-                base = await self._open_block(r.name)
-                if not node.shows(base.checksum, len(base.data)):
-                    base.release()
-                    raise FUSEError(errno.ESTALE)  # replaced meanwhile
+                try:
+                    base = await self._open_block(r.name)  # the newest, if it changed meanwhile
+                except (KvfsError, FUSEError) as exc:
+                    if errno_of(exc) != errno.ENOENT:
+                        raise
+                    # gone meanwhile (evicted, unlinked): as if it had been created now
             v = self.writes.start(r.name, node, base=base)
             node.version = v
             node.mtime = time.time()

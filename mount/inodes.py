@@ -42,6 +42,8 @@ class Inode:
     name: str | None
     """The name the kernel reaches this inode by; None once detached."""
     is_dir: bool
+    was: str | None = None
+    """The name it had before it was detached (a stale open by it is retried there)."""
     nlookup: int = 0
     handles: int = 0
     size: int = 0
@@ -126,6 +128,7 @@ class InodeTable:
         if node is None:
             return None
         node.name = None
+        node.was = name
         self._collect(node)
         return node
 
