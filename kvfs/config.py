@@ -199,7 +199,7 @@ def _convert(where: str, f: dataclasses.Field, value: Any) -> Any:
                 return None
             n = parse_size(value)
             if n < _MIN_WRITE_BUFFER:
-                raise ValueError(f"must be at least {_MIN_WRITE_BUFFER >> 20}MiB (or \"auto\")")
+                raise ValueError(f'must be at least {_MIN_WRITE_BUFFER >> 20}MiB (or "auto")')
             return n
         if name in ("timeout", "negative_ttl", "listing_ttl"):
             return parse_duration(value)

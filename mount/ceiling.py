@@ -5,8 +5,9 @@ can be read against what any pyfuse3 + trio daemon costs on this machine and ker
 (request round trips, copies into and out of Python), not only against tmpfs. It does
 the least a filesystem can: a dict of inodes, one ``bytearray`` per file, no checksums,
 no tiers, no locks; the same per-file FUSE settings as kvfs (page cache with
-``keep_cache``, the same attribute and entry timeouts, the same read-ahead, the same mount
-options and worker tasks), so the kernel sends both the same requests.
+``keep_cache``, the same entry timeout, the same read-ahead, the same mount options and
+worker tasks), so the kernel sends both the same requests. Its attributes are cached for
+the entry timeout only: its files change in place, where kvfs's sealed blocks never do.
 
 Run as ``python -m kvfs.mount.ceiling MOUNTPOINT`` (foreground; unmount with
 ``fusermount3 -u``). Not for data: it forgets everything when unmounted.
@@ -65,8 +66,7 @@ class CeilingOperations(pyfuse3.Operations):
         a.st_blksize = 1 << 20
         a.st_blocks = (a.st_size + 511) // 512
         a.st_mtime_ns = a.st_ctime_ns = a.st_atime_ns = int(node.mtime * 1e9)
-        a.entry_timeout = self.options.entry_timeout
-        a.attr_timeout = self.options.attr_timeout
+        a.entry_timeout = a.attr_timeout = self.options.entry_timeout  # its files change
         return a
 
     def _get(self, ino: int) -> _Node:

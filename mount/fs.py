@@ -38,6 +38,7 @@ from .errnos import errno_of, handler, refused
 from .inodes import Inode, InodeTable
 from .opstats import OpStats
 from .options import FsOptions
+from .reservations import Reservation, Reservations
 from .writes import Version, WriteHandle, Writes
 
 __all__ = ["XATTRS", "FsOptions", "KvfsOperations", "default_write_buffer", "errno_of"]
@@ -47,7 +48,6 @@ log = logging.getLogger("kvfs.mount.fs")
 _NAME_MAX = 255
 _SMALL_SEAL = 4 << 20  # blocks up to this size seal on the loop when DRAM has room (a memcpy)
 _UNBOUNDED_BLOCK = 5 << 40  # the largest block an unbounded tier takes (S3's largest object)
-_RESERVE_FOR = 5.0  # seconds the writer's retried open has to claim its reserved inode
 
 XATTR_TIERS = b"user.kvfs.tiers"
 XATTR_PINNED = b"user.kvfs.pinned"
@@ -70,16 +70,6 @@ def default_write_buffer() -> int:
 class _ReadHandle:
     node: Inode
     ref: BlockRef
-
-
-@dataclass(slots=True, eq=False)
-class _Reservation:
-    """An inode set aside for the new version a writer opens of a sealed block."""
-
-    name: str
-    pid: int
-    node: Inode
-    expires: float
 
 
 class KvfsOperations(pyfuse3.Operations):
@@ -105,8 +95,7 @@ class KvfsOperations(pyfuse3.Operations):
         self.inodes = InodeTable()
         self._handles: dict[int, _ReadHandle | WriteHandle] = {}
         self._dirs: dict[int, tuple[Inode, list[str]]] = {}
-        self._reserved: dict[tuple[str, int], _Reservation] = {}
-        self._reserved_ino: dict[int, _Reservation] = {}
+        self.reserved = Reservations(self.inodes)
         self._next_fh = 1
         self._limiters = [trio.CapacityLimiter(max(1, t.config.concurrency)) for t in store.tiers]
         self._hot_volatile = not store.tiers[0].persistent
@@ -248,15 +237,19 @@ class KvfsOperations(pyfuse3.Operations):
             a.st_size = 0
             mtime = self.started
             a.entry_timeout = self.options.entry_timeout
-            a.attr_timeout = self.options.attr_timeout
+            a.attr_timeout = self.options.entry_timeout
         else:
             a.st_mode = stat_mod.S_IFREG | 0o644
             a.st_nlink = 1 if node.name is not None or node.version is not None else 0
             mtime = node.mtime
             v = node.version
-            a.st_size = v.size if v is not None else node.size  # being written: the size so far
             a.entry_timeout = self.options.entry_timeout
-            a.attr_timeout = self.options.attr_timeout
+            if v is not None:  # being written: the size so far
+                a.st_size = v.size
+                a.attr_timeout = self.options.entry_timeout
+            else:  # a sealed version: its attributes never change
+                a.st_size = node.size
+                a.attr_timeout = self.options.attr_timeout
         a.st_uid = self.options.uid
         a.st_gid = self.options.gid
         a.st_rdev = 0
@@ -281,13 +274,12 @@ class KvfsOperations(pyfuse3.Operations):
             if self.writes.has(name):
                 await self.writes.settle(name)
 
-    def _stale(self, node: Inode) -> FUSEError:
-        """*node* no longer shows what its name holds: detach it; the kernel looks again."""
+    def _detach(self, node: Inode) -> None:
+        """*node* no longer shows what its name holds: the name gets a new inode."""
         if node.name is not None:
             name = node.name
             self.inodes.detach(name)
             self._invalidate_entry(name)
-        return FUSEError(errno.ESTALE)
 
     def _invalidate_entry(self, name: str) -> None:
         """Make the kernel drop its dentry of *name* (in the background: it may block while
@@ -324,15 +316,13 @@ class KvfsOperations(pyfuse3.Operations):
         path = self._child(parent_inode, name)
         await self._settle(path)
         is_dir, st = await self._meta(self._probe, path)
-        r = self._reserved.get((path, ctx.pid)) if ctx is not None and self._reserved else None
-        if r is not None and st is not None and r.expires > time.monotonic():
-            # the retry of an open for writing that was answered ESTALE: the writer's own
-            # inode (made anew if the block changed in between)
-            if not r.node.shows(st.checksum, st.size):
-                r = self._reserve(path, ctx.pid, st)
+        r = self.reserved.take(path, ctx.pid) if ctx is not None and self.reserved else None
+        if r is not None:  # the retry of an open answered ESTALE: the inode set aside for it
             self.inodes.looked_up(r.node)
             attr = self._attr(r.node)
             attr.entry_timeout = 0  # nobody else is to reach it through this name
+            if r.ref is None:  # a writer's: its size changes from here on
+                attr.attr_timeout = self.options.entry_timeout
             return attr
         node = self._resolve(path, is_dir, st)
         if node is None:
@@ -534,39 +524,54 @@ class KvfsOperations(pyfuse3.Operations):
         node = self.inodes.get(inode)
         if node.is_dir:
             raise FUSEError(errno.EISDIR)
-        r = self._reserved_ino.get(inode) if self._reserved_ino else None
+        r = self.reserved.for_inode(inode) if self.reserved else None
         if r is not None:
             return await self._open_reserved(r, flags, ctx)
         if node.name is not None:
             await self._settle(node.name)
         name = node.name  # it may have been renamed or detached while this handler waited
         if name is None:  # replaced or removed: the kernel looks the name up again
-            if flags & os.O_ACCMODE != os.O_RDONLY and node.was is not None and node.version is None:
-                # and an open for writing will want an inode of its own there (below): one retry
-                st = await self._meta(self.store.lookup, node.was)
-                if st is not None:
-                    self._reserve(node.was, ctx.pid, st)
-            raise FUSEError(errno.ESTALE)
+            await self._bounce(node.was, flags, ctx.pid)
         if flags & os.O_ACCMODE == os.O_RDONLY:
-            return await self._open_read(node, name)
+            return await self._open_read(node, name, ctx.pid)
         return await self._open_write(node, name, flags, ctx.pid)
 
-    async def _open_read(self, node: Inode, name: str) -> pyfuse3.FileInfo:
+    async def _bounce(self, name: str | None, flags: int, pid: int, ref: BlockRef | None = None) -> None:
+        """Answer an open ESTALE, with what its retry needs set aside (:mod:`.reservations`):
+        for a reader the block *name* holds now (*ref*, or opened here), for a writer an
+        inode of its own. Always raises."""
+        if name is not None:
+            if flags & os.O_ACCMODE != os.O_RDONLY:
+                st = await self._meta(self.store.lookup, name)
+                self.reserved.reserve(name, pid, size=st.size if st is not None else 0)
+            else:
+                if ref is None:
+                    try:
+                        ref = await self._open_block(name)
+                    except (KvfsError, FUSEError) as exc:
+                        if errno_of(exc) != errno.ENOENT:
+                            raise
+                if ref is not None:
+                    self.reserved.reserve(name, pid, ref=ref)
+        raise FUSEError(errno.ESTALE)
+
+    async def _open_read(self, node: Inode, name: str, pid: int) -> pyfuse3.FileInfo:
         if node.version is not None:
             # being written: there is no block to read yet (unless one was sealed under the
             # name since the kernel looked it up: then it looks again)
             if await self._meta(self.store.lookup, name) is not None:
-                raise self._stale(node)
+                self._detach(node)
+                await self._bounce(name, os.O_RDONLY, pid)
             raise FUSEError(errno.ENOENT)
         try:
             ref = await self._open_block(name)
         except (KvfsError, FUSEError) as exc:
-            if errno_of(exc) == errno.ENOENT and self.inodes.bound(name) is node:
-                self.inodes.detach(name)  # evicted or removed: a miss, and a new inode if it comes back
+            if errno_of(exc) == errno.ENOENT:
+                self._detach(node)  # evicted or removed: a miss, and a new inode if it comes back
             raise
         if not node.shows(ref.checksum, len(ref.data)):
-            ref.release()
-            raise self._stale(node)  # a new version (here or on another node): a new inode
+            self._detach(node)  # a new version (here or on another node): a new inode
+            await self._bounce(name, os.O_RDONLY, pid, ref)
         keep = self.options.keep_cache and node.cache_ok
         node.cache_ok = True  # an open without keep_cache drops the kernel's pages of it
         fh = self._new_fh(_ReadHandle(node, ref))
@@ -584,62 +589,41 @@ class KvfsOperations(pyfuse3.Operations):
             new = self.writes.start(name, node, shares_inode=True)
             fh = self._new_fh(WriteHandle(node, new))
             return pyfuse3.FileInfo(fh=fh, direct_io=True, keep_cache=True)
-        st = await self._meta(self.store.lookup, name)
-        if st is None:
-            raise self._stale(node)  # gone since the lookup: O_CREAT creates anew
-        # A new version of a sealed block (of the newest one, if it changed since the lookup). Its writer must not share the block's inode with
+        # A new version of a sealed block. Its writer must not share the block's inode with
         # the block's readers: the kernel would change the size they see as it writes. So
         # the old block's inode is detached (its readers keep it), and the open is answered
         # ESTALE: the kernel looks the name up again, within the same call, from the same
         # thread, and that lookup returns an inode of the writer's own.
-        self._reserve(name, pid, st)
-        if self.inodes.bound(name) is node:
-            self.inodes.detach(name)
-            self._invalidate_entry(name)
-        raise FUSEError(errno.ESTALE)
+        self._detach(node)
+        await self._bounce(name, flags, pid)
 
-    def _reserve(self, name: str, pid: int, st: BlockStat) -> _Reservation:
-        now = time.monotonic()
-        for key, r in list(self._reserved.items()):  # forget reservations never taken
-            if r.expires <= now:
-                del self._reserved[key]
-                self._reserved_ino.pop(r.node.ino, None)
-                self.inodes.closed(r.node)
-        old = self._reserved.pop((name, pid), None)
-        if old is not None:
-            self._reserved_ino.pop(old.node.ino, None)
-            self.inodes.closed(old.node)
-        node = self.inodes.new(None, False)
-        node.checksum, node.size, node.mtime = st.checksum, st.size, st.created
-        self.inodes.opened(node)  # held by the reservation until it is taken or expires
-        r = _Reservation(name, pid, node, now + _RESERVE_FOR)
-        self._reserved[(name, pid)] = r
-        self._reserved_ino[node.ino] = r
-        return r
-
-    async def _open_reserved(self, r: _Reservation, flags: int, ctx) -> pyfuse3.FileInfo:
-        """The writer's open of the inode reserved for its new version of a block."""
+    async def _open_reserved(self, r: Reservation, flags: int, ctx) -> pyfuse3.FileInfo:
+        """The retried open of an inode set aside for it (see :meth:`_bounce`)."""
+        reading = flags & os.O_ACCMODE == os.O_RDONLY
+        if ctx.pid != r.pid or reading != (r.ref is not None):
+            raise FUSEError(errno.ESTALE)  # someone else came through the retry's name: look again
+        self.reserved.claim(r)
         node = r.node
-        if ctx.pid != r.pid or flags & os.O_ACCMODE == os.O_RDONLY or r.expires <= time.monotonic():
-            raise FUSEError(errno.ESTALE)  # someone else came through the writer's name: look again
-        del self._reserved[(r.name, r.pid)]
-        del self._reserved_ino[node.ino]
-        base = None
         try:
-            if not flags & os.O_TRUNC:  # a new version that starts as the old bytes
+            if reading:  # the block the first attempt found, whatever was sealed since
+                ref, r.ref = r.ref, None
+                fh = self._new_fh(_ReadHandle(node, ref))
+                node.cache_ok = True
+                return pyfuse3.FileInfo(fh=fh, keep_cache=False, direct_io=self.options.direct_io_read)
+            base = None
+            if not flags & os.O_TRUNC:  # a new version that starts as the old bytes (the newest)
                 try:
-                    base = await self._open_block(r.name)  # the newest, if it changed meanwhile
+                    base = await self._open_block(r.name)
                 except (KvfsError, FUSEError) as exc:
                     if errno_of(exc) != errno.ENOENT:
                         raise
-                    # gone meanwhile (evicted, unlinked): as if it had been created now
+                    # gone meanwhile (evicted, unlinked): as if it were created now
             v = self.writes.start(r.name, node, base=base)
             node.version = v
-            node.mtime = time.time()
             fh = self._new_fh(WriteHandle(node, v))
+            return pyfuse3.FileInfo(fh=fh, direct_io=self.options.direct_io_write, keep_cache=False)
         finally:
-            self.inodes.closed(node)  # the reservation's hold; the handle holds it now
-        return pyfuse3.FileInfo(fh=fh, direct_io=self.options.direct_io_write, keep_cache=False)
+            self.reserved.done(r)
 
     @handler
     async def read(self, fh, off, size):
@@ -674,8 +658,13 @@ class KvfsOperations(pyfuse3.Operations):
             return
         try:
             if isinstance(h, WriteHandle):
-                if self.writes.released(h.version):
-                    await self.writes.seal(h.version, final=True, put=self._put, published=self._published)
+                v = h.version
+                if self.writes.released(v):
+                    try:
+                        await self.writes.seal(v, final=True, put=self._put, published=self._published)
+                    finally:
+                        if v.node.version is v:  # ended without being published: it shows nothing now
+                            self._published(v, None, True)
             else:
                 h.ref.release()
         finally:
@@ -825,4 +814,5 @@ class KvfsOperations(pyfuse3.Operations):
         for v in self.writes.live():
             log.warning("%s was still open for writing at unmount; it is not sealed", v.name)
             self.writes.end(v)
+        self.reserved.close()
         self._handles.clear()

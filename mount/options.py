@@ -14,16 +14,17 @@ class FsOptions:
     """``keep_cache``: sealed blocks are immutable and every version has its own inode, so
     the kernel may keep their pages across opens. ``direct_io_read``/``direct_io_write``:
     bypass the page cache (breaks mmap of sealed blocks; never used for them by default).
-    ``attr_timeout``/``entry_timeout``: seconds the kernel may cache a sealed block's
-    attributes and a name (misses too: for at most the store's negative TTL when shared
-    tiers may add names). ``release_wait``: how long an operation on a name waits for the
+    ``attr_timeout``: seconds the kernel may cache a sealed block's attributes (they never
+    change: a new version is a new inode). ``entry_timeout``: seconds it may cache a name
+    (misses too: for at most the store's negative TTL when shared tiers may add names),
+    and the attributes of directories and of files being written. ``release_wait``: how long an operation on a name waits for the
     release that follows a close of that file (close-to-open; docs/SEMANTICS.md).
     """
 
     keep_cache: bool = True
     direct_io_read: bool = False
     direct_io_write: bool = False
-    attr_timeout: float = 1.0
+    attr_timeout: float = 30.0
     entry_timeout: float = 1.0
     release_wait: float = 1.0
     read_ahead_kb: int = 2048

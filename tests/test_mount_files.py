@@ -13,7 +13,6 @@ from __future__ import annotations
 import errno
 import mmap
 import os
-import random
 import subprocess
 import sys
 import tempfile
@@ -22,20 +21,11 @@ import time
 from pathlib import Path
 
 import pytest
+from test_mount_semantics import _renameat2, blob, err
 
 pytestmark = pytest.mark.fuse
 
 MiB = 1 << 20
-
-
-def blob(n: int, seed: int) -> bytes:
-    return random.Random(seed).randbytes(n)
-
-
-def err(fn, *args, **kw) -> int:
-    with pytest.raises(OSError) as info:
-        fn(*args, **kw)
-    return info.value.errno
 
 
 def readable(p: Path) -> bytes | None:
@@ -333,8 +323,6 @@ def test_s16_real_safetensors_save_and_load(mp):
 
 
 def test_s17_rename_noreplace_onto_a_file_being_written(mp):
-    from test_mount_semantics import _renameat2
-
     (mp / "a").write_bytes(b"a")
     with open(mp / "b", "wb") as f:
         f.write(b"b")

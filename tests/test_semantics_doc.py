@@ -15,13 +15,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def numbered_lines() -> set[int]:
     text = (ROOT / "docs" / "SEMANTICS.md").read_text()
-    return {int(m.group(1)) for m in re.finditer(r"^(\d+)\. ", text, re.M)}
+    return {int(m.group(1)) for m in re.finditer(r"^(\d+)\. ", text, re.MULTILINE)}
 
 
 def lines_with_tests() -> set[int]:
     found: set[int] = set()
     for path in (ROOT / "tests").glob("test_*.py"):
-        for name in re.findall(r"^def (test_s\w+)\(", path.read_text(), re.M):
+        for name in re.findall(r"^def (test_s\w+)\(", path.read_text(), re.MULTILINE):
             for a, b in re.findall(r"_s(\d+)(?:_to_s(\d+))?(?=_)", name):
                 found.update(range(int(a), int(b or a) + 1))
     return found

@@ -32,7 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .scratch import mount, umount
+from .scratch import dram_disk_config, mount, umount
 
 MiB = 1 << 20
 BLOCK = 2 * MiB
@@ -175,15 +175,6 @@ def run_suite(root: Path, blocks: int, entries: int, payloads: list[bytes]) -> d
 # -- mounting ---------------------------------------------------------------------------
 
 
-def _config(base: Path, dram: int) -> Path:
-    cfg = base / "bench.toml"
-    cfg.write_text(
-        f'[[tiers]]\nkind = "dram"\nname = "dram"\ncapacity = {dram}\nmlock = false\n\n'
-        f'[[tiers]]\nkind = "disk"\nname = "disk"\ncapacity = {4 * dram}\npath = "{base}/disk"\n'
-    )
-    return cfg
-
-
 def _rss_anon(pid: int) -> int:
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -230,7 +221,7 @@ def run(args: argparse.Namespace) -> int:
     shm = Path(tempfile.mkdtemp(prefix="kvfs-bench-tmpfs-", dir="/dev/shm"))
     result: dict = {"blocks": blocks, "block_bytes": BLOCK, "entries": entries, "load": os.getloadavg()[0]}
     try:
-        cfg = _config(base, dram)
+        cfg = dram_disk_config(base, dram, 4 * dram)
         mp = base / "mnt"
         _progress(args, "tmpfs")
         tmpfs = run_suite(shm, blocks, entries, payloads)

@@ -42,7 +42,7 @@ from pathlib import Path
 import xxhash
 
 from .render import table
-from .scratch import mount, umount
+from .scratch import dram_disk_config, mount, umount
 
 MiB = 1 << 20
 _MAGIC = b"KVSOAK01"
@@ -292,15 +292,6 @@ class Soak:
                 t.join(timeout=60)
 
 
-def _config(base: Path, dram: str, disk: str) -> Path:
-    cfg = base / "soak.toml"
-    cfg.write_text(
-        f'[[tiers]]\nkind = "dram"\ncapacity = "{dram}"\nmlock = false\nprefault = false\n\n'
-        f'[[tiers]]\nkind = "disk"\ncapacity = "{disk}"\npath = "{base}/disk"\n'
-    )
-    return cfg
-
-
 def _store_figures(mp: Path) -> dict:
     from kvfs.mount.paths import control_socket_path
 
@@ -323,7 +314,7 @@ def run(args: argparse.Namespace) -> int:
     mp = base / "mnt"
     load = os.getloadavg()[0]
     try:
-        mount(mp, _config(base, args.dram, args.disk))
+        mount(mp, dram_disk_config(base, args.dram, args.disk, "soak.toml"))
         try:
             soak = Soak(mp, args)
             if not args.json:
