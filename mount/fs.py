@@ -20,7 +20,6 @@ import errno
 import functools
 import logging
 import os
-import stat as stat_mod
 import time
 from dataclasses import dataclass
 
@@ -33,15 +32,17 @@ from kvfs.names import normalize
 from kvfs.store import BlockStat, Store, StoreBusy
 from kvfs.tier import BlockRef
 
+from .attrs import Attributes
 from .buffer import keep_freed_memory
 from .errnos import errno_of, handler, refused
 from .inodes import Inode, InodeTable
+from .notify import KernelNotices
 from .opstats import OpStats
 from .options import FsOptions
 from .reservations import Reservation, Reservations
-from .writes import Version, WriteHandle, Writes
+from .writes import Version, WriteHandle, Writes, default_write_buffer
 
-__all__ = ["XATTRS", "FsOptions", "KvfsOperations", "default_write_buffer", "errno_of"]
+__all__ = ["XATTRS", "FsOptions", "KvfsOperations", "errno_of"]
 
 log = logging.getLogger("kvfs.mount.fs")
 
@@ -55,15 +56,6 @@ XATTR_HITS = b"user.kvfs.hits"
 XATTR_CHECKSUM = b"user.kvfs.checksum"
 XATTR_PARENT = b"user.kvfs.parent"
 XATTRS = (XATTR_TIERS, XATTR_PINNED, XATTR_HITS, XATTR_CHECKSUM)
-
-
-def default_write_buffer() -> int:
-    """``[mount] write_buffer = "auto"``: a quarter of physical memory, at least 64 MiB."""
-    try:
-        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):  # pragma: no cover - every Linux has these
-        mem = 8 << 30
-    return max(mem // 4, 64 << 20)
 
 
 @dataclass(slots=True, eq=False)
@@ -113,12 +105,12 @@ class KvfsOperations(pyfuse3.Operations):
         self.writes = Writes(
             cap=cap, max_block=min(largest, cap), release_wait=options.release_wait, opstats=self.opstats
         )
-        self._nursery: trio.Nursery | None = None
-        self.started = time.time()
+        self.attrs = Attributes(options, negative_timeout=self._negative_timeout)
+        self.notices = KernelNotices(self.inodes)
 
     def attach_nursery(self, nursery: trio.Nursery) -> None:
         """Where kernel cache invalidations run (they must not run inside a handler)."""
-        self._nursery = nursery
+        self.notices.attach(nursery)
 
     # -- dispatch of store calls -----------------------------------------------------
 
@@ -227,47 +219,6 @@ class KvfsOperations(pyfuse3.Operations):
             return v.node
         return None
 
-    def _attr(self, node: Inode, atime: float | None = None) -> pyfuse3.EntryAttributes:
-        a = pyfuse3.EntryAttributes()
-        a.st_ino = node.ino
-        a.generation = 0
-        if node.is_dir:
-            a.st_mode = stat_mod.S_IFDIR | 0o755
-            a.st_nlink = 1  # "unknown": find(1) must not assume leaf directories
-            a.st_size = 0
-            mtime = self.started
-            a.entry_timeout = self.options.entry_timeout
-            a.attr_timeout = self.options.entry_timeout
-        else:
-            a.st_mode = stat_mod.S_IFREG | 0o644
-            a.st_nlink = 1 if node.name is not None or node.version is not None else 0
-            mtime = node.mtime
-            v = node.version
-            a.entry_timeout = self.options.entry_timeout
-            if v is not None:  # being written: the size so far
-                a.st_size = v.size
-                a.attr_timeout = self.options.entry_timeout
-            else:  # a sealed version: its attributes never change
-                a.st_size = node.size
-                a.attr_timeout = self.options.attr_timeout
-        a.st_uid = self.options.uid
-        a.st_gid = self.options.gid
-        a.st_rdev = 0
-        a.st_blksize = 1 << 20
-        a.st_blocks = (a.st_size + 511) // 512
-        mt = int(mtime * 1e9)
-        a.st_mtime_ns = mt
-        a.st_ctime_ns = mt
-        a.st_atime_ns = int(atime * 1e9) if atime is not None else mt
-        return a
-
-    def _negative(self) -> pyfuse3.EntryAttributes:
-        """A miss the kernel may cache (``st_ino`` 0) for the negative timeout."""
-        a = pyfuse3.EntryAttributes()
-        a.st_ino = 0
-        a.entry_timeout = self._negative_timeout
-        return a
-
     async def _settle(self, *names: str) -> None:
         """Wait for seals of *names* in progress (and closes about to be released)."""
         for name in names:
@@ -279,56 +230,26 @@ class KvfsOperations(pyfuse3.Operations):
         if node.name is not None:
             name = node.name
             self.inodes.detach(name)
-            self._invalidate_entry(name)
-
-    def _invalidate_entry(self, name: str) -> None:
-        """Make the kernel drop its dentry of *name* (in the background: it may block while
-        a request on the directory is in flight)."""
-        parent, _, base = name.rpartition("/")
-        pnode = self.inodes.bound(parent)
-        if pnode is None or self._nursery is None:
-            return
-        pino = pnode.ino
-
-        def notify() -> None:
-            try:
-                pyfuse3.invalidate_entry(pino, base.encode())
-            except OSError as exc:  # the kernel may have dropped it already
-                log.debug("invalidate_entry(%s) failed: %s", name, exc)
-
-        self._nursery.start_soon(trio.to_thread.run_sync, notify)
-
-    def _invalidate_attrs(self, ino: int) -> None:
-        """Make the kernel ask for *ino*'s attributes again (in the background)."""
-        if self._nursery is None:
-            return
-
-        def notify() -> None:
-            try:
-                pyfuse3.invalidate_inode(ino, attr_only=True)
-            except OSError as exc:
-                log.debug("invalidate_inode(%d) failed: %s", ino, exc)
-
-        self._nursery.start_soon(trio.to_thread.run_sync, notify)
+            self.notices.entry(name)
 
     @handler
     async def lookup(self, parent_inode, name, ctx=None):
         path = self._child(parent_inode, name)
-        await self._settle(path)
-        is_dir, st = await self._meta(self._probe, path)
         r = self.reserved.take(path, ctx.pid) if ctx is not None and self.reserved else None
         if r is not None:  # the retry of an open answered ESTALE: the inode set aside for it
             self.inodes.looked_up(r.node)
-            attr = self._attr(r.node)
+            attr = self.attrs.of(r.node)
             attr.entry_timeout = 0  # nobody else is to reach it through this name
             if r.ref is None:  # a writer's: its size changes from here on
                 attr.attr_timeout = self.options.entry_timeout
             return attr
+        await self._settle(path)
+        is_dir, st = await self._meta(self._probe, path)
         node = self._resolve(path, is_dir, st)
         if node is None:
-            return self._negative()
+            return self.attrs.negative()
         self.inodes.looked_up(node)
-        return self._attr(node)
+        return self.attrs.of(node)
 
     async def forget(self, inode_list):
         for ino, n in inode_list:
@@ -340,20 +261,20 @@ class KvfsOperations(pyfuse3.Operations):
         if node.is_dir:
             if node.name is None or not await self._meta(self.store.is_dir, node.name):
                 raise FUSEError(errno.ENOENT)
-            return self._attr(node)
+            return self.attrs.of(node)
         if node.version is not None or node.name is None:
-            return self._attr(node)  # being written, or detached: its own attributes
+            return self.attrs.of(node)  # being written, or detached: its own attributes
         name = node.name
         st = await self._meta(self.store.lookup, name)
         if st is not None and node.shows(st.checksum, st.size):
-            return self._attr(node, st.accessed)
+            return self.attrs.of(node, st.accessed)
         # replaced or gone: this inode keeps its version for the handles open on it; the
         # name gets a fresh inode at the next lookup
         if self.inodes.bound(name) is node:
             self.inodes.detach(name)
-            self._invalidate_entry(name)
+            self.notices.entry(name)
         if node.handles or st is not None:
-            return self._attr(node)
+            return self.attrs.of(node)
         raise FUSEError(errno.ENOENT)
 
     @handler
@@ -371,7 +292,7 @@ class KvfsOperations(pyfuse3.Operations):
                 raise FUSEError(errno.EPERM)  # a sealed block is immutable
             await self.writes.truncate(v, attr.st_size)
         # atime/mtime updates (touch) are accepted and ignored: times are kvfs's own
-        return self._attr(node)
+        return self.attrs.of(node)
 
     # -- namespace -------------------------------------------------------------------
 
@@ -383,7 +304,7 @@ class KvfsOperations(pyfuse3.Operations):
         await self._meta(self.store.mkdir, path)
         node = self.inodes.directory(path)
         self.inodes.looked_up(node)
-        return self._attr(node)
+        return self.attrs.of(node)
 
     @handler
     async def rmdir(self, parent_inode, name, ctx):
@@ -470,7 +391,9 @@ class KvfsOperations(pyfuse3.Operations):
                 child = self._resolve(name, *probe)
                 if child is None:
                     continue  # removed since opendir
-                if not pyfuse3.readdir_reply(token, name.rpartition("/")[2].encode(), self._attr(child), chunk + k + 1):
+                if not pyfuse3.readdir_reply(
+                    token, name.rpartition("/")[2].encode(), self.attrs.of(child), chunk + k + 1
+                ):
                     return
                 self.inodes.looked_up(child)
 
@@ -517,7 +440,7 @@ class KvfsOperations(pyfuse3.Operations):
         fh = self._new_fh(WriteHandle(node, v))
         self.inodes.looked_up(node)
         info = pyfuse3.FileInfo(fh=fh, direct_io=self.options.direct_io_write, keep_cache=False)
-        return info, self._attr(node)
+        return info, self.attrs.of(node)
 
     @handler
     async def open(self, inode, flags, ctx):
@@ -684,19 +607,19 @@ class KvfsOperations(pyfuse3.Operations):
                 node.cache_ok = True
                 if bound is not node:
                     self.inodes.bind(node, st.name)
-                    self._invalidate_entry(st.name)
+                    self.notices.entry(st.name)
                 return
             if bound is not None:
                 self.inodes.detach(st.name)  # the old version's inode (or the writer's): a new one at the next lookup
-            self._invalidate_entry(st.name)
+            self.notices.entry(st.name)
         if final and node.version is v:
             node.version = None  # shows nothing now: detached, it serves no one
             node.checksum = None
             if node.name is not None and self.inodes.bound(node.name) is node:
                 name = node.name
                 self.inodes.detach(name)
-                self._invalidate_entry(name)
-            self._invalidate_attrs(node.ino)
+                self.notices.entry(name)
+            self.notices.attrs(node.ino)
 
     # -- filesystem ------------------------------------------------------------------
 

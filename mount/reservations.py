@@ -39,7 +39,7 @@ class Reservation:
 class Reservations:
     """Reservations by ``(name, pid)`` until looked up, and by inode until opened."""
 
-    def __init__(self, inodes: InodeTable, hold: float = 2.0) -> None:
+    def __init__(self, inodes: InodeTable, hold: float = 5.0) -> None:
         self.inodes = inodes
         self.hold = hold
         self._by_key: dict[tuple[str, int], Reservation] = {}

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -50,11 +51,20 @@ from .buffer import WriteBuffer
 from .inodes import Inode
 from .opstats import OpStats
 
-__all__ = ["Version", "WriteHandle", "Writes"]
+__all__ = ["Version", "WriteHandle", "Writes", "default_write_buffer"]
 
 log = logging.getLogger("kvfs.mount.writes")
 
 MEMORY_WAIT = 5.0  # seconds a write waits for seals to free write-buffer memory before ENOSPC
+
+
+def default_write_buffer() -> int:
+    """``[mount] write_buffer = "auto"``: a quarter of physical memory, at least 64 MiB."""
+    try:
+        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):  # pragma: no cover - every Linux has these
+        mem = 8 << 30
+    return max(mem // 4, 64 << 20)
 
 
 @dataclass(slots=True, eq=False)
