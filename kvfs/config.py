@@ -173,12 +173,15 @@ class PolicyConfig:
 @dataclass(frozen=True, kw_only=True)
 class MountConfig:
     """Mount options. ``negative_ttl``: how long a miss on the shared tiers is remembered;
-    ``listing_ttl``: how long a directory listing of the shared tiers is reused."""
+    ``listing_ttl``: how long a directory listing of the shared tiers is reused;
+    ``write_buffer``: bytes of daemon memory for files being written (``None``: a quarter
+    of physical memory); no file may grow past it."""
 
     allow_other: bool = False
     metrics_port: int | None = None
     negative_ttl: float = 2.0
     listing_ttl: float = 5.0
+    write_buffer: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -193,6 +196,8 @@ class Config:
                 return t
         raise KeyError(name)
 
+
+_MIN_WRITE_BUFFER = 16 << 20
 
 _KIND_CLASSES: dict[str, type[TierConfig]] = {
     "dram": DramConfig,
@@ -210,6 +215,13 @@ def _convert(where: str, f: dataclasses.Field[Any], value: Any) -> Any:
             if value in ("unlimited", "unbounded"):
                 return None
             return parse_size(value)
+        if name == "write_buffer":
+            if value == "auto":
+                return None
+            n = parse_size(value)
+            if n < _MIN_WRITE_BUFFER:
+                raise ValueError(f'must be at least {_MIN_WRITE_BUFFER >> 20}MiB (or "auto")')
+            return n
         if name in ("timeout", "negative_ttl", "listing_ttl", "hint_ttl"):
             return parse_duration(value)
         if name == "admit_threshold":

@@ -109,7 +109,7 @@ def check_mountpoint(path: str | os.PathLike) -> str:
 def fs_options_from_env():
     """Per-file FUSE settings, overridable through $KVFS_FUSE_OPTIONS (a JSON object of
     :class:`~kvfs.mount.fs.FsOptions` fields; ``kvfs bench fuse`` uses it to compare)."""
-    from .fs import FsOptions
+    from .options import FsOptions
 
     raw = os.environ.get(_FUSE_OPTIONS_ENV)
     if not raw:
@@ -227,7 +227,7 @@ def serve_foreground(mountpoint: str, config: Config, on_ready: Any = lambda: No
     except FileNotFoundError:
         pass
     store = open_store(config)
-    ops = KvfsOperations(store, options)
+    ops = KvfsOperations(store, options, write_buffer=config.mount.write_buffer)
     metrics_server = None
     report = FlushReport()
     try:

@@ -1,27 +1,17 @@
 """The FUSE filesystem: one pyfuse3 ``Operations`` class over a :class:`~kvfs.store.Store`.
 
-Handlers translate FUSE requests into store calls and back; the only exception a handler
-raises is ``FUSEError``, and :func:`errno_of` is the one place a :class:`KvfsError` (or an
-``OSError``) becomes an errno. docs/SEMANTICS.md states, operation by operation, what
-each handler does and which errno it returns; tests/test_mount_semantics.py checks it.
-
-Inodes. Names get inode numbers on first lookup (``_Inodes``: a bidirectional map with
-exact lookup counts; ``forget`` drops an inode when the kernel's count reaches zero and no
-handle uses it). A name whose block is *replaced* (sealed over, renamed over) or removed
-gets a fresh inode afterwards; the old one is *detached*: it keeps serving the handles
-open on it (old readers keep their bytes) and answers ``open`` with ``ESTALE``, which
-makes the kernel look the name up again. So the kernel's page cache for an inode always
-holds one block's bytes, which is what makes ``keep_cache`` safe for sealed blocks.
-
-Write-once. ``create`` (or ``open`` with ``O_TRUNC``) returns a write handle: a bytearray
-in the daemon, random writes allowed. ``flush``/``fsync``/``release`` seal it with
-``store.put``; until then the name stays invisible (lookup ``ENOENT``, or the block it
-replaces). Sealed blocks are read through a :class:`~kvfs.tier.BlockRef` held per open
-read handle.
+Handlers translate FUSE requests and delegate: names and inodes to
+:class:`~kvfs.mount.inodes.InodeTable`, files being written (versions, bounds, seals) to
+:class:`~kvfs.mount.writes.Writes`, blocks to the store; :mod:`kvfs.mount.errnos` turns
+what they raise into an errno. docs/SEMANTICS.md states what each operation does and
+answers; tests/test_mount_semantics.py checks every numbered line of it on a real mount.
+docs/mount-internals.md gives the rules (one inode per version, lookup counts, when a file
+is sealed) and the life of a write and of a read as call chains.
 
 Never blocking the loop. Store calls that may touch a persistent tier run in a worker
 thread under that tier's ``trio.CapacityLimiter`` (``concurrency`` in its config); reads
-of a block whose hottest copy is in DRAM are served on the loop.
+of a block whose hottest copy is in DRAM, and seals of small blocks into free DRAM, run on
+the loop.
 """
 
 from __future__ import annotations
@@ -30,41 +20,35 @@ import errno
 import functools
 import logging
 import os
-import stat as stat_mod
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pyfuse3
 import trio
 from pyfuse3 import FUSEError
 
-from kvfs.errors import (
-    BlockCorrupt,
-    BlockExists,
-    BlockNotFound,
-    ConfigError,
-    DirectoryNotEmpty,
-    InvalidName,
-    IsADirectory,
-    KvfsError,
-    NoSpace,
-    NotADirectory,
-    ReadOnlyBlock,
-    TierFull,
-    TierUnavailable,
-)
+from kvfs.errors import KvfsError
 from kvfs.names import normalize
 from kvfs.store import BlockStat, Store, StoreBusy
+from kvfs.tier import BlockRef
 
+from .attrs import Attributes
+from .buffer import keep_freed_memory
+from .errnos import errno_of, handler, refused
+from .inodes import Inode, InodeTable
+from .notify import KernelNotices
 from .opstats import OpStats
+from .options import FsOptions
+from .reservations import Reservation, Reservations
+from .writes import Version, WriteHandle, Writes, default_write_buffer
 
 __all__ = ["XATTRS", "FsOptions", "KvfsOperations", "errno_of"]
 
 log = logging.getLogger("kvfs.mount.fs")
 
-ROOT_INODE = pyfuse3.ROOT_INODE
 _NAME_MAX = 255
 _SMALL_SEAL = 4 << 20  # blocks up to this size seal on the loop when DRAM has room (a memcpy)
+_UNBOUNDED_BLOCK = 5 << 40  # the largest block an unbounded tier takes (S3's largest object)
 
 XATTR_TIERS = b"user.kvfs.tiers"
 XATTR_PINNED = b"user.kvfs.pinned"
@@ -73,208 +57,58 @@ XATTR_CHECKSUM = b"user.kvfs.checksum"
 XATTR_PARENT = b"user.kvfs.parent"
 XATTRS = (XATTR_TIERS, XATTR_PINNED, XATTR_HITS, XATTR_CHECKSUM)
 
-# KvfsError class -> errno; the first matching base class wins (most specific first).
-_ERRNO: tuple[tuple[type[BaseException], int], ...] = (
-    (BlockNotFound, errno.ENOENT),  # missing, evicted, every copy bad: a miss, never EIO
-    (BlockCorrupt, errno.ENOENT),
-    (NoSpace, errno.ENOSPC),
-    (TierFull, errno.ENOSPC),
-    (IsADirectory, errno.EISDIR),
-    (NotADirectory, errno.ENOTDIR),
-    (DirectoryNotEmpty, errno.ENOTEMPTY),
-    (BlockExists, errno.EEXIST),
-    (ReadOnlyBlock, errno.EPERM),
-    (InvalidName, errno.EINVAL),
-    (ConfigError, errno.EINVAL),
-    (TierUnavailable, errno.EHOSTDOWN),  # the block exists, but the tiers holding it are down
-)
-
-
-def errno_of(exc: BaseException) -> int:
-    """The errno a failed store call answers with: the one place errors become errno."""
-    if isinstance(exc, FUSEError):
-        return exc.errno
-    for cls, code in _ERRNO:
-        if isinstance(exc, cls):
-            return code
-    if isinstance(exc, OSError) and exc.errno:
-        return exc.errno
-    return errno.EIO
-
-
-def _handler(fn):
-    """Time the handler into OpStats and convert every error to FUSEError (one place)."""
-    op = fn.__name__
-
-    @functools.wraps(fn)
-    async def wrapper(self: KvfsOperations, *args):
-        t0 = time.perf_counter()
-        try:
-            result = await fn(self, *args)
-        except FUSEError:
-            self.opstats.observe(op, time.perf_counter() - t0, True)
-            raise
-        except (KvfsError, OSError) as exc:
-            self.opstats.observe(op, time.perf_counter() - t0, True)
-            code = errno_of(exc)
-            if code == errno.EIO:
-                log.warning("%s failed: %s", op, exc)
-            raise FUSEError(code) from exc
-        except Exception as exc:  # a bug must fail one request, not take the mount down
-            self.opstats.observe(op, time.perf_counter() - t0, True)
-            log.exception("%s failed unexpectedly; answering EIO", op)
-            raise FUSEError(errno.EIO) from exc
-        self.opstats.observe(op, time.perf_counter() - t0, False)
-        return result
-
-    return wrapper
-
-
-@dataclass(frozen=True, kw_only=True)
-class FsOptions:
-    """Per-file FUSE settings (chosen by ``kvfs bench fuse``; see docs/benchmarks-fuse.md).
-
-    ``keep_cache``: sealed blocks are immutable and a replaced block gets a new inode, so
-    the kernel may keep their pages across opens. ``direct_io_read``/``direct_io_write``:
-    bypass the page cache (breaks mmap of sealed blocks; never used for them by default).
-    ``attr_timeout``/``entry_timeout``: seconds the kernel may cache attributes and names.
-    """
-
-    keep_cache: bool = True
-    direct_io_read: bool = False
-    direct_io_write: bool = False
-    attr_timeout: float = 1.0
-    entry_timeout: float = 1.0
-    read_ahead_kb: int = 2048
-    """Set on the mount's backing device (sysfs; needs root): the kernel's default of
-    128 KiB splits a page-cache miss into 128 KiB requests; 2 MiB lets them reach the
-    1 MiB FUSE maximum (2.3x faster uncached reads, docs/benchmarks-fuse.md). 0: leave."""
-    uid: int = field(default_factory=os.getuid)
-    gid: int = field(default_factory=os.getgid)
-
-
-@dataclass(slots=True, eq=False)
-class _Inode:
-    ino: int
-    name: str | None  # None once detached (replaced or removed)
-    is_dir: bool
-    nlookup: int = 0
-    handles: int = 0
-    checksum: int | None = None  # checksum of the block the kernel may have cached pages of
-    size: int = 0  # last known size (answers getattr once detached)
-    mtime: float = 0.0
-    """Fixed for the inode's life (an inode is one block: a replacement gets a new one).
-    A changing mtime would make the kernel drop the pages it cached from the writes."""
-
-
-class _Inodes:
-    """name <-> inode, with the kernel's lookup count per inode (exact; see ``forget``)."""
-
-    def __init__(self) -> None:
-        self.by_ino: dict[int, _Inode] = {ROOT_INODE: _Inode(ROOT_INODE, "", True, nlookup=1)}
-        self.by_name: dict[str, int] = {"": ROOT_INODE}
-        self._next = ROOT_INODE + 1
-
-    def get(self, ino: int) -> _Inode:
-        node = self.by_ino.get(ino)
-        if node is None:
-            raise FUSEError(errno.ENOENT)
-        return node
-
-    def for_name(self, name: str, is_dir: bool) -> _Inode:
-        """The inode for *name*, made if needed; a name whose kind changed gets a new one."""
-        ino = self.by_name.get(name)
-        if ino is not None:
-            node = self.by_ino[ino]
-            if node.is_dir == is_dir:
-                return node
-            self.detach(name)
-        node = _Inode(self._next, name, is_dir)
-        self._next += 1
-        self.by_ino[node.ino] = node
-        self.by_name[name] = node.ino
-        return node
-
-    def detach(self, name: str) -> _Inode | None:
-        """Unbind *name* from its inode (the block was replaced or removed)."""
-        ino = self.by_name.pop(name, None)
-        if ino is None:
-            return None
-        node = self.by_ino[ino]
-        node.name = None
-        self._collect(node)
-        return node
-
-    def move(self, old: str, new: str) -> None:
-        self.detach(new)
-        ino = self.by_name.pop(old, None)
-        if ino is not None:
-            self.by_name[new] = ino
-            self.by_ino[ino].name = new
-
-    def forget(self, ino: int, n: int) -> None:
-        node = self.by_ino.get(ino)
-        if node is None or ino == ROOT_INODE:
-            return
-        node.nlookup -= n
-        if node.nlookup < 0:  # pragma: no cover - would be a kernel or bookkeeping bug
-            log.error("inode %d forgotten more often than looked up", ino)
-            node.nlookup = 0
-        self._collect(node)
-
-    def _collect(self, node: _Inode) -> None:
-        if node.nlookup == 0 and node.handles == 0 and node.ino != ROOT_INODE:
-            self.by_ino.pop(node.ino, None)
-            if node.name is not None and self.by_name.get(node.name) == node.ino:
-                del self.by_name[node.name]
-
-    def release(self, node: _Inode) -> None:
-        node.handles -= 1
-        self._collect(node)
-
 
 @dataclass(slots=True, eq=False)
 class _ReadHandle:
-    node: _Inode
-    ref: object  # BlockRef
-
-
-@dataclass(slots=True, eq=False)
-class _WriteHandle:
-    node: _Inode
-    name: str
-    buf: bytearray = field(default_factory=bytearray)
-    dirty: bool = True  # not sealed since the last change
-    parent: str | None = None  # user.kvfs.parent set before close: the prefix chain's parent
+    node: Inode
+    ref: BlockRef
 
 
 class KvfsOperations(pyfuse3.Operations):
-    """FUSE requests over *store*. *opstats* records every operation's latency."""
+    """FUSE requests over *store*. *opstats* records every operation's latency;
+    *write_buffer* caps the memory of files being written (bytes; None: automatic)."""
 
     supports_dot_lookup = False
     enable_writeback_cache = False
 
-    def __init__(self, store: Store, options: FsOptions = FsOptions(), opstats: OpStats | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        options: FsOptions = FsOptions(),
+        opstats: OpStats | None = None,
+        *,
+        write_buffer: int | None = None,
+    ) -> None:
         super().__init__()
+        keep_freed_memory()  # write buffers are reused warm (a page fault per 4 KiB otherwise)
         self.store = store
         self.options = options
         self.opstats = opstats if opstats is not None else OpStats()
-        self.inodes = _Inodes()
-        self._handles: dict[int, _ReadHandle | _WriteHandle] = {}
-        self._dirs: dict[int, list[tuple[str, bool]]] = {}
-        self._dir_nodes: dict[int, _Inode] = {}
+        self.inodes = InodeTable()
+        self._handles: dict[int, _ReadHandle | WriteHandle] = {}
+        self._dirs: dict[int, tuple[Inode, list[str]]] = {}
+        self.reserved = Reservations(self.inodes)
         self._next_fh = 1
         self._limiters = [trio.CapacityLimiter(max(1, t.config.concurrency)) for t in store.tiers]
         self._hot_volatile = not store.tiers[0].persistent
-        self._max_block = max((t.capacity or (1 << 62)) for t in store.tiers)
-        self._nursery: trio.Nursery | None = None
-        self.started = time.time()
+        shared = [i for i, t in enumerate(store.tiers) if t.shared]
+        # A miss may be cached by the kernel as long as names cannot appear behind its back:
+        # with shared tiers another node may write one, which the store notices after its
+        # negative TTL.
+        self._negative_timeout = min(options.entry_timeout, store.negative_ttl) if shared else options.entry_timeout
+        largest = max((t.capacity if t.capacity is not None else _UNBOUNDED_BLOCK) for t in store.tiers)
+        cap = write_buffer if write_buffer is not None else default_write_buffer()
+        self.writes = Writes(
+            cap=cap, max_block=min(largest, cap), release_wait=options.release_wait, opstats=self.opstats
+        )
+        self.attrs = Attributes(options, negative_timeout=self._negative_timeout)
+        self.notices = KernelNotices(self.inodes)
 
     def attach_nursery(self, nursery: trio.Nursery) -> None:
         """Where kernel cache invalidations run (they must not run inside a handler)."""
-        self._nursery = nursery
+        self.notices.attach(nursery)
 
-    # -- helpers -------------------------------------------------------------------
+    # -- dispatch of store calls -----------------------------------------------------
 
     async def _slow(self, tier: int, fn, *args):
         """Run a store call that may touch tier *tier* (or colder) in a worker thread,
@@ -326,6 +160,44 @@ class KvfsOperations(pyfuse3.Operations):
         local = [i for i in indexes if not self.store.tiers[i].shared]
         return local[-1] if local else indexes[0]
 
+    async def _change(self, st: BlockStat, fn, *args):
+        """A store call that changes block *st* in every tier holding it (delete, rename):
+        on the loop when those are all volatile (DRAM) and the store needs no tier I/O for
+        it (else it says StoreBusy before changing anything), else in a thread bounded by
+        the coldest tier's limiter."""
+        if self._hot_volatile and st.tiers == (self.store.tiers[0].name,):
+            try:
+                return self.store.nowait(fn, *args)
+            except StoreBusy:
+                pass
+        return await self._slow(self._coldest(st), fn, *args)
+
+    async def _put(self, name: str, data, parent: str | None) -> BlockStat:
+        """Seal *data* as block *name* (the store call of a seal)."""
+        put = functools.partial(self.store.put, parent=parent)
+        if self._fits_in_dram(len(data)):
+            try:  # a memcpy into the arena: no thread, unless the store is busy
+                return self.store.nowait(put, name, data)
+            except StoreBusy:
+                pass
+        return await self._slow(self._seal_tier(), put, name, data)
+
+    async def _open_block(self, name: str) -> BlockRef:
+        """A reference to the sealed block *name*'s bytes (BlockNotFound if absent)."""
+        if self._hot_volatile:  # open_hot never waits and never asks a shared tier
+            ref = self.store.open_hot(name)
+            if ref is not None:
+                return ref  # a DRAM hit: memory speed, served on the loop
+        st = await self._meta(self.store.lookup, name)
+        if st is None:
+            raise FUSEError(errno.ENOENT)
+        first = self.store.tier_index(st.tiers[0]) if st.tiers else 0
+        # a copy in DRAM we could not take on the loop (the store is busy): a thread, bounded
+        # like the tier a seal may demote to
+        return await self._slow(first or 1, self.store.open, name)
+
+    # -- names, inodes and attributes --------------------------------------------------
+
     def _child(self, parent_ino: int, name: bytes) -> str:
         parent = self.inodes.get(parent_ino)
         if parent.name is None:
@@ -338,405 +210,424 @@ class KvfsOperations(pyfuse3.Operations):
             raise FUSEError(errno.EINVAL) from None
         return normalize(f"{parent.name}/{base}" if parent.name else base)
 
-    def _new_fh(self, handle) -> int:
-        fh = self._next_fh
-        self._next_fh += 1
-        self._handles[fh] = handle
-        handle.node.handles += 1
-        return fh
-
-    def _handle(self, fh: int):
-        h = self._handles.get(fh)
-        if h is None:
-            raise FUSEError(errno.EBADF)
-        return h
-
-    def _pending(self, node: _Inode) -> _WriteHandle | None:
-        """The newest write handle on *node*, if a file is being written there."""
-        found = None
-        for h in self._handles.values():
-            if isinstance(h, _WriteHandle) and h.node is node:
-                found = h
-        return found
-
-    def _attr(self, node: _Inode, size: int, mtime: float, atime: float | None = None) -> pyfuse3.EntryAttributes:
-        a = pyfuse3.EntryAttributes()
-        a.st_ino = node.ino
-        a.generation = 0
-        a.entry_timeout = self.options.entry_timeout
-        a.attr_timeout = self.options.attr_timeout
-        if node.is_dir:
-            a.st_mode = stat_mod.S_IFDIR | 0o755
-            a.st_nlink = 1  # "unknown": find(1) must not assume leaf directories
-            a.st_size = 0
-        else:
-            a.st_mode = stat_mod.S_IFREG | 0o644
-            a.st_nlink = 1 if node.name is not None else 0
-            a.st_size = size
-        a.st_uid = self.options.uid
-        a.st_gid = self.options.gid
-        a.st_rdev = 0
-        a.st_blksize = 1 << 20
-        a.st_blocks = (a.st_size + 511) // 512
-        mt = int(mtime * 1e9)
-        a.st_mtime_ns = mt
-        a.st_ctime_ns = mt
-        a.st_atime_ns = int((atime if atime is not None else mtime) * 1e9)
-        return a
-
-    async def _node_attr(self, node: _Inode) -> pyfuse3.EntryAttributes:
-        """Attributes of *node* now; ENOENT when its name holds nothing any more."""
-        if node.name is None:
-            return self._attr(node, node.size, node.mtime)
-        if node.is_dir:
-            if not await self._meta(self.store.is_dir, node.name):
-                raise FUSEError(errno.ENOENT)
-            return self._attr(node, 0, self.started)
-        st = await self._meta(self.store.lookup, node.name)
-        if st is not None:
-            node.size = st.size
-            node.mtime = node.mtime or st.created
-            return self._attr(node, st.size, node.mtime, st.accessed)
-        w = self._pending(node)
-        if w is not None:
-            return self._attr(node, len(w.buf), node.mtime or time.time())
-        raise FUSEError(errno.ENOENT)
-
-    async def _entry(self, name: str) -> pyfuse3.EntryAttributes:
-        """Attributes for *name*, resolving it to its (possibly new) inode; ENOENT if absent.
-        Does not count a lookup."""
-        return self._entry_from(name, *await self._meta(self._probe, name))
-
-    def _entry_from(self, name: str, is_dir: bool, st: BlockStat | None) -> pyfuse3.EntryAttributes:
-        """The inode half of a lookup, on the loop (the inode table is the loop's)."""
+    def _resolve(self, name: str, is_dir: bool, st: BlockStat | None) -> Inode | None:
+        """The inode *name* shows now (on the loop: the inode table is the loop's): its
+        directory, its sealed block, or else the file being written there; None if none."""
         if is_dir:
-            node = self.inodes.for_name(name, True)
-            return self._attr(node, 0, self.started)
-        if st is None:
-            raise FUSEError(errno.ENOENT)
-        node = self.inodes.for_name(name, False)
-        node.size = st.size
-        node.mtime = node.mtime or st.created
-        return self._attr(node, st.size, node.mtime, st.accessed)
+            return self.inodes.directory(name)
+        if st is not None:
+            return self.inodes.sealed(name, st.checksum, st.size, st.created)
+        v = self.writes.newest(name)
+        if v is not None and v.node.version is v:
+            self.inodes.bind(v.node, name)
+            return v.node
+        return None
 
-    def _invalidate_entry(self, name: str) -> None:
-        """Make the kernel drop its dentry of *name* (in the background: it may block while
-        a request on the directory is in flight)."""
-        parent, _, base = name.rpartition("/")
-        pino = self.inodes.by_name.get(parent)
-        if pino is None or self._nursery is None:
-            return
+    async def _settle(self, *names: str) -> None:
+        """Wait for seals of *names* in progress (and closes about to be released)."""
+        for name in names:
+            if self.writes.has(name):
+                await self.writes.settle(name)
 
-        def notify() -> None:
-            try:
-                pyfuse3.invalidate_entry(pino, base.encode())
-            except OSError as exc:  # the kernel may have dropped it already
-                log.debug("invalidate_entry(%s) failed: %s", name, exc)
+    def _detach(self, node: Inode) -> None:
+        """*node* no longer shows what its name holds: the name gets a new inode."""
+        if node.name is not None:
+            name = node.name
+            self.inodes.detach(name)
+            self.notices.entry(name)
 
-        self._nursery.start_soon(trio.to_thread.run_sync, notify)
-
-    async def _invalidate_inode(self, ino: int) -> None:
-        """Drop the kernel's cached attributes and pages of *ino* (no writeback cache, so
-        this cannot wait on us; it runs in a thread all the same)."""
-
-        def notify() -> None:
-            try:
-                pyfuse3.invalidate_inode(ino)
-            except OSError as exc:
-                log.debug("invalidate_inode(%d) failed: %s", ino, exc)
-
-        await trio.to_thread.run_sync(notify)
-
-    # -- names ---------------------------------------------------------------------
-
-    @_handler
+    @handler
     async def lookup(self, parent_inode, name, ctx=None):
         path = self._child(parent_inode, name)
-        attr = await self._entry(path)
-        self.inodes.get(attr.st_ino).nlookup += 1
-        return attr
+        r = self.reserved.take(path, ctx.pid) if ctx is not None and self.reserved else None
+        if r is not None:  # the retry of an open answered ESTALE: the inode set aside for it
+            self.inodes.looked_up(r.node)
+            attr = self.attrs.of(r.node)
+            attr.entry_timeout = 0  # nobody else is to reach it through this name
+            if r.ref is None:  # a writer's: its size changes from here on
+                attr.attr_timeout = self.options.entry_timeout
+            return attr
+        await self._settle(path)
+        is_dir, st = await self._meta(self._probe, path)
+        node = self._resolve(path, is_dir, st)
+        if node is None:
+            return self.attrs.negative()
+        self.inodes.looked_up(node)
+        return self.attrs.of(node)
 
     async def forget(self, inode_list):
         for ino, n in inode_list:
             self.inodes.forget(ino, n)
 
-    @_handler
+    @handler
     async def getattr(self, inode, ctx=None):
-        return await self._node_attr(self.inodes.get(inode))
+        node = self.inodes.get(inode)
+        if node.is_dir:
+            if node.name is None or not await self._meta(self.store.is_dir, node.name):
+                raise FUSEError(errno.ENOENT)
+            return self.attrs.of(node)
+        if node.version is not None or node.name is None:
+            return self.attrs.of(node)  # being written, or detached: its own attributes
+        name = node.name
+        st = await self._meta(self.store.lookup, name)
+        if st is not None and node.shows(st.checksum, st.size):
+            return self.attrs.of(node, st.accessed)
+        # replaced or gone: this inode keeps its version for the handles open on it; the
+        # name gets a fresh inode at the next lookup
+        if self.inodes.bound(name) is node:
+            self.inodes.detach(name)
+            self.notices.entry(name)
+        if node.handles or st is not None:
+            return self.attrs.of(node)
+        raise FUSEError(errno.ENOENT)
 
-    @_handler
+    @handler
     async def setattr(self, inode, attr, fields, fh, ctx):
         node = self.inodes.get(inode)
-        if fields.update_mode or fields.update_uid or fields.update_gid:
-            raise FUSEError(errno.EPERM)  # modes and owners follow the mounting user
+        if (fields.update_uid and attr.st_uid != self.options.uid) or (
+            fields.update_gid and attr.st_gid != self.options.gid
+        ):
+            raise FUSEError(errno.EPERM)  # owners follow the mounting user; chown to it is accepted
+        # mode changes (chmod, fchmod) are accepted and change nothing: modes are kvfs's own
         if fields.update_size:
-            w = self._handles.get(fh) if fh is not None else self._pending(node)
-            if not isinstance(w, _WriteHandle) or w.node is not node:
+            h = self._handles.get(fh) if fh is not None else None
+            v = h.version if isinstance(h, WriteHandle) else node.version
+            if v is None or v.ended:
                 raise FUSEError(errno.EPERM)  # a sealed block is immutable
-            if attr.st_size > self._max_block:
-                raise FUSEError(errno.EFBIG)
-            n = attr.st_size
-            if n < len(w.buf):
-                del w.buf[n:]
-            else:
-                w.buf.extend(bytes(n - len(w.buf)))
-            w.dirty = True
+            await self.writes.truncate(v, attr.st_size)
         # atime/mtime updates (touch) are accepted and ignored: times are kvfs's own
-        return await self._node_attr(node)
+        return self.attrs.of(node)
 
-    @_handler
+    # -- namespace -------------------------------------------------------------------
+
+    @handler
     async def mkdir(self, parent_inode, name, mode, ctx):
         path = self._child(parent_inode, name)
+        if self.writes.has(path):
+            raise FUSEError(errno.EEXIST)
         await self._meta(self.store.mkdir, path)
-        attr = await self._entry(path)
-        self.inodes.get(attr.st_ino).nlookup += 1
-        return attr
+        node = self.inodes.directory(path)
+        self.inodes.looked_up(node)
+        return self.attrs.of(node)
 
-    @_handler
+    @handler
     async def rmdir(self, parent_inode, name, ctx):
         path = self._child(parent_inode, name)
         is_dir, st = await self._meta(self._probe, path)
         if not is_dir:
-            raise FUSEError(errno.ENOTDIR if st is not None else errno.ENOENT)
+            raise FUSEError(errno.ENOTDIR if st is not None or self.writes.has(path) else errno.ENOENT)
+        if self.writes.names_in(path):
+            raise FUSEError(errno.ENOTEMPTY)  # files are being written in it
         await self._meta(self.store.rmdir, path)
         self.inodes.detach(path)
 
-    @_handler
+    @handler
     async def unlink(self, parent_inode, name, ctx):
         path = self._child(parent_inode, name)
+        await self._settle(path)
         is_dir, st = await self._meta(self._probe, path)
-        if st is None:
+        pending = self.writes.has(path)
+        if st is None and not pending:
             raise FUSEError(errno.EISDIR if is_dir else errno.ENOENT)
-        await self._slow(self._coldest(st), self.store.delete, path)
+        self.writes.unlink(path)  # files being written there are dropped when closed
+        if st is not None:
+            await self._change(st, self.store.delete, path)
         self.inodes.detach(path)
 
-    @_handler
+    @handler
     async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
         old = self._child(parent_inode_old, name_old)
         new = self._child(parent_inode_new, name_new)
         if flags & pyfuse3.RENAME_EXCHANGE:
             raise FUSEError(errno.EINVAL)
+        await self._settle(old, new)
         is_dir, st = await self._meta(self._probe, old)
-        if st is None:
-            if is_dir:
-                raise FUSEError(errno.EXDEV)  # mv falls back to copy and remove
-            raise FUSEError(errno.ENOENT)
-        if flags & pyfuse3.RENAME_NOREPLACE:
-            new_dir, new_st = await self._meta(self._probe, new)
-            if new_dir or new_st is not None:
-                raise FUSEError(errno.EEXIST)
+        pending = self.writes.has(old)
+        if st is None and not pending:
+            raise FUSEError(errno.EXDEV if is_dir else errno.ENOENT)  # mv falls back to copy and remove
+        new_dir, new_st = await self._meta(self._probe, new)
+        if flags & pyfuse3.RENAME_NOREPLACE and (new_dir or new_st is not None or self.writes.has(new)):
+            raise FUSEError(errno.EEXIST)
         if old == new:
             return
-        await self._slow(self._coldest(st), self.store.rename, old, new)
+        if new_dir:
+            raise FUSEError(errno.EISDIR)
+        if st is not None:
+            await self._change(st, self.store.rename, old, new)
+        # a file being written moves with its name; it is published under the new one
+        # (replacing what is there then), and files being written at the target lose it
+        self.writes.rename(old, new)
         self.inodes.move(old, new)
 
-    async def symlink(self, parent_inode, name, target, ctx):
-        self.opstats.observe("symlink", 0.0, True)
-        raise FUSEError(errno.EPERM)
+    symlink = refused("symlink", errno.EPERM)
+    link = refused("link", errno.EPERM)
+    mknod = refused("mknod", errno.EPERM)
+    readlink = refused("readlink", errno.EINVAL)
 
-    async def link(self, inode, new_parent_inode, new_name, ctx):
-        self.opstats.observe("link", 0.0, True)
-        raise FUSEError(errno.EPERM)
+    # -- directories -----------------------------------------------------------------
 
-    async def mknod(self, parent_inode, name, mode, rdev, ctx):
-        self.opstats.observe("mknod", 0.0, True)
-        raise FUSEError(errno.EPERM)
-
-    async def readlink(self, inode, ctx):
-        self.opstats.observe("readlink", 0.0, True)
-        raise FUSEError(errno.EINVAL)
-
-    # -- directories ---------------------------------------------------------------
-
-    @_handler
+    @handler
     async def opendir(self, inode, ctx):
         node = self.inodes.get(inode)
         if node.name is None:
             raise FUSEError(errno.ENOENT)
         listing = await self._meta(self.store.listdir, node.name)
+        names = set(listing)
+        names.update(self.writes.names_in(node.name))  # files being written are listed too
         fh = self._next_fh
         self._next_fh += 1
         # a sorted snapshot: offsets (index + 1) stay valid while entries come and go
-        self._dirs[fh] = sorted(listing.items())
-        node.handles += 1
-        self._dir_nodes[fh] = node
+        self._dirs[fh] = (node, sorted(names))
+        self.inodes.opened(node)
         return fh
 
-    @_handler
+    @handler
     async def readdir(self, fh, start_id, token):
-        entries = self._dirs.get(fh)
-        node = self._dir_nodes.get(fh)
-        if entries is None or node is None or node.name is None:
+        entry = self._dirs.get(fh)
+        if entry is None or entry[0].name is None:
             raise FUSEError(errno.EBADF)
+        node, bases = entry
         prefix = f"{node.name}/" if node.name else ""
-        for chunk in range(start_id, len(entries), 256):
-            names = [prefix + base for base, _ in entries[chunk : chunk + 256]]
+        for chunk in range(start_id, len(bases), 256):
+            names = [prefix + base for base in bases[chunk : chunk + 256]]
             probes = await self._meta(self._probe_many, names)  # one trip per 256
             for k, (name, probe) in enumerate(zip(names, probes)):
-                try:
-                    attr = self._entry_from(name, *probe)
-                except FUSEError:
+                child = self._resolve(name, *probe)
+                if child is None:
                     continue  # removed since opendir
-                if not pyfuse3.readdir_reply(token, name.rpartition("/")[2].encode(), attr, chunk + k + 1):
+                if not pyfuse3.readdir_reply(
+                    token, name.rpartition("/")[2].encode(), self.attrs.of(child), chunk + k + 1
+                ):
                     return
-                self.inodes.get(attr.st_ino).nlookup += 1
+                self.inodes.looked_up(child)
 
-    @_handler
+    @handler
     async def releasedir(self, fh):
-        self._dirs.pop(fh, None)
-        node = self._dir_nodes.pop(fh, None)
-        if node is not None:
-            self.inodes.release(node)
+        entry = self._dirs.pop(fh, None)
+        if entry is not None:
+            self.inodes.closed(entry[0])
 
     async def fsyncdir(self, fh, datasync):
         return None
 
-    # -- files ---------------------------------------------------------------------
+    # -- files -----------------------------------------------------------------------
 
-    def _write_info(self, fh: int, replacing: bool = False) -> pyfuse3.FileInfo:
-        # A replacement (O_TRUNC on a sealed block) shares its inode with the old block's
-        # readers: its writes must bypass the page cache, or they would read new bytes.
-        direct = self.options.direct_io_write or replacing
-        return pyfuse3.FileInfo(fh=fh, direct_io=direct, keep_cache=False)
+    def _new_fh(self, handle: _ReadHandle | WriteHandle) -> int:
+        fh = self._next_fh
+        self._next_fh += 1
+        self._handles[fh] = handle
+        self.inodes.opened(handle.node)
+        if isinstance(handle, WriteHandle):
+            self.writes.opened(handle.version)
+        return fh
 
-    @_handler
+    def _handle(self, fh: int) -> _ReadHandle | WriteHandle:
+        h = self._handles.get(fh)
+        if h is None:
+            raise FUSEError(errno.EBADF)
+        return h
+
+    @handler
     async def create(self, parent_inode, name, mode, flags, ctx):
         path = self._child(parent_inode, name)
+        await self._settle(path)
         is_dir, st = await self._meta(self._probe, path)
         if is_dir:
             raise FUSEError(errno.EISDIR)
-        parent = path.rpartition("/")[0]
-        if not await self._meta(self.store.is_dir, parent):
-            raise FUSEError(errno.ENOENT)
-        if st is not None and flags & os.O_EXCL:
+        if flags & os.O_EXCL and (st is not None or self.writes.has(path)):
             raise FUSEError(errno.EEXIST)
-        pending = self.inodes.by_name.get(path)
-        if pending is None or self._pending(self.inodes.by_ino[pending]) is None:
-            self.inodes.detach(path)  # a fresh inode: no cached pages of an older block
-        node = self.inodes.for_name(path, False)
+        # a fresh inode for a fresh version: the kernel has no pages or size of it
+        node = self.inodes.new(path, False)
         node.mtime = time.time()
-        fh = self._new_fh(_WriteHandle(node, path))
-        node.nlookup += 1
-        attr = self._attr(node, 0, node.mtime)
-        attr.entry_timeout = 0  # not visible to others until sealed: don't cache the name
-        return self._write_info(fh), attr
+        v = self.writes.start(path, node)
+        node.version = v
+        fh = self._new_fh(WriteHandle(node, v))
+        self.inodes.looked_up(node)
+        info = pyfuse3.FileInfo(fh=fh, direct_io=self.options.direct_io_write, keep_cache=False)
+        return info, self.attrs.of(node)
 
-    @_handler
+    @handler
     async def open(self, inode, flags, ctx):
         node = self.inodes.get(inode)
         if node.is_dir:
             raise FUSEError(errno.EISDIR)
-        name = node.name  # the node may be renamed or retired while this handler awaits
-        if name is None:
-            raise FUSEError(errno.ESTALE)  # replaced or removed: the kernel looks the name up again
-        if flags & os.O_ACCMODE != os.O_RDONLY:
-            sealed = await self._meta(self.store.exists, name)
-            if not sealed:
-                raise FUSEError(errno.ENOENT)  # a file being written is not visible yet
-            if not flags & os.O_TRUNC or flags & os.O_APPEND:
-                raise FUSEError(errno.EPERM)  # a sealed block is immutable: replace it with O_TRUNC
-            fh = self._new_fh(_WriteHandle(node, name))
-            return self._write_info(fh, replacing=True)
-        st = await self._meta(self.store.lookup, name)
-        if st is None:
-            raise FUSEError(errno.ENOENT)  # being written (not sealed yet), evicted or removed
-        hot = self.store.open_hot(name) if self._hot_volatile else None  # never waits, never asks a shared tier
-        if hot is not None:
-            ref = hot  # a DRAM hit: memory speed, served on the loop
-        elif st.tiers and st.tiers[0] == self.store.tiers[0].name:
-            ref = await self._slow(1, self.store.open, name)
-        else:
-            first = self.store.tier_index(st.tiers[0]) if st.tiers else 0
-            ref = await self._slow(first, self.store.open, name)
-        keep = self.options.keep_cache and node.checksum == ref.checksum
-        node.checksum = ref.checksum
-        node.size = len(ref.data)
+        r = self.reserved.for_inode(inode) if self.reserved else None
+        if r is not None:
+            return await self._open_reserved(r, flags, ctx)
+        if node.name is not None:
+            await self._settle(node.name)
+        name = node.name  # it may have been renamed or detached while this handler waited
+        if name is None:  # replaced or removed: the kernel looks the name up again
+            await self._bounce(node.was, flags, ctx.pid)
+        if flags & os.O_ACCMODE == os.O_RDONLY:
+            return await self._open_read(node, name, ctx.pid)
+        return await self._open_write(node, name, flags, ctx.pid)
+
+    async def _bounce(self, name: str | None, flags: int, pid: int, ref: BlockRef | None = None) -> None:
+        """Answer an open ESTALE, with what its retry needs set aside (:mod:`.reservations`):
+        for a reader the block *name* holds now (*ref*, or opened here), for a writer an
+        inode of its own. Always raises."""
+        if name is not None:
+            if flags & os.O_ACCMODE != os.O_RDONLY:
+                st = await self._meta(self.store.lookup, name)
+                self.reserved.reserve(name, pid, size=st.size if st is not None else 0)
+            else:
+                if ref is None:
+                    try:
+                        ref = await self._open_block(name)
+                    except (KvfsError, FUSEError) as exc:
+                        if errno_of(exc) != errno.ENOENT:
+                            raise
+                if ref is not None:
+                    self.reserved.reserve(name, pid, ref=ref)
+        raise FUSEError(errno.ESTALE)
+
+    async def _open_read(self, node: Inode, name: str, pid: int) -> pyfuse3.FileInfo:
+        if node.version is not None:
+            # being written: there is no block to read yet (unless one was sealed under the
+            # name since the kernel looked it up: then it looks again)
+            if await self._meta(self.store.lookup, name) is not None:
+                self._detach(node)
+                await self._bounce(name, os.O_RDONLY, pid)
+            raise FUSEError(errno.ENOENT)
+        try:
+            ref = await self._open_block(name)
+        except (KvfsError, FUSEError) as exc:
+            if errno_of(exc) == errno.ENOENT:
+                self._detach(node)  # evicted or removed: a miss, and a new inode if it comes back
+            raise
+        if not node.shows(ref.checksum, len(ref.data)):
+            self._detach(node)  # a new version (here or on another node): a new inode
+            await self._bounce(name, os.O_RDONLY, pid, ref)
+        keep = self.options.keep_cache and node.cache_ok
+        node.cache_ok = True  # an open without keep_cache drops the kernel's pages of it
         fh = self._new_fh(_ReadHandle(node, ref))
         return pyfuse3.FileInfo(fh=fh, keep_cache=keep, direct_io=self.options.direct_io_read)
 
-    @_handler
+    async def _open_write(self, node: Inode, name: str, flags: int, pid: int) -> pyfuse3.FileInfo:
+        v = node.version
+        if v is not None and not v.ended:
+            if not flags & os.O_TRUNC:  # a second open of a file being written (by path, or O_RDWR): the same file
+                fh = self._new_fh(WriteHandle(node, v))
+                return pyfuse3.FileInfo(fh=fh, direct_io=self.options.direct_io_write, keep_cache=True)
+            # O_TRUNC: a new version of its own, through the same inode (only writers use it:
+            # a file being written has no readers), its writes bypassing the page cache
+            v.shares_inode = True
+            new = self.writes.start(name, node, shares_inode=True)
+            fh = self._new_fh(WriteHandle(node, new))
+            return pyfuse3.FileInfo(fh=fh, direct_io=True, keep_cache=True)
+        # A new version of a sealed block. Its writer must not share the block's inode with
+        # the block's readers: the kernel would change the size they see as it writes. So
+        # the old block's inode is detached (its readers keep it), and the open is answered
+        # ESTALE: the kernel looks the name up again, within the same call, from the same
+        # thread, and that lookup returns an inode of the writer's own.
+        self._detach(node)
+        await self._bounce(name, flags, pid)
+
+    async def _open_reserved(self, r: Reservation, flags: int, ctx) -> pyfuse3.FileInfo:
+        """The retried open of an inode set aside for it (see :meth:`_bounce`)."""
+        reading = flags & os.O_ACCMODE == os.O_RDONLY
+        if ctx.pid != r.pid or reading != (r.ref is not None):
+            raise FUSEError(errno.ESTALE)  # someone else came through the retry's name: look again
+        self.reserved.claim(r)
+        node = r.node
+        try:
+            if reading:  # the block the first attempt found, whatever was sealed since
+                ref, r.ref = r.ref, None
+                fh = self._new_fh(_ReadHandle(node, ref))
+                node.cache_ok = True
+                return pyfuse3.FileInfo(fh=fh, keep_cache=False, direct_io=self.options.direct_io_read)
+            base = None
+            if not flags & os.O_TRUNC:  # a new version that starts as the old bytes (the newest)
+                try:
+                    base = await self._open_block(r.name)
+                except (KvfsError, FUSEError) as exc:
+                    if errno_of(exc) != errno.ENOENT:
+                        raise
+                    # gone meanwhile (evicted, unlinked): as if it were created now
+            v = self.writes.start(r.name, node, base=base)
+            node.version = v
+            fh = self._new_fh(WriteHandle(node, v))
+            return pyfuse3.FileInfo(fh=fh, direct_io=self.options.direct_io_write, keep_cache=False)
+        finally:
+            self.reserved.done(r)
+
+    @handler
     async def read(self, fh, off, size):
         h = self._handle(fh)
-        if isinstance(h, _WriteHandle):
-            return bytes(h.buf[off : off + size])
-        return bytes(h.ref.data[off : off + size])
+        if isinstance(h, _ReadHandle):
+            return h.ref.data[off : off + size]  # a view: pyfuse3 copies it into the reply
+        return h.version.buffer.read(off, size)
 
-    @_handler
+    @handler
     async def write(self, fh, off, buf):
         h = self._handle(fh)
-        if not isinstance(h, _WriteHandle):
+        if not isinstance(h, WriteHandle):
             raise FUSEError(errno.EBADF)
-        end = off + len(buf)
-        if end > self._max_block:
-            raise FUSEError(errno.EFBIG)
-        b = h.buf
-        if off == len(b):
-            b += buf
-        else:
-            if off > len(b):
-                b.extend(bytes(off - len(b)))
-            b[off:end] = buf
-        h.dirty = True
-        return len(buf)
+        return await self.writes.write(h.version, off, buf)
 
-    async def _seal(self, h: _WriteHandle) -> None:
-        if not h.dirty:
-            return
-        replaced = await self._meta(self.store.exists, h.name)
-        if self._fits_in_dram(len(h.buf)):
-            try:  # a memcpy into the arena: no thread, unless the store is busy
-                st = self.store.nowait(self.store.put, h.name, h.buf, parent=h.parent)
-            except StoreBusy:
-                st = await self._slow(
-                    self._seal_tier(), functools.partial(self.store.put, parent=h.parent), h.name, h.buf
-                )
-        else:
-            st = await self._slow(self._seal_tier(), functools.partial(self.store.put, parent=h.parent), h.name, h.buf)
-        h.dirty = False
-        # The kernel's pages of a new file came from these writes (through the page cache),
-        # so they are the sealed bytes: later opens may keep them. A replacement wrote with
-        # direct_io and its inode is retired below.
-        h.node.checksum = st.checksum if not (replaced or self.options.direct_io_write) else None
-        if replaced and self.inodes.by_name.get(h.name) == h.node.ino:
-            # old readers keep the old inode (and their bytes); the name gets a new one.
-            # The kernel zeroed the old inode's size at the O_TRUNC open and grew it with
-            # the writes: drop that so old readers ask us (getattr: the old size) again.
-            self.inodes.detach(h.name)
-            await self._invalidate_inode(h.node.ino)
-            self._invalidate_entry(h.name)
-
-    @_handler
+    @handler
     async def flush(self, fh):
         h = self._handle(fh)
-        if isinstance(h, _WriteHandle):
-            await self._seal(h)
+        if isinstance(h, WriteHandle):
+            self.writes.flush(h.version)  # reports a failed write; the seal waits for the release
 
-    @_handler
+    @handler
     async def fsync(self, fh, datasync):
         h = self._handle(fh)
-        if isinstance(h, _WriteHandle):
-            await self._seal(h)
+        if isinstance(h, WriteHandle):
+            await self.writes.seal(h.version, final=False, put=self._put, published=self._published)
 
-    @_handler
+    @handler
     async def release(self, fh):
         h = self._handles.pop(fh, None)
         if h is None:
             return
         try:
-            if isinstance(h, _WriteHandle):
-                try:
-                    await self._seal(h)
-                except (KvfsError, FUSEError) as exc:
-                    log.warning("sealing %s on release failed: %s", h.name, exc)
-                    raise
+            if isinstance(h, WriteHandle):
+                v = h.version
+                if self.writes.released(v):
+                    try:
+                        await self.writes.seal(v, final=True, put=self._put, published=self._published)
+                    finally:
+                        if v.node.version is v:  # ended without being published: it shows nothing now
+                            self._published(v, None, True)
             else:
                 h.ref.release()
         finally:
-            self.inodes.release(h.node)
+            self.inodes.closed(h.node)
 
-    # -- filesystem ----------------------------------------------------------------
+    def _published(self, v: Version, st: BlockStat | None, final: bool) -> None:
+        """A seal of *v* ended (before anyone waiting on it runs): give the name's inodes
+        the new version. *st*: the block published, or None (nothing was)."""
+        node = v.node
+        if st is not None:
+            bound = self.inodes.bound(st.name)
+            if final and not v.shares_inode and node.version is v and (bound is node or node.name is None):
+                # the writer's own inode becomes the block's: the kernel's pages of it came
+                # from these writes, so they are the sealed bytes and later opens keep them
+                node.version = None
+                node.checksum, node.size = st.checksum, st.size
+                node.cache_ok = True
+                if bound is not node:
+                    self.inodes.bind(node, st.name)
+                    self.notices.entry(st.name)
+                return
+            if bound is not None:
+                self.inodes.detach(st.name)  # the old version's inode (or the writer's): a new one at the next lookup
+            self.notices.entry(st.name)
+        if final and node.version is v:
+            node.version = None  # shows nothing now: detached, it serves no one
+            node.checksum = None
+            if node.name is not None and self.inodes.bound(node.name) is node:
+                name = node.name
+                self.inodes.detach(name)
+                self.notices.entry(name)
+            self.notices.attrs(node.ino)
 
-    @_handler
+    # -- filesystem ------------------------------------------------------------------
+
+    @handler
     async def statfs(self, ctx):
         s = await self._meta(self.store.statistics)
         bs = 4096
@@ -754,23 +645,34 @@ class KvfsOperations(pyfuse3.Operations):
         st.f_namemax = _NAME_MAX
         return st
 
-    @_handler
+    @handler
     async def access(self, inode, mode, ctx):
         return True
 
-    # -- extended attributes -------------------------------------------------------
+    # -- extended attributes ---------------------------------------------------------
 
-    async def _block_stat(self, inode: int) -> BlockStat:
-        node = self.inodes.get(inode)
+    async def _block_stat(self, node: Inode) -> BlockStat:
         if node.is_dir:
             raise FUSEError(pyfuse3.ENOATTR)
         if node.name is None:
             raise FUSEError(errno.ENOENT)
         return await self._meta(self.store.stat, node.name)
 
-    @_handler
+    async def _settled_node(self, inode: int) -> Inode:
+        """*inode*, once a seal of its file in progress (or about to start) is done."""
+        node = self.inodes.get(inode)
+        if node.version is not None and node.name is not None:
+            await self._settle(node.name)
+        return node
+
+    @handler
     async def getxattr(self, inode, name, ctx):
-        st = await self._block_stat(inode)
+        node = await self._settled_node(inode)
+        if node.version is not None:  # being written: only what the writer set
+            if name == XATTR_PARENT and node.version.parent:
+                return node.version.parent.encode()
+            raise FUSEError(pyfuse3.ENOATTR)
+        st = await self._block_stat(node)
         if name == XATTR_TIERS:
             return ",".join(st.tiers).encode()
         if name == XATTR_PINNED:
@@ -783,26 +685,31 @@ class KvfsOperations(pyfuse3.Operations):
             return st.parent.encode()
         raise FUSEError(pyfuse3.ENOATTR)
 
-    @_handler
+    @handler
     async def listxattr(self, inode, ctx):
-        node = self.inodes.get(inode)
-        if node.is_dir:
+        node = await self._settled_node(inode)
+        if node.is_dir or node.version is not None:
             return []
-        await self._block_stat(inode)
+        await self._block_stat(node)
         return list(XATTRS)
 
-    @_handler
+    @handler
     async def setxattr(self, inode, name, value, ctx):
+        node = self.inodes.get(inode)
         if name == XATTR_PARENT:  # only while the file is being written: a sealed block is immutable
-            w = self._pending(self.inodes.get(inode))
-            if w is None:
+            v = node.version
+            if v is None:
                 raise FUSEError(errno.EPERM)
             try:
-                w.parent = normalize(value.decode()) or None
+                v.parent = normalize(value.decode()) or None
             except (UnicodeDecodeError, KvfsError):
                 raise FUSEError(errno.EINVAL) from None
             return
-        st = await self._block_stat(inode)
+        if node.version is not None:
+            node = await self._settled_node(inode)
+        if node.version is not None:
+            raise FUSEError(errno.ENOTSUP if name not in XATTRS else errno.EPERM)
+        st = await self._block_stat(node)
         if name == XATTR_PINNED:
             v = value.strip()
             if v not in (b"0", b"1"):
@@ -813,9 +720,9 @@ class KvfsOperations(pyfuse3.Operations):
             raise FUSEError(errno.EPERM)  # read-only kvfs state
         raise FUSEError(errno.ENOTSUP)  # no arbitrary user attributes
 
-    @_handler
+    @handler
     async def removexattr(self, inode, name, ctx):
-        st = await self._block_stat(inode)
+        st = await self._block_stat(await self._settled_node(inode))
         if name == XATTR_PINNED:
             await self._meta(self.store.pin, st.name, False)
             return
@@ -823,7 +730,7 @@ class KvfsOperations(pyfuse3.Operations):
             raise FUSEError(errno.EPERM)
         raise FUSEError(pyfuse3.ENOATTR)
 
-    # -- lifecycle -----------------------------------------------------------------
+    # -- lifecycle -------------------------------------------------------------------
 
     def close_handles(self) -> None:
         """Release every read handle's BlockRef (after the loop stopped, before store.close).
@@ -831,6 +738,8 @@ class KvfsOperations(pyfuse3.Operations):
         for h in self._handles.values():
             if isinstance(h, _ReadHandle):
                 h.ref.release()
-            else:
-                log.warning("%s was still open for writing at unmount; it is not sealed", h.name)
+        for v in self.writes.live():
+            log.warning("%s was still open for writing at unmount; it is not sealed", v.name)
+            self.writes.end(v)
+        self.reserved.close()
         self._handles.clear()

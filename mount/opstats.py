@@ -45,32 +45,44 @@ class OpSnapshot:
     """Cumulative counts per upper bound in BUCKETS (Prometheus ``le``), then +Inf."""
 
 
-class OpStats:
+class _Op:
+    __slots__ = ("count", "errors", "hist", "seconds")
+
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._count: dict[str, int] = {}
-        self._errors: dict[str, int] = {}
-        self._sum: dict[str, float] = {}
-        self._hist: dict[str, list[int]] = {}
+        self.count = 0
+        self.errors = 0
+        self.seconds = 0.0
+        self.hist = [0] * (len(BUCKETS) + 1)
+
+
+class OpStats:
+    """Written by one thread (the FUSE loop: :meth:`observe` takes no lock, it is on every
+    request's path), read by any (:meth:`snapshot`, consistent within each operation:
+    the count is the sum of its buckets)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # only for adding an operation
+        self._ops: dict[str, _Op] = {}
 
     def observe(self, op: str, seconds: float, error: bool = False) -> None:
-        with self._lock:
-            self._count[op] = self._count.get(op, 0) + 1
-            self._sum[op] = self._sum.get(op, 0.0) + seconds
-            if error:
-                self._errors[op] = self._errors.get(op, 0) + 1
-            h = self._hist.get(op)
-            if h is None:
-                h = self._hist[op] = [0] * (len(BUCKETS) + 1)
-            h[bisect_left(BUCKETS, seconds)] += 1
+        o = self._ops.get(op)
+        if o is None:
+            with self._lock:
+                o = self._ops.setdefault(op, _Op())
+        o.hist[bisect_left(BUCKETS, seconds)] += 1
+        o.seconds += seconds
+        if error:
+            o.errors += 1
+        o.count += 1
 
     def snapshot(self) -> list[OpSnapshot]:
         with self._lock:
-            out = []
-            for op, count in sorted(self._count.items()):
-                cum, acc = [], 0
-                for c in self._hist[op]:
-                    acc += c
-                    cum.append(acc)
-                out.append(OpSnapshot(op, count, self._errors.get(op, 0), self._sum[op], tuple(cum)))
-            return out
+            ops = sorted(self._ops.items())
+        out = []
+        for op, o in ops:
+            cum, acc = [], 0
+            for c in list(o.hist):
+                acc += c
+                cum.append(acc)
+            out.append(OpSnapshot(op, acc, min(o.errors, acc), o.seconds, tuple(cum)))
+        return out

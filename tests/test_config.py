@@ -146,3 +146,12 @@ def test_relative_paths_are_made_absolute(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     cfg = parse_config({"tiers": [{"kind": "disk", "capacity": "1GiB", "path": "data/disk"}]})
     assert cfg.tiers[0].path == tmp_path / "data" / "disk"  # the daemon runs in /, so no relative paths
+
+
+def test_write_buffer_is_a_size_or_auto():
+    assert parse_config({**GOOD, "mount": {"write_buffer": "2GiB"}}).mount.write_buffer == 2 << 30
+    assert parse_config({**GOOD, "mount": {"write_buffer": "auto"}}).mount.write_buffer is None
+    assert parse_config(GOOD).mount.write_buffer is None
+    with pytest.raises(ConfigError) as info:
+        parse_config({**GOOD, "mount": {"write_buffer": "1MiB"}})
+    assert str(info.value).endswith('mount.write_buffer: must be at least 16MiB (or "auto")')

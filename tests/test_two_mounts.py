@@ -164,7 +164,7 @@ def test_eight_threads_per_node_lose_nothing(two_mounts):
 
 
 @pytest.mark.parametrize("two_mounts", [False], indirect=True)
-def test_s3_down_local_blocks_serve_s3_only_blocks_fail_fast_then_recover(two_mounts, moto):
+def test_s32_s3_down_local_blocks_serve_s3_only_blocks_fail_fast_then_recover(two_mounts, moto):
     a, b = two_mounts
     publish(a / "s" / "only-in-s3", content("s/only-in-s3"))
     publish(b / "s" / "local-on-b", content("s/local-on-b"))
@@ -185,6 +185,52 @@ def test_s3_down_local_blocks_serve_s3_only_blocks_fail_fast_then_recover(two_mo
     finally:
         moto.start()
     assert wait_for(lambda: (b / "s/only-in-s3").read_bytes(), timeout=20) == content("s/only-in-s3")
+
+
+def test_s25_a_block_replaced_on_another_node_while_readers_read(two_mounts):
+    """Every version has its own inode here too: B's readers get v1 or v2, whole and with
+    its own size, never v1's size with v2's bytes or a mix; old readers keep v1."""
+    a, b = two_mounts
+    name = "r/ab/blk"
+    v1, v2 = content(name, 1 << 20), content(name + "v2", 3 << 20)
+    versions = {v1: "v1", v2: "v2"}
+    publish(a / name, v1)
+    assert wait_for(lambda: (b / name).read_bytes()) == v1
+    old = open(b / name, "rb")
+    head = old.read(4096)
+    stop = threading.Event()
+    bad: list[str] = []
+    seen: list[str] = []
+
+    def reader() -> None:
+        while not stop.is_set():
+            try:
+                with open(b / name, "rb") as f:
+                    size = os.fstat(f.fileno()).st_size
+                    data = f.read()
+            except FileNotFoundError:
+                continue
+            if data not in versions:
+                bad.append(f"{len(data)} bytes that are neither version")
+            elif size != len(data):
+                bad.append(f"fstat {size} for {versions[data]} ({len(data)} bytes)")
+            else:
+                seen.append(versions[data])
+
+    threads = [threading.Thread(target=reader) for _ in range(3)]
+    for t in threads:
+        t.start()
+    try:
+        publish(a / name, v2)
+        wait_for(lambda: check(seen[-3:] == ["v2"] * 3), timeout=20)
+        assert os.stat(b / name).st_size == len(v2)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert not bad, bad[:5]
+    assert head + old.read() == v1 and os.fstat(old.fileno()).st_size == len(v1)
+    old.close()
 
 
 def subprocess_json(*argv: str) -> dict:

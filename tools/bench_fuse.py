@@ -1,19 +1,22 @@
-"""``kvfs bench fuse``: plain file I/O through a kvfs mount next to the same I/O on tmpfs.
+"""``kvfs bench fuse``: plain file I/O through a kvfs mount, next to the ceiling and tmpfs.
 
-Mounts kvfs itself (a DRAM tier sized to hold the working set over a disk tier, in a
-temporary directory) and, in the same run, does the same I/O in a directory of /dev/shm:
+Mounts, in the same run and each in its own temporary directory: kvfs itself (a DRAM
+tier sized to hold the working set over a disk tier), the *ceiling* (a minimal in-memory
+pyfuse3 filesystem, :mod:`kvfs.mount.ceiling`: what any Python FUSE daemon costs here)
+and a directory of /dev/shm (tmpfs). The same I/O runs on each:
 
 - sequential write and read GB/s of 2 MiB blocks (one file each: open, write, close);
   reads *cold* (the first read after the write) and *repeated* (read again);
 - open+read+close latency of small (4 KiB) blocks, p50 and p99;
-- stat() per second;
-- listing a directory of 100k entries (``--quick``: 10k).
+- stat() per second of existing names, and of a missing name (a miss: the negative
+  lookups an engine's "is this block cached?" makes);
+- creating and listing a directory of 100k entries (``--quick``: 10k).
 
-Prints each figure, kvfs next to tmpfs, and their ratio (``--json`` for one JSON object).
-``--settings`` also compares per-file FUSE settings (keep_cache, direct_io) by mounting
-once per variant (through ``$KVFS_FUSE_OPTIONS``). ``--rss-rounds N`` writes and reads the
-working set N more times and reports the daemon's private memory (RssAnon, i.e. beyond
-its shared-memory DRAM arena) before and after.
+Prints each figure for kvfs, the ceiling and tmpfs, and kvfs's ratio to both (``--json``
+for one JSON object). ``--settings`` also compares per-file FUSE settings (keep_cache,
+direct_io) by mounting kvfs once per variant (through ``$KVFS_FUSE_OPTIONS``).
+``--rss-rounds N`` writes and reads the working set N more times and reports the daemon's
+private memory (RssAnon, i.e. beyond its shared-memory DRAM arena) before and after.
 """
 
 from __future__ import annotations
@@ -23,11 +26,13 @@ import json
 import os
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-from .scratch import mount, umount
+from .scratch import dram_disk_config, mount, umount
 
 MiB = 1 << 20
 BLOCK = 2 * MiB
@@ -111,6 +116,22 @@ def stat_rate(d: Path, n: int, seconds: float = 1.0) -> float:
     return count / (time.perf_counter() - t0)
 
 
+def miss_rate(d: Path, n: int, seconds: float = 1.0) -> float:
+    """stat() of *n* missing names, over and over (each miss asked again and again)."""
+    names = [d / f"missing{i:05d}" for i in range(n)]
+    count, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        for p in names:
+            try:
+                os.stat(p)
+            except FileNotFoundError:
+                pass
+            else:  # pragma: no cover - the benchmark's own mistake
+                raise AssertionError(f"{p} exists")
+        count += len(names)
+    return count / (time.perf_counter() - t0)
+
+
 def listing(d: Path, n: int) -> tuple[float, float]:
     """(seconds to create, seconds to list) *n* empty entries in one directory."""
     d.mkdir(parents=True, exist_ok=True)
@@ -144,6 +165,7 @@ def run_suite(root: Path, blocks: int, entries: int, payloads: list[bytes]) -> d
     out["open_read_close_p50_us"] = p50
     out["open_read_close_p99_us"] = p99
     out["stat_per_s"] = stat_rate(root / "small", 1000)
+    out["miss_per_s"] = miss_rate(root / "small", 1000)
     made, listed = listing(root / "list", entries)
     out["create_entries_per_s"] = entries / made
     out["list_entries_s"] = listed
@@ -153,21 +175,38 @@ def run_suite(root: Path, blocks: int, entries: int, payloads: list[bytes]) -> d
 # -- mounting ---------------------------------------------------------------------------
 
 
-def _config(base: Path, dram: int) -> Path:
-    cfg = base / "bench.toml"
-    cfg.write_text(
-        f'[[tiers]]\nkind = "dram"\nname = "dram"\ncapacity = {dram}\nmlock = false\n\n'
-        f'[[tiers]]\nkind = "disk"\nname = "disk"\ncapacity = {4 * dram}\npath = "{base}/disk"\n'
-    )
-    return cfg
-
-
 def _rss_anon(pid: int) -> int:
     with open(f"/proc/{pid}/status") as f:
         for line in f:
             if line.startswith("RssAnon:"):
                 return int(line.split()[1]) * 1024
     return 0
+
+
+def mount_ceiling(mp: Path) -> subprocess.Popen:
+    """The ceiling filesystem (:mod:`kvfs.mount.ceiling`) mounted at *mp* in a subprocess."""
+    from kvfs.mount.ceiling import FSTYPE
+    from kvfs.mount.daemon import mount_type
+
+    mp.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen([sys.executable, "-m", "kvfs.mount.ceiling", str(mp)], stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 30
+    while mount_type(mp) != FSTYPE:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+            raise SystemExit(f"kvfs bench fuse: the ceiling filesystem did not mount at {mp}: {err}")
+        time.sleep(0.02)
+    return proc
+
+
+def umount_ceiling(mp: Path, proc: subprocess.Popen) -> None:
+    subprocess.run(["fusermount3", "-u", str(mp)], capture_output=True, check=False)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        subprocess.run(["fusermount3", "-u", "-z", str(mp)], capture_output=True, check=False)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -180,26 +219,38 @@ def run(args: argparse.Namespace) -> int:
     dram = (2 * blocks * BLOCK + 2 * 1000 * 4096 + entries * 4096 + 64 * MiB + MiB - 1) // MiB * MiB
     base = Path(tempfile.mkdtemp(prefix="kvfs-bench-fuse-", dir=args.dir))
     shm = Path(tempfile.mkdtemp(prefix="kvfs-bench-tmpfs-", dir="/dev/shm"))
-    result: dict = {"blocks": blocks, "block_bytes": BLOCK, "entries": entries}
+    result: dict = {"blocks": blocks, "block_bytes": BLOCK, "entries": entries, "load": os.getloadavg()[0]}
     try:
-        cfg = _config(base, dram)
+        cfg = dram_disk_config(base, dram, 4 * dram)
         mp = base / "mnt"
+        _progress(args, "tmpfs")
         tmpfs = run_suite(shm, blocks, entries, payloads)
         shutil.rmtree(shm, ignore_errors=True)
-        shm.mkdir()
+        _progress(args, "ceiling (a minimal pyfuse3 filesystem)")
+        cmp = base / "ceiling"
+        proc = mount_ceiling(cmp)
+        try:
+            ceiling = run_suite(cmp, blocks, entries, payloads)
+        finally:
+            umount_ceiling(cmp, proc)
+        _progress(args, "kvfs")
         pid = mount(mp, cfg)
         try:
             kvfs = run_suite(mp, blocks, entries, payloads)
             if args.rss_rounds:
+                _progress(args, f"kvfs daemon memory over {args.rss_rounds} rounds")
                 result["rss"] = _rss_run(mp, pid, blocks, args.rss_rounds, payloads)
         finally:
             umount(mp)
         result["tmpfs"] = tmpfs
+        result["ceiling"] = ceiling
         result["kvfs"] = kvfs
         result["ratio"] = {k: kvfs[k] / tmpfs[k] if tmpfs[k] else None for k in kvfs}
+        result["ratio_ceiling"] = {k: kvfs[k] / ceiling[k] if ceiling[k] else None for k in kvfs}
         if args.settings:
             result["settings"] = {}
             for label, opts in VARIANTS.items():
+                _progress(args, f"kvfs with {label}")
                 shutil.rmtree(base / "disk", ignore_errors=True)
                 mount(mp, cfg, opts)
                 try:
@@ -218,6 +269,11 @@ def run(args: argparse.Namespace) -> int:
     else:
         _print(result)
     return 0
+
+
+def _progress(args: argparse.Namespace, what: str) -> None:
+    if not args.json:
+        print(f"  measuring {what}…", file=sys.stderr, flush=True)
 
 
 def _rss_run(mp: Path, pid: int, blocks: int, rounds: int, payloads: list[bytes]) -> dict:
@@ -251,18 +307,25 @@ _LABELS = {
     "open_read_close_p50_us": ("open+read+close 4 KiB, p50", "us"),
     "open_read_close_p99_us": ("open+read+close 4 KiB, p99", "us"),
     "stat_per_s": ("stat", "/s"),
+    "miss_per_s": ("stat of a missing name", "/s"),
     "create_entries_per_s": ("create empty entries", "/s"),
     "list_entries_s": ("list the directory", "s"),
 }
 
 
 def _print(r: dict) -> None:
-    print(f"kvfs bench fuse: {r['blocks']} blocks of {r['block_bytes'] // MiB} MiB, listing {r['entries']} entries")
-    print(f"{'':36} {'kvfs':>12} {'tmpfs':>12} {'kvfs/tmpfs':>11}")
+    print(
+        f"kvfs bench fuse: {r['blocks']} blocks of {r['block_bytes'] // MiB} MiB, listing {r['entries']} entries "
+        f"(load average {r['load']:.2f})"
+    )
+    print(f"{'':36} {'kvfs':>10} {'ceiling':>10} {'tmpfs':>10} {'/ceiling':>9} {'/tmpfs':>8}")
     for k, (label, unit) in _LABELS.items():
-        a, b, ratio = r["kvfs"][k], r["tmpfs"][k], r["ratio"][k]
-        fmt = "{:>12.2f}" if unit in ("GB/s", "s") else "{:>12,.0f}"
-        print(f"{label + ' (' + unit + ')':36} {fmt.format(a)} {fmt.format(b)} {ratio:>10.2f}x")
+        a, c, b = r["kvfs"][k], r["ceiling"][k], r["tmpfs"][k]
+        fmt = "{:>10.2f}" if unit in ("GB/s", "s") else "{:>10,.0f}"
+        print(
+            f"{label + ' (' + unit + ')':36} {fmt.format(a)} {fmt.format(c)} {fmt.format(b)} "
+            f"{r['ratio_ceiling'][k]:>8.2f}x {r['ratio'][k]:>7.2f}x"
+        )
     if "settings" in r:
         print("\nper-file FUSE settings (kvfs only)")
         print(f"{'':36} {'write':>8} {'cold rd':>8} {'rep. rd':>8}  GB/s")

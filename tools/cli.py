@@ -42,7 +42,11 @@ BENCHES: dict[str, tuple[str, str]] = {
         "kvfs.tools.bench_policy",
         "hit ratio of each eviction policy on traces vs Belady and LRU, and policy cost",
     ),
-    "fuse": ("kvfs.tools.bench_fuse", "file I/O through a kvfs mount next to tmpfs: GB/s, latency, stat/s, listing"),
+    "fuse": (
+        "kvfs.tools.bench_fuse",
+        "file I/O through a kvfs mount next to a minimal pyfuse3 filesystem and tmpfs: GB/s, latency, stat/s",
+    ),
+    "soak": ("kvfs.tools.bench_soak", "mixed load on a mount, every byte read checked: wrong reads must be 0"),
     "ttft": (
         "kvfs.tools.bench_ttft",
         "time to first token of a transformers model: cold, warm from each directory, ideal",

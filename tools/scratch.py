@@ -15,7 +15,22 @@ import sys
 import time
 from pathlib import Path
 
-__all__ = ["drop_page_cache_under", "mount", "start_moto", "umount"]
+__all__ = ["dram_disk_config", "drop_page_cache_under", "mount", "start_moto", "umount"]
+
+
+def dram_disk_config(base: Path, dram: int | str, disk: int | str, name: str = "bench.toml") -> Path:
+    """A config file under *base*: a DRAM tier of *dram* (no mlock, no prefault) over a
+    disk tier of *disk* in ``base/disk`` (sizes in bytes or like ``"64MiB"``)."""
+
+    def size(v: int | str) -> str:
+        return str(v) if isinstance(v, int) else f'"{v}"'
+
+    cfg = base / name
+    cfg.write_text(
+        f'[[tiers]]\nkind = "dram"\nname = "dram"\ncapacity = {size(dram)}\nmlock = false\nprefault = false\n\n'
+        f'[[tiers]]\nkind = "disk"\nname = "disk"\ncapacity = {size(disk)}\npath = "{base}/disk"\n'
+    )
+    return cfg
 
 
 def mount(mp: Path, config: Path, fuse_options: dict | None = None, env: dict | None = None) -> int:

@@ -1,0 +1,194 @@
+"""The ceiling of a Python FUSE daemon here: a minimal in-memory pyfuse3 filesystem.
+
+``kvfs bench fuse`` mounts it next to kvfs and tmpfs in the same run, so kvfs's figures
+can be read against what any pyfuse3 + trio daemon costs on this machine and kernel
+(request round trips, copies into and out of Python), not only against tmpfs. It does
+the least a filesystem can: a dict of inodes, one ``bytearray`` per file, no checksums,
+no tiers, no locks; the same per-file FUSE settings as kvfs (page cache with
+``keep_cache``, the same entry timeout, the same read-ahead, the same mount options and
+worker tasks), so the kernel sends both the same requests. Its attributes are cached for
+the entry timeout only: its files change in place, where kvfs's sealed blocks never do.
+
+Run as ``python -m kvfs.mount.ceiling MOUNTPOINT`` (foreground; unmount with
+``fusermount3 -u``). Not for data: it forgets everything when unmounted.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat as stat_mod
+import sys
+import time
+from dataclasses import dataclass, field
+
+import pyfuse3
+import trio
+from pyfuse3 import FUSEError
+
+from .buffer import keep_freed_memory
+from .daemon import _set_read_ahead
+from .options import FsOptions
+
+__all__ = ["FSTYPE", "CeilingOperations", "main"]
+
+FSTYPE = "fuse.kvfs-ceiling"
+
+
+@dataclass(slots=True, eq=False)
+class _Node:
+    ino: int
+    is_dir: bool
+    data: bytearray = field(default_factory=bytearray)
+    children: dict[bytes, int] = field(default_factory=dict)
+    mtime: float = field(default_factory=time.time)
+
+
+class CeilingOperations(pyfuse3.Operations):
+    """Files in memory; handlers do nothing but the dictionary work."""
+
+    enable_writeback_cache = False
+
+    def __init__(self, options: FsOptions = FsOptions()) -> None:
+        super().__init__()
+        keep_freed_memory()  # as kvfs does: the comparison is of handlers, not of malloc settings
+        self.options = options
+        self.nodes: dict[int, _Node] = {pyfuse3.ROOT_INODE: _Node(pyfuse3.ROOT_INODE, True)}
+        self._next = pyfuse3.ROOT_INODE + 1
+
+    def _attr(self, node: _Node) -> pyfuse3.EntryAttributes:
+        a = pyfuse3.EntryAttributes()
+        a.st_ino = node.ino
+        a.st_mode = (stat_mod.S_IFDIR | 0o755) if node.is_dir else (stat_mod.S_IFREG | 0o644)
+        a.st_nlink = 1
+        a.st_size = len(node.data)
+        a.st_uid, a.st_gid = self.options.uid, self.options.gid
+        a.st_blksize = 1 << 20
+        a.st_blocks = (a.st_size + 511) // 512
+        a.st_mtime_ns = a.st_ctime_ns = a.st_atime_ns = int(node.mtime * 1e9)
+        a.entry_timeout = a.attr_timeout = self.options.entry_timeout  # its files change
+        return a
+
+    def _get(self, ino: int) -> _Node:
+        node = self.nodes.get(ino)
+        if node is None:
+            raise FUSEError(errno.ENOENT)
+        return node
+
+    async def lookup(self, parent_inode, name, ctx=None):
+        ino = self._get(parent_inode).children.get(name)
+        if ino is None:
+            raise FUSEError(errno.ENOENT)
+        return self._attr(self.nodes[ino])
+
+    async def getattr(self, inode, ctx=None):
+        return self._attr(self._get(inode))
+
+    async def setattr(self, inode, attr, fields, fh, ctx):
+        node = self._get(inode)
+        if fields.update_size:
+            n = attr.st_size
+            if n < len(node.data):
+                del node.data[n:]
+            else:
+                node.data.extend(bytes(n - len(node.data)))
+        return self._attr(node)
+
+    def _add(self, parent_inode: int, name: bytes, is_dir: bool) -> _Node:
+        parent = self._get(parent_inode)
+        if name in parent.children:
+            raise FUSEError(errno.EEXIST)
+        node = _Node(self._next, is_dir)
+        self._next += 1
+        self.nodes[node.ino] = node
+        parent.children[name] = node.ino
+        return node
+
+    async def mkdir(self, parent_inode, name, mode, ctx):
+        return self._attr(self._add(parent_inode, name, True))
+
+    async def create(self, parent_inode, name, mode, flags, ctx):
+        node = self._add(parent_inode, name, False)
+        return pyfuse3.FileInfo(fh=node.ino, keep_cache=False), self._attr(node)
+
+    async def unlink(self, parent_inode, name, ctx):
+        ino = self._get(parent_inode).children.pop(name, None)
+        if ino is None:
+            raise FUSEError(errno.ENOENT)
+        self.nodes.pop(ino, None)
+
+    rmdir = unlink
+
+    async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
+        ino = self._get(parent_inode_old).children.pop(name_old, None)
+        if ino is None:
+            raise FUSEError(errno.ENOENT)
+        self._get(parent_inode_new).children[name_new] = ino
+
+    async def open(self, inode, flags, ctx):
+        node = self._get(inode)
+        if flags & os.O_TRUNC:
+            node.data.clear()
+        return pyfuse3.FileInfo(fh=inode, keep_cache=self.options.keep_cache)
+
+    async def read(self, fh, off, size):
+        return memoryview(self.nodes[fh].data)[off : off + size]
+
+    async def write(self, fh, off, buf):
+        data = self.nodes[fh].data
+        if off == len(data):
+            data += buf
+        else:
+            if off > len(data):
+                data.extend(bytes(off - len(data)))
+            data[off : off + len(buf)] = buf
+        return len(buf)
+
+    async def flush(self, fh):
+        return None
+
+    async def release(self, fh):
+        return None
+
+    async def fsync(self, fh, datasync):
+        return None
+
+    async def opendir(self, inode, ctx):
+        self._get(inode)
+        return inode
+
+    async def readdir(self, fh, start_id, token):
+        entries = sorted(self._get(fh).children.items())
+        for i in range(start_id, len(entries)):
+            name, ino = entries[i]
+            if not pyfuse3.readdir_reply(token, name, self._attr(self.nodes[ino]), i + 1):
+                return
+
+    async def releasedir(self, fh):
+        return None
+
+    async def statfs(self, ctx):
+        st = pyfuse3.StatvfsData()
+        st.f_bsize = st.f_frsize = 4096
+        st.f_namemax = 255
+        return st
+
+    async def forget(self, inode_list):
+        return None
+
+
+def main(argv: list[str]) -> int:
+    mountpoint = os.path.realpath(argv[0])  # before mounting: afterwards it would ask ourselves
+    options = FsOptions()
+    ops = CeilingOperations(options)
+    pyfuse3.init(ops, mountpoint, {"fsname=kvfs-ceiling", "subtype=kvfs-ceiling", "default_permissions", "noatime"})
+    _set_read_ahead(mountpoint, options.read_ahead_kb)
+    try:
+        trio.run(pyfuse3.main, 4, 64)
+    finally:
+        pyfuse3.close(unmount=False)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover - run by kvfs bench fuse
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,61 @@
+"""Telling the kernel to drop what it cached: a name's entry, an inode's attributes.
+
+A name whose block changed (a seal here, a new version seen from another node, a
+removal) is detached from its inode (docs/mount-internals.md); the kernel is told to
+forget its entry so that the next path walk looks the name up again. The notifications
+run in threads started from the daemon's nursery, never inside a handler: the kernel may
+make them wait for a request on the same directory that is in flight.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pyfuse3
+import trio
+
+from .inodes import InodeTable
+
+__all__ = ["KernelNotices"]
+
+log = logging.getLogger("kvfs.mount.notify")
+
+
+class KernelNotices:
+    """Kernel cache invalidations, in the background of the nursery :meth:`attach` gives."""
+
+    def __init__(self, inodes: InodeTable) -> None:
+        self.inodes = inodes
+        self._nursery: trio.Nursery | None = None
+
+    def attach(self, nursery: trio.Nursery) -> None:
+        self._nursery = nursery
+
+    def entry(self, name: str) -> None:
+        """Make the kernel drop its dentry of *name*."""
+        parent, _, base = name.rpartition("/")
+        pnode = self.inodes.bound(parent)
+        if pnode is None or self._nursery is None:
+            return
+        pino = pnode.ino
+
+        def notify() -> None:
+            try:
+                pyfuse3.invalidate_entry(pino, base.encode())
+            except OSError as exc:  # the kernel may have dropped it already
+                log.debug("invalidate_entry(%s) failed: %s", name, exc)
+
+        self._nursery.start_soon(trio.to_thread.run_sync, notify)
+
+    def attrs(self, ino: int) -> None:
+        """Make the kernel ask for *ino*'s attributes again."""
+        if self._nursery is None:
+            return
+
+        def notify() -> None:
+            try:
+                pyfuse3.invalidate_inode(ino, attr_only=True)
+            except OSError as exc:
+                log.debug("invalidate_inode(%d) failed: %s", ino, exc)
+
+        self._nursery.start_soon(trio.to_thread.run_sync, notify)

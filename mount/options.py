@@ -1,0 +1,35 @@
+"""Per-file FUSE settings of a kvfs mount (``$KVFS_FUSE_OPTIONS`` overrides them; the
+choices and their measurements are in docs/benchmarks-fuse.md)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+__all__ = ["FsOptions"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class FsOptions:
+    """``keep_cache``: sealed blocks are immutable and every version has its own inode, so
+    the kernel may keep their pages across opens. ``direct_io_read``/``direct_io_write``:
+    bypass the page cache (breaks mmap of sealed blocks; never used for them by default).
+    ``attr_timeout``: seconds the kernel may cache a sealed block's attributes (they never
+    change: a new version is a new inode). ``entry_timeout``: seconds it may cache a name
+    (misses too: for at most the store's negative TTL when shared tiers may add names),
+    and the attributes of directories and of files being written. ``release_wait``: how long an operation on a name waits for the
+    release that follows a close of that file (close-to-open; docs/SEMANTICS.md).
+    """
+
+    keep_cache: bool = True
+    direct_io_read: bool = False
+    direct_io_write: bool = False
+    attr_timeout: float = 30.0
+    entry_timeout: float = 1.0
+    release_wait: float = 1.0
+    read_ahead_kb: int = 2048
+    """Set on the mount's backing device (sysfs; needs root): the kernel's default of
+    128 KiB splits a page-cache miss into 128 KiB requests; 2 MiB lets them reach the
+    1 MiB FUSE maximum (2.3x faster uncached reads, docs/benchmarks-fuse.md). 0: leave."""
+    uid: int = field(default_factory=os.getuid)
+    gid: int = field(default_factory=os.getgid)

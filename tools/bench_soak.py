@@ -1,0 +1,374 @@
+"""``kvfs bench soak``: mixed load on a real mount, every byte read checked.
+
+Mounts kvfs in a temporary directory with small tiers (so eviction runs all the time) and,
+for ``--seconds``, runs at once:
+
+- **writers** that publish new versions of a pool of shared names, each write with one of
+  the patterns real programs use: plain ``open("wb")``; a temp name then ``os.replace``;
+  a temp name renamed while still open (safetensors); a ``dup`` closed mid-write; a child
+  process inheriting the descriptor and closing it after the parent (the last close is the
+  child's); a rewrite without ``O_TRUNC`` (LMCache); an ``fsync`` mid-write; and now and
+  then an ``unlink``;
+- **close-to-open checkers**: writers of names of their own that read each file back the
+  moment ``close`` returned and require exactly what they wrote;
+- **readers** that open and read shared names and check every byte: each version carries
+  a header (name, version, length) and its payload is derived from it, so a read must be
+  one whole version of that name — a partial, torn, mixed or foreign block is a *wrong
+  read*, and so is an ``fstat`` size that is not the version's;
+- **listers** listing the directories.
+
+A missing name (never written, evicted, unlinked) is a miss, not an error. Prints the
+figures (``--json`` for a JSON object) and exits non-zero on any wrong read, close-to-open
+failure or unexpected error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import json
+import os
+import random
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import xxhash
+
+from .render import table
+from .scratch import dram_disk_config, mount, umount
+
+MiB = 1 << 20
+_MAGIC = b"KVSOAK01"
+_HEADER = struct.Struct("<8sQQ48s")  # magic, version, length, name
+PATTERNS = ("plain", "replace", "rename-open", "dup", "child", "rewrite", "fsync")
+"""How writes are made; ``fsync`` (publish with fsync, read back before close) is only
+used on the close-to-open checkers' own names."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--seconds", type=float, default=180.0, help="how long to run (default 180)")
+    parser.add_argument("--writers", type=int, default=4, help="writer threads on shared names (default 4)")
+    parser.add_argument("--readers", type=int, default=4, help="reader threads (default 4)")
+    parser.add_argument("--names", type=int, default=64, help="shared names (default 64)")
+    parser.add_argument("--dram", default="48MiB", help="DRAM tier capacity (default 48MiB)")
+    parser.add_argument("--disk", default="160MiB", help="disk tier capacity (default 160MiB)")
+    parser.add_argument("--dir", default=None, help="where to mount and keep the disk tier (default: a temp dir)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def make_version(name: str, version: int, size: int) -> bytes:
+    """A version of *name*: a header saying what it is, then bytes derived from it."""
+    head = _HEADER.pack(_MAGIC, version, size, name.encode()[:48])
+    body_len = size - len(head)
+    seed = xxhash.xxh3_64_intdigest(head)
+    return head + random.Random(seed).randbytes(body_len)
+
+
+def check_version(name: str, data: bytes) -> str | None:
+    """None if *data* is one whole version of *name*, else what is wrong with it."""
+    if len(data) < _HEADER.size:
+        return f"{len(data)} bytes: shorter than a header"
+    magic, version, size, who = _HEADER.unpack_from(data)
+    if magic != _MAGIC:
+        return "no header: foreign or torn bytes"
+    who = who.rstrip(b"\0")
+    if who != name.encode()[:48]:
+        return f"the block of {who.decode(errors='replace')!r}"
+    if size != len(data):
+        return f"version {version} is {size} bytes, read {len(data)}"
+    if data != make_version(name, version, size):
+        return f"version {version}: payload differs (torn or mixed)"
+    return None
+
+
+@dataclass
+class Figures:
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    writes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(PATTERNS, 0))
+    unlinks: int = 0
+    bytes_written: int = 0
+    reads: int = 0
+    bytes_read: int = 0
+    misses: int = 0
+    wrong: list[str] = field(default_factory=list)
+    c2o_checks: int = 0
+    c2o_failures: list[str] = field(default_factory=list)
+    listings: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    def add(self, **kw) -> None:
+        with self.lock:
+            for k, v in kw.items():
+                setattr(self, k, getattr(self, k) + v)
+
+
+class Soak:
+    def __init__(self, mp: Path, args: argparse.Namespace) -> None:
+        self.mp = mp
+        self.args = args
+        self.fig = Figures()
+        self.stop = threading.Event()
+        self.names = [f"s/{i % 8:02x}/blk{i:03d}" for i in range(args.names)]
+        self._version = 0
+        self._vlock = threading.Lock()
+        for d in {n.rpartition("/")[0] for n in self.names}:
+            os.makedirs(mp / d, exist_ok=True)
+
+    def next_version(self) -> int:
+        with self._vlock:
+            self._version += 1
+            return self._version
+
+    def guard(self, what: str, fn, *args) -> None:
+        try:
+            fn(*args)
+        except OSError as exc:
+            if exc.errno == errno.ENOENT:
+                self.fig.add(misses=1)
+            else:
+                with self.fig.lock:
+                    self.fig.errors.append(f"{what}: {exc}")
+
+    # -- writing -------------------------------------------------------------------
+
+    def write(self, rng: random.Random, name: str, pattern: str) -> bytes:
+        data = make_version(name, self.next_version(), rng.choice([96 * 1024, 700_000, MiB + 4097, 2 * MiB + 1]))
+        path = self.mp / name
+        tmp = path.parent / f".{name.rpartition('/')[2]}.{rng.getrandbits(32):08x}.tmp"
+        half = len(data) // 2
+        if pattern == "plain":
+            with open(path, "wb") as f:
+                f.write(data)
+        elif pattern == "replace":
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        elif pattern == "rename-open":
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            os.ftruncate(fd, len(data))
+            os.pwrite(fd, data, 0)
+            os.rename(tmp, path)
+            os.close(fd)
+        elif pattern == "dup":
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.write(fd, data[:half])
+            os.close(os.dup(fd))  # an early close of a copy: must publish nothing
+            os.write(fd, data[half:])
+            os.close(fd)
+        elif pattern == "child":
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.write(fd, data[:half])
+            child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.05)"], pass_fds=[fd])
+            os.write(fd, data[half:])
+            os.close(fd)  # the child's exit is the last close
+            child.wait()
+        elif pattern == "rewrite":
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT)  # no O_TRUNC: from the old bytes
+            os.pwrite(fd, data, 0)
+            os.ftruncate(fd, len(data))
+            os.close(fd)
+        elif pattern == "fsync":
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.write(fd, data)
+            os.fsync(fd)  # published now: it must read back before the close
+            got = (self.mp / name).read_bytes()
+            os.close(fd)
+            if got != data:
+                with self.fig.lock:
+                    self.fig.c2o_failures.append(f"{name} after fsync: {check_version(name, got) or 'older'}")
+        self.fig.add(bytes_written=len(data))
+        with self.fig.lock:
+            self.fig.writes[pattern] += 1
+        return data
+
+    def writer(self, seed: int) -> None:
+        rng = random.Random(seed)
+        while not self.stop.is_set():
+            name = rng.choice(self.names)
+            if rng.random() < 0.03:
+                self.guard("unlink", os.unlink, self.mp / name)
+                self.fig.add(unlinks=1)
+                continue
+            pattern = rng.choice(PATTERNS[:-1])
+            self.guard(f"write ({pattern})", self.write, rng, name, pattern)
+
+    def own_writer(self, seed: int) -> None:
+        """Writes names nobody else writes and reads each back right after its close."""
+        rng = random.Random(seed)
+        own = [f"own/w{seed}/f{i}" for i in range(8)]
+        os.makedirs(self.mp / f"own/w{seed}", exist_ok=True)
+        while not self.stop.is_set():
+            name = rng.choice(own)
+            pattern = rng.choice(PATTERNS)
+            try:
+                data = self.write(rng, name, pattern)
+                got = (self.mp / name).read_bytes()
+            except OSError as exc:
+                if exc.errno != errno.ENOENT:  # evicted between the close and the read: a miss
+                    with self.fig.lock:
+                        self.fig.errors.append(f"own {pattern}: {exc}")
+                else:
+                    self.fig.add(misses=1)
+                continue
+            self.fig.add(c2o_checks=1)
+            if got != data:
+                why = check_version(name, got) or "an older version"
+                with self.fig.lock:
+                    self.fig.c2o_failures.append(f"{name} after {pattern}: {why}")
+
+    # -- reading -------------------------------------------------------------------
+
+    def reader(self, seed: int) -> None:
+        rng = random.Random(seed)
+        buf = bytearray(2 * MiB + 4096)
+        while not self.stop.is_set():
+            name = rng.choice(self.names)
+            try:
+                with open(self.mp / name, "rb", buffering=0) as f:
+                    size = os.fstat(f.fileno()).st_size
+                    n = 0
+                    while True:  # small reads now and then: a reader spanning a replacement
+                        k = f.readinto(memoryview(buf)[n : n + rng.choice([4096, 65536, len(buf)])])
+                        if not k:
+                            break
+                        n += k
+                    data = bytes(buf[:n])
+            except FileNotFoundError:
+                self.fig.add(misses=1)
+                continue
+            except OSError as exc:
+                with self.fig.lock:
+                    self.fig.errors.append(f"read {name}: {exc}")
+                continue
+            why = check_version(name, data)
+            if why is None and size != len(data):
+                why = f"fstat says {size} bytes for a version of {len(data)}"
+            self.fig.add(reads=1, bytes_read=len(data))
+            if why is not None:
+                with self.fig.lock:
+                    self.fig.wrong.append(f"{name}: {why}")
+
+    def lister(self, seed: int) -> None:
+        rng = random.Random(seed)
+        dirs = sorted({n.rpartition("/")[0] for n in self.names})
+        while not self.stop.is_set():
+            self.guard("listdir", os.listdir, self.mp / rng.choice(dirs))
+            self.fig.add(listings=1)
+            time.sleep(0.01)
+
+    def run(self) -> None:
+        a = self.args
+        jobs = (
+            [(self.writer, i) for i in range(a.writers)]
+            + [(self.own_writer, 100 + i) for i in range(2)]
+            + [(self.reader, 200 + i) for i in range(a.readers)]
+            + [(self.lister, 300)]
+        )
+        threads = [threading.Thread(target=fn, args=(seed,), daemon=True) for fn, seed in jobs]
+        for t in threads:
+            t.start()
+        t0 = time.monotonic()
+        try:
+            while time.monotonic() - t0 < a.seconds:
+                time.sleep(min(10.0, a.seconds - (time.monotonic() - t0)))
+                if not a.json:
+                    f = self.fig
+                    print(
+                        f"  {time.monotonic() - t0:5.0f} s: {sum(f.writes.values()):,} writes, {f.reads:,} reads, "
+                        f"{len(f.wrong)} wrong, {len(f.c2o_failures)} close-to-open failures",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+        finally:
+            self.stop.set()
+            for t in threads:
+                t.join(timeout=60)
+
+
+def _store_figures(mp: Path) -> dict:
+    from kvfs.mount.paths import control_socket_path
+
+    from .control_client import ControlClient
+
+    with ControlClient(control_socket_path(mp)) as c:
+        top = c.request("top")
+    tiers = top["statistics"]["tiers"]
+    ops = {o["op"]: o for o in top["ops"]}
+    return {
+        "evictions": sum(t["evictions"] for t in tiers),
+        "demotions": sum(t["demotions"] for t in tiers),
+        "seals": ops.get("seal", {}).get("count", 0),
+        "seal_failures": ops.get("seal", {}).get("errors", 0),
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    base = Path(tempfile.mkdtemp(prefix="kvfs-bench-soak-", dir=args.dir))
+    mp = base / "mnt"
+    load = os.getloadavg()[0]
+    try:
+        mount(mp, dram_disk_config(base, args.dram, args.disk, "soak.toml"))
+        try:
+            soak = Soak(mp, args)
+            if not args.json:
+                print(f"kvfs bench soak: {args.seconds:.0f} s on {mp} (load average {load:.2f})", file=sys.stderr)
+            t0 = time.monotonic()
+            soak.run()
+            seconds = time.monotonic() - t0
+            store = _store_figures(mp)
+        finally:
+            umount(mp)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    f = soak.fig
+    result = {
+        "seconds": seconds,
+        "load": load,
+        "writes": dict(f.writes),
+        "unlinks": f.unlinks,
+        "bytes_written": f.bytes_written,
+        "reads": f.reads,
+        "bytes_read": f.bytes_read,
+        "misses": f.misses,
+        "wrong_reads": len(f.wrong),
+        "close_to_open_checks": f.c2o_checks,
+        "close_to_open_failures": len(f.c2o_failures),
+        "listings": f.listings,
+        "errors": len(f.errors),
+        **store,
+        "examples": (f.wrong + f.c2o_failures + f.errors)[:10],
+    }
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        _print(result)
+    return 1 if f.wrong or f.c2o_failures or f.errors else 0
+
+
+def _print(r: dict) -> None:
+    rows = [
+        ("writes", f"{sum(r['writes'].values()):,}", ", ".join(f"{k} {v:,}" for k, v in r["writes"].items() if v)),
+        ("unlinks", f"{r['unlinks']:,}", ""),
+        ("bytes written", f"{r['bytes_written'] / 1e9:.2f} GB", f"{r['bytes_written'] / r['seconds'] / 1e6:.0f} MB/s"),
+        ("reads checked", f"{r['reads']:,}", f"{r['bytes_read'] / 1e9:.2f} GB"),
+        ("misses (ENOENT)", f"{r['misses']:,}", "evicted, unlinked or not written yet"),
+        ("wrong reads", f"{r['wrong_reads']:,}", "partial, torn, mixed or foreign bytes; wrong size"),
+        ("close-to-open checks", f"{r['close_to_open_checks']:,}", f"{r['close_to_open_failures']} failed"),
+        ("listings", f"{r['listings']:,}", ""),
+        ("evictions", f"{r['evictions']:,}", f"{r['demotions']:,} demotions"),
+        ("seals", f"{r['seals']:,}", f"{r['seal_failures']} failed"),
+        ("unexpected errors", f"{r['errors']:,}", ""),
+    ]
+    print(f"kvfs bench soak: {r['seconds']:.0f} s, load average {r['load']:.2f} at the start")
+    print(table(["", "count", ""], rows, right=[1]))
+    for e in r["examples"]:
+        print(f"  ! {e}")
+    verdict = r["wrong_reads"] + r["close_to_open_failures"] + r["errors"]
+    print("OK: every read was one whole version" if not verdict else "FAILED")
