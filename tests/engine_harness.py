@@ -22,7 +22,18 @@ from pathlib import Path
 
 import pytest
 
-from kvfs.tools.engine_clients import CLIENTS, Client, ClientFailed, ClientMissing, client_python, run_client
+from kvfs.tools.engine_clients import (
+    CLIENTS,
+    Client,
+    ClientFailed,
+    ClientMissing,
+    client_python,
+    differences,
+    run_client,
+    without,
+)
+
+__all__ = ["MOUNT", "REQUIRE", "assert_same", "kv_dirs", "need_client", "run", "without"]
 
 REQUIRE = os.environ.get("KVFS_REQUIRE_ENGINES") == "1"
 
@@ -57,26 +68,25 @@ def run(client: Client | str, *args: str | Path, where: str, timeout: float = 30
         pytest.fail(f"on the {where} directory: {exc}", pytrace=False)
 
 
-def without(result: dict, *keys: str) -> dict:
-    """*result* less *keys* at any depth (timings, which differ from run to run)."""
-    if isinstance(result, dict):
-        return {k: without(v, *keys) for k, v in result.items() if k not in keys}
-    if isinstance(result, list):
-        return [without(v, *keys) for v in result]
-    return result
-
-
 def assert_same(kvfs: dict, plain: dict, what: str) -> None:
     """The kvfs run of *what* did exactly what the plain run did (same results, same files
     with the same bytes)."""
-    if kvfs == plain:
+    diff = differences(kvfs, plain)
+    if not diff:
         return
     lines = [f"{what}: the kvfs mount behaved differently from a plain directory"]
-    for key in sorted(set(kvfs) | set(plain)):
-        a, b = kvfs.get(key, "<absent>"), plain.get(key, "<absent>")
-        if a != b:
-            lines.append(f"  {key}:\n    kvfs:  {_short(a)}\n    plain: {_short(b)}")
+    for path in diff:
+        a, b = _at(kvfs, path), _at(plain, path)
+        lines.append(f"  {' / '.join(map(str, path)) or '(all)'}:\n    kvfs:  {_short(a)}\n    plain: {_short(b)}")
     pytest.fail("\n".join(lines), pytrace=False)
+
+
+def _at(result: object, path: tuple) -> object:
+    for part in path:
+        if not isinstance(result, dict) or part not in result:
+            return "<absent>"
+        result = result[part]
+    return result
 
 
 def _short(value: object, limit: int = 1500) -> str:

@@ -19,7 +19,7 @@ def _store_and_restart(kv_dirs, kind: str, setups: str) -> dict:
     args = ("--dir", kv_dirs[kind] / "lmcache", "--setups", setups, "--chunks", str(CHUNKS))
     store = run(client, *args, "--phase", "store", where=kind)
     load = run(client, *args, "--phase", "load", where=kind)
-    return {"store": without(store, "times")["setups"], "load": without(load, "times")["setups"]}
+    return {"store": without(store)["setups"], "load": without(load)["setups"]}
 
 
 def _sizes(result: dict) -> list[int]:

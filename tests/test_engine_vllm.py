@@ -36,8 +36,8 @@ def _two_processes(model, kv_dirs, where: str) -> dict:
     first = run("vllm", *args, where=where)
     second = run("vllm", *args, where=where)
     return {
-        "first": without(first, "ttft_s", "wall_s", "startup_s"),
-        "second": without(second, "ttft_s", "wall_s", "startup_s"),
+        "first": without(first),
+        "second": without(second),
     }
 
 
@@ -72,7 +72,7 @@ def test_native_fs_tier_file_io(kv_dirs):
         root = kv_dirs[kind] / "vllm-tier"
         store = run(client, "--root", root, "--phase", "store", where=kind)
         load = run(client, "--root", root, "--phase", "load", where=kind)
-        return {"store": without(store, "times"), "load": without(load, "times")}
+        return {"store": without(store), "load": without(load)}
 
     plain = store_then_load("plain")
     for io in ("fs_io_C", "python"):

@@ -47,6 +47,10 @@ BENCHES: dict[str, tuple[str, str]] = {
         "kvfs.tools.bench_ttft",
         "time to first token of a transformers model: cold, warm from each directory, ideal",
     ),
+    "engines": (
+        "kvfs.tools.bench_engines",
+        "real engine clients (vLLM, SGLang, LMCache, safetensors) on a kvfs mount vs a plain directory",
+    ),
 }
 
 

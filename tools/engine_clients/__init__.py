@@ -12,6 +12,7 @@ the same script on a kvfs mount and on a plain directory and compare what each p
   :class:`ClientMissing` saying how to build it.
 - :func:`run_client`: run a client script; returns its ``KVFS-RESULT`` object, or raises
   :class:`ClientFailed` with the end of its output.
+- :func:`without` and :func:`differences`: compare two runs' results, less their timings.
 """
 
 from __future__ import annotations
@@ -33,8 +34,13 @@ __all__ = [
     "EngineClientError",
     "client_python",
     "default_venvs",
+    "differences",
     "run_client",
+    "without",
 ]
+
+#: result keys that hold timings (they differ from run to run; compare the rest)
+TIMING_KEYS = ("times", "ttft_s", "wall_s", "startup_s")
 
 HERE = Path(__file__).resolve().parent
 RESULT_MARK = "KVFS-RESULT "  # client_report.RESULT_MARK (that module is not importable from here)
@@ -179,3 +185,29 @@ def _text(data: bytes | str | None) -> str:
     if data is None:
         return ""
     return data if isinstance(data, str) else data.decode(errors="replace")
+
+
+def without(result, *keys: str):
+    """*result* less the entries named *keys* (default: :data:`TIMING_KEYS`) at any depth."""
+    keys = keys or TIMING_KEYS
+    if isinstance(result, dict):
+        return {k: without(v, *keys) for k, v in result.items() if k not in keys}
+    if isinstance(result, list):
+        return [without(v, *keys) for v in result]
+    return result
+
+
+def differences(got, want, path: tuple = ()) -> list[tuple]:
+    """The key paths (tuples of dict keys) where *got* and *want* differ, each as deep as
+    both are dicts; empty if they are equal."""
+    if got == want:
+        return []
+    if isinstance(got, dict) and isinstance(want, dict):
+        out: list[tuple] = []
+        for k in sorted(set(got) | set(want)):
+            if k not in got or k not in want:
+                out.append((*path, k))
+            else:
+                out.extend(differences(got[k], want[k], (*path, k)))
+        return out
+    return [path]

@@ -177,7 +177,7 @@ def _put(sm, backend, keys, data, timeout: float) -> dict:
     sm.batched_put(keys, objs)  # registers the put tasks before it returns
     deadline = time.monotonic() + timeout
     while backend is not None and _pending(backend) and time.monotonic() < deadline:
-        time.sleep(0.01)
+        time.sleep(0.001)
     return {"pending_put_tasks": _pending(backend) if backend is not None else None}
 
 

@@ -21,12 +21,12 @@ import os
 from client_report import emit, step, timed, tree
 
 
-def _tensors(seed: int) -> dict:
+def _tensors(seed: int, tokens: int) -> dict:
     import torch
 
     g = torch.Generator().manual_seed(seed)
     return {
-        "kv_cache": torch.randn(2, 96, 2, 64, generator=g).to(torch.bfloat16),
+        "kv_cache": torch.randn(2, tokens, 2, 64, generator=g).to(torch.bfloat16),
         "f32": torch.randn(1000, generator=g),
         "f16": torch.randn(33, 17, generator=g).to(torch.float16),
         "ids": torch.arange(0, 4096, dtype=torch.int64),
@@ -43,6 +43,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dir", required=True)
     parser.add_argument("--part", choices=["safetensors", "transformers", "all"], default="all")
+    parser.add_argument("--tokens", type=int, default=96, help="tokens of the KV tensor saved (512 bytes each)")
     args = parser.parse_args()
 
     import safetensors
@@ -52,20 +53,21 @@ def main() -> None:
     times: dict[str, float] = {}
     r: dict = {"safetensors": safetensors.__version__, "transformers": transformers.__version__, "times": times}
     if args.part in ("safetensors", "all"):
-        _safetensors_steps(args.dir, r, times)
+        _safetensors_steps(args.dir, args.tokens, r, times)
     if args.part in ("transformers", "all"):
         _transformers_steps(args.dir, r, times)
     r["tree"] = tree(args.dir)
     emit(r)
 
 
-def _safetensors_steps(directory: str, r: dict, times: dict) -> None:
+def _safetensors_steps(directory: str, tokens: int, r: dict, times: dict) -> None:
     import torch
     from safetensors import safe_open
     from safetensors.torch import load_file, save_file
 
     path = os.path.join(directory, "kv.safetensors")
-    first, second = _tensors(0), _tensors(1)
+    first, second = _tensors(0, tokens), _tensors(1, tokens)
+    r["bytes"] = sum(t.numel() * t.element_size() for t in first.values())
     with timed(times, "write_s"):
         step(r, "save_file", lambda: save_file(first, path, metadata={"engine": "kvfs-test"}))
     with timed(times, "read_s"):
