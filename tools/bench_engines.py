@@ -30,7 +30,7 @@ from pathlib import Path
 
 from .engine_clients import CLIENTS, ClientFailed, ClientMissing, client_python, differences, run_client, without
 from .render import table
-from .scratch import mount, umount
+from .scratch import dram_disk_config, mount, umount
 
 MiB = 1 << 20
 
@@ -164,15 +164,6 @@ def _progress(msg: str) -> None:
     print(f"bench engines: {msg}", file=sys.stderr, flush=True)
 
 
-def _config(base: Path, dram: int) -> Path:
-    cfg = base / "bench.toml"
-    cfg.write_text(
-        f'[[tiers]]\nkind = "dram"\nname = "dram"\ncapacity = {dram}\nmlock = false\nprefault = false\n\n'
-        f'[[tiers]]\nkind = "disk"\nname = "disk"\ncapacity = {4 * dram}\npath = "{base}/disk"\n'
-    )
-    return cfg
-
-
 def run(args: argparse.Namespace) -> int:
     from kvfs.mount.daemon import mount_type  # noqa: F401  (fails early without the mount extra)
 
@@ -203,7 +194,7 @@ def run(args: argparse.Namespace) -> int:
         plain_root = base / "plain"
         plain_root.mkdir()
         mp = base / "mnt"
-        mount(mp, _config(base, (512 if args.quick else 1024) * MiB))
+        mount(mp, dram_disk_config(base, (512 if args.quick else 1024) * MiB))
         try:
             for name in available:
                 result["clients"].append(bench_client(name, plain_root, mp, args, model))

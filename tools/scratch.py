@@ -15,7 +15,18 @@ import sys
 import time
 from pathlib import Path
 
-__all__ = ["drop_page_cache_under", "mount", "start_moto", "umount"]
+__all__ = ["dram_disk_config", "drop_page_cache_under", "mount", "start_moto", "umount"]
+
+
+def dram_disk_config(base: Path, dram: int) -> Path:
+    """Write ``base/bench.toml``: a DRAM tier of *dram* bytes (not locked, not prefaulted)
+    over a disk tier of four times that in ``base/disk``; returns its path."""
+    cfg = base / "bench.toml"
+    cfg.write_text(
+        f'[[tiers]]\nkind = "dram"\nname = "dram"\ncapacity = {dram}\nmlock = false\nprefault = false\n\n'
+        f'[[tiers]]\nkind = "disk"\nname = "disk"\ncapacity = {4 * dram}\npath = "{base}/disk"\n'
+    )
+    return cfg
 
 
 def mount(mp: Path, config: Path, fuse_options: dict | None = None, env: dict | None = None) -> int:
