@@ -16,7 +16,8 @@ HEADER = 28  # save_chunk_meta: struct "iiiiiii" before the raw chunk
 
 def _store_and_restart(kv_dirs, kind: str, setups: str) -> dict:
     client = need_client("lmcache")
-    args = ("--dir", kv_dirs[kind] / "lmcache", "--setups", setups, "--chunks", str(CHUNKS))
+    # put tasks finish in milliseconds; 15 s is only how long a stuck one is waited for
+    args = ("--dir", kv_dirs[kind] / "lmcache", "--setups", setups, "--chunks", str(CHUNKS), "--timeout", "15")
     store = run(client, *args, "--phase", "store", where=kind)
     load = run(client, *args, "--phase", "load", where=kind)
     return {"store": without(store)["setups"], "load": without(load)["setups"]}

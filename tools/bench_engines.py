@@ -156,8 +156,9 @@ def bench_client(name: str, plain_root: Path, kvfs_root: Path, args, model: Path
 
 
 def _first_error(output: str) -> str:
-    lines = [ln for ln in output.splitlines() if "Error" in ln or "error" in ln]
-    return (lines[-1] if lines else output.strip().splitlines()[-1] if output.strip() else "no output")[-200:]
+    """The last line of *output* that names an error, without vLLM's ``[rank0]:`` prefix."""
+    lines = [ln for ln in output.splitlines() if "Error" in ln or "error" in ln] or output.strip().splitlines()
+    return lines[-1].removeprefix("[rank0]: ").strip()[-160:] if lines else "no output"
 
 
 def _progress(msg: str) -> None:
@@ -217,7 +218,7 @@ def run(args: argparse.Namespace) -> int:
 def _rows(c: dict) -> list[list[str]]:
     status = c.get("status", "")
     if "plain" not in c:
-        return [[c["client"], "-", "-", "-", "-", "-", status[:100]]]
+        return [[c["client"], "-", "-", "-", "-", "-", status]]
     p, k = c["plain"], c["kvfs"]
     # a ratio of a run that did not do what the plain run did measures nothing
     r = c["ratio"] if status == "ok" else dict.fromkeys(c["ratio"])
