@@ -55,6 +55,10 @@ BENCHES: dict[str, tuple[str, str]] = {
         "kvfs.tools.bench_faults",
         "DRAM and disk hits, unmount and recovery while a shared tier (posix, s3) stops answering",
     ),
+    "engines": (
+        "kvfs.tools.bench_engines",
+        "real engine clients (vLLM, SGLang, LMCache, safetensors) on a kvfs mount vs a plain directory",
+    ),
 }
 
 

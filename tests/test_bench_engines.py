@@ -1,0 +1,55 @@
+"""``kvfs bench engines`` end to end: a real client on a kvfs mount it makes and on a plain
+directory, figures and ratios in JSON and as a table (small workloads)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import fuse_missing
+from engine_harness import need_client
+
+
+def _bench(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "kvfs.tools.cli", "bench", "engines", "--quick", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+
+
+@pytest.fixture(autouse=True)
+def _fuse():
+    reason = fuse_missing()
+    if reason:
+        pytest.skip(reason)
+
+
+def test_bench_engines_json_sglang():
+    need_client("sglang")
+    res = _bench("--clients", "sglang", "--json")
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    (c,) = out["clients"]
+    assert c["client"] == "sglang" and c["status"] == "ok", c.get("status")
+    for kind in ("plain", "kvfs"):
+        assert c[kind]["bytes"] == 16 * 2 * 8 * 64 * 8 * 128 * 2  # 16 pages of 2 MiB
+        assert c[kind]["write_s"] > 0 and c[kind]["read_s"] > 0
+    assert c["ratio"]["write"] > 0 and c["ratio"]["read_time"] > 0
+    assert len(out["load_avg_before"]) == 3 and "bench engines: sglang on kvfs" in res.stderr
+
+
+def test_bench_engines_table_and_bad_client():
+    res = _bench("--clients", "nope")
+    assert res.returncode != 0 and "unknown client nope (known: vllm, vllm-fs-tier" in res.stderr
+    res = _bench("--clients", "safetensors")
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert lines[0].split() == ["CLIENT", "FIGURE", "PLAIN", "KVFS", "KVFS/PLAIN", "AIM", "RESULT"]
+    assert [ln.split()[:2] for ln in lines[1:3]] == [["safetensors", "write"], ["safetensors", "read"]]
+    assert lines[-1].startswith("load average ")

