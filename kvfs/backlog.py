@@ -29,10 +29,12 @@ class CopyJob:
 
 @dataclass(slots=True, eq=False)
 class DeleteJob:
-    """Delete *name* from tier *tier*."""
+    """Delete *name* from tier *tier*; with *cutoff*, only a copy written before it
+    (seconds since the epoch: the retention sweep's, ``Tier.expire``)."""
 
     name: str
     tier: int
+    cutoff: float | None = None
 
 
 Job = CopyJob | DeleteJob
@@ -48,8 +50,8 @@ class WriteThroughQueue:
     def copy(self, rec: BlockRecord, tier: int) -> None:
         self._jobs.setdefault(tier, deque()).append(CopyJob(rec, tier))
 
-    def delete(self, name: str, tier: int) -> None:
-        self._jobs.setdefault(tier, deque()).append(DeleteJob(name, tier))
+    def delete(self, name: str, tier: int, *, cutoff: float | None = None) -> None:
+        self._jobs.setdefault(tier, deque()).append(DeleteJob(name, tier, cutoff))
         self._deletes[name] = self._deletes.get(name, 0) + 1
 
     def pop(self, tier: int) -> Job | None:

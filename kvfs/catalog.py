@@ -33,6 +33,8 @@ class BlockStat:
     accessed: float
     parent: str | None = None
     """The previous block of its prefix chain, when the writer said (prefix-aware eviction)."""
+    pin_expires: float | None = None
+    """When a soft pin ends (the store's clock); None for a pin without expiry, or none."""
 
     @property
     def checksum_hex(self) -> str:
@@ -49,6 +51,7 @@ class BlockStat:
             "created": self.created,
             "accessed": self.accessed,
             "parent": self.parent,
+            "pin_expires": self.pin_expires,
         }
 
 
@@ -78,6 +81,8 @@ class BlockRecord:
     moving: int = 0
     """Bitmask of the tiers whose copy is being moved out right now (a demotion in
     flight): not a victim again until the move commits or aborts."""
+    pin_expires: float = 0.0
+    """When its soft pin ends (the store's clock); 0 when it is not soft-pinned."""
 
     def stat(self, tier_names: Sequence[str]) -> BlockStat:
         """A snapshot; *tier_names* names the tiers by index."""
@@ -91,6 +96,7 @@ class BlockRecord:
             created=self.created,
             accessed=self.accessed,
             parent=self.parent,
+            pin_expires=self.pin_expires or None,
         )
 
     def tier_indexes(self) -> Iterator[int]:

@@ -19,6 +19,12 @@ A config is a stack of tiers, hottest first, a policy table and a mount table::
     capacity = "200GiB"
     path = "/var/cache/kvfs"
 
+    [[namespaces]]            # optional: tenants and models (docs/tenants.md)
+    path = "tenant-a"
+    quota = { dram = "1GiB", nvme = "20GiB" }
+    owner = "alice"           # uid or user name; group likewise; mode "0750"
+    retention = "7d"
+
 Every error names the field (``tiers[1].capacity``) and says what is wrong.
 ``default_config()`` is the embedded default used when no file is given.
 """
@@ -27,7 +33,9 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import grp
 import os
+import pwd
 import shutil
 import time
 import tomllib
@@ -36,8 +44,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
-from .names import TierName
+from .access import AccessRule, parse_mode
+from .errors import ConfigError, InvalidName
+from .hashing import Namespace
+from .names import TierName, normalize
 from .policies import DEFAULT_POLICY, POLICIES, PolicyContext
 from .units import parse_duration, parse_size
 
@@ -46,6 +56,7 @@ __all__ = [
     "DiskConfig",
     "DramConfig",
     "MountConfig",
+    "NamespaceConfig",
     "PolicyConfig",
     "PosixConfig",
     "PromoteMode",
@@ -185,10 +196,46 @@ class MountConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class NamespaceConfig:
+    """``[[namespaces]]``: a tenant's or a model's subtree (docs/tenants.md).
+
+    ``path``: a top-level directory or a deeper subtree (namespaces do not nest; derived
+    from ``model`` when not given). ``quota``: tier name -> bytes this namespace may use
+    there (a tier not named: only the tier's capacity bounds it). ``owner``/``group``/
+    ``mode``: who may list, read, write, evict and pin its blocks (:mod:`kvfs.access`;
+    none set: the mount's defaults). ``retention``: seconds since a block's last access
+    after which it is removed from every tier this node writes to. ``retired``: no new
+    blocks; its local copies are dropped and ``kvfs gc`` removes it from shared tiers.
+    ``model``: the hash-chain namespace it holds, with the model's fingerprint.
+    """
+
+    path: str
+    quota: dict[str, int] = field(default_factory=dict)
+    owner: int | None = None
+    group: int | None = None
+    mode: int | None = None
+    retention: float | None = None
+    retired: bool = False
+    model: Namespace | None = None
+
+    def access(self, uid: int, gid: int) -> AccessRule | None:
+        """The access rule, with the mounting user's *uid*/*gid* for an owner or group not
+        given (and mode 0750 when none is); ``None`` when none of the three is set."""
+        if self.owner is None and self.group is None and self.mode is None:
+            return None
+        return AccessRule(
+            uid=uid if self.owner is None else self.owner,
+            gid=gid if self.group is None else self.group,
+            mode=0o750 if self.mode is None else self.mode,
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
 class Config:
     tiers: tuple[TierConfig, ...]
     policy: PolicyConfig = PolicyConfig()
     mount: MountConfig = MountConfig()
+    namespaces: tuple[NamespaceConfig, ...] = ()
 
     def tier(self, name: str) -> TierConfig:
         for t in self.tiers:
@@ -286,9 +333,9 @@ def _build(cls: type, where: str, table: Any, skip: tuple[str, ...] = ()) -> Any
 
 def parse_config(data: dict[str, Any]) -> Config:
     """Build a :class:`Config` from a parsed TOML document; raises :class:`ConfigError`."""
-    unknown = sorted(set(data) - {"tiers", "policy", "mount"})
+    unknown = sorted(set(data) - {"tiers", "policy", "mount", "namespaces"})
     if unknown:
-        raise ConfigError(unknown[0], "unknown top-level key; expected [[tiers]], [policy] and [mount]")
+        raise ConfigError(unknown[0], "unknown top-level key; expected [[tiers]], [policy], [mount] and [[namespaces]]")
     raw_tiers = data.get("tiers")
     if not raw_tiers:
         raise ConfigError("tiers", "at least one [[tiers]] entry is required")
@@ -333,7 +380,129 @@ def parse_config(data: dict[str, Any]) -> Config:
     mount = _build(MountConfig, "mount", data.get("mount", {}))
     if mount.metrics_port is not None and not 0 <= mount.metrics_port <= 65535:
         raise ConfigError("mount.metrics_port", "must be a TCP port number (0-65535)")
-    return Config(tiers=tuple(tiers), policy=policy, mount=mount)
+    namespaces = _parse_namespaces(data.get("namespaces", []), [t.name for t in tiers])
+    return Config(tiers=tuple(tiers), policy=policy, mount=mount, namespaces=namespaces)
+
+
+_NAMESPACE_KEYS = ("path", "quota", "owner", "group", "mode", "retention", "retired", "model")
+_MODEL_KEYS = tuple(f.name for f in dataclasses.fields(Namespace))
+
+
+def _parse_namespaces(raw: Any, tier_names: list[str]) -> tuple[NamespaceConfig, ...]:
+    if not isinstance(raw, list):
+        raise ConfigError("namespaces", "write namespaces as [[namespaces]] entries (an array of tables)")
+    out: list[NamespaceConfig] = []
+    for i, table in enumerate(raw):
+        ns = _parse_namespace(f"namespaces[{i}]", table, tier_names)
+        for j, other in enumerate(out):
+            if ns.path == other.path:
+                raise ConfigError(f"namespaces[{i}].path", f"{ns.path!r} is namespaces[{j}] already")
+            inner, outer = (ns, other) if len(ns.path) > len(other.path) else (other, ns)
+            if inner.path.startswith(outer.path + "/"):
+                raise ConfigError(
+                    f"namespaces[{i}].path",
+                    f"{inner.path!r} lies inside namespace {outer.path!r}; namespaces do not nest",
+                )
+        out.append(ns)
+    return tuple(out)
+
+
+def _parse_namespace(where: str, table: Any, tier_names: list[str]) -> NamespaceConfig:
+    if not isinstance(table, dict):
+        raise ConfigError(where, "expected a table")
+    unknown = sorted(set(table) - set(_NAMESPACE_KEYS))
+    if unknown:
+        raise ConfigError(f"{where}.{unknown[0]}", f"unknown key; known keys are {', '.join(_NAMESPACE_KEYS)}")
+    model = _parse_model(f"{where}.model", table["model"]) if "model" in table else None
+    path: str
+    if "path" in table:
+        raw_path = table["path"]
+        if not isinstance(raw_path, str):
+            raise ConfigError(f"{where}.path", 'expected a path string inside the mount, like "tenant-a"')
+        try:
+            path = normalize(raw_path)
+        except InvalidName as exc:
+            raise ConfigError(f"{where}.path", str(exc)) from None
+        if not path:
+            raise ConfigError(f"{where}.path", "the mount's root cannot be a namespace; name a directory in it")
+    elif model is not None:
+        path = model.dirname()
+    else:
+        raise ConfigError(f"{where}.path", "missing required key (or give model = {...} to derive it)")
+    quota: dict[str, int] = {}
+    raw_quota = table.get("quota", {})
+    if not isinstance(raw_quota, dict):
+        raise ConfigError(f"{where}.quota", 'expected a table of tier = size, like { dram = "1GiB" }')
+    for tier, size in raw_quota.items():
+        if tier not in tier_names:
+            raise ConfigError(f"{where}.quota.{tier}", f"no tier named {tier!r}; tiers: {', '.join(tier_names)}")
+        try:
+            quota[tier] = parse_size(size)
+        except ValueError as exc:
+            raise ConfigError(f"{where}.quota.{tier}", str(exc)) from None
+    retention = None
+    if "retention" in table:
+        try:
+            retention = parse_duration(table["retention"])
+        except ValueError as exc:
+            raise ConfigError(f"{where}.retention", str(exc)) from None
+        if retention <= 0:
+            raise ConfigError(f"{where}.retention", "must be longer than zero (leave it out to keep blocks)")
+    retired = table.get("retired", False)
+    if not isinstance(retired, bool):
+        raise ConfigError(f"{where}.retired", "expected true or false")
+    mode = None
+    if "mode" in table:
+        try:
+            mode = parse_mode(table["mode"])
+        except ValueError as exc:
+            raise ConfigError(f"{where}.mode", str(exc)) from None
+    return NamespaceConfig(
+        path=path,
+        quota=quota,
+        owner=_parse_id(f"{where}.owner", table.get("owner"), "user"),
+        group=_parse_id(f"{where}.group", table.get("group"), "group"),
+        mode=mode,
+        retention=retention,
+        retired=retired,
+        model=model,
+    )
+
+
+def _parse_id(where: str, value: Any, kind: str) -> int | None:
+    """A uid or gid: a number, or a name looked up in the passwd or group database."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise ConfigError(where, f"expected a {kind} name or a numeric id")
+    if isinstance(value, int):
+        if value < 0:
+            raise ConfigError(where, f"a {kind} id is not negative")
+        return value
+    try:
+        return pwd.getpwnam(value).pw_uid if kind == "user" else grp.getgrnam(value).gr_gid
+    except KeyError:
+        raise ConfigError(where, f"no {kind} named {value!r} on this machine; give a numeric id") from None
+
+
+def _parse_model(where: str, table: Any) -> Namespace:
+    if not isinstance(table, dict):
+        raise ConfigError(where, "expected a table: { model, dtype, num_layers, num_kv_heads, head_size, ... }")
+    unknown = sorted(set(table) - set(_MODEL_KEYS))
+    if unknown:
+        raise ConfigError(f"{where}.{unknown[0]}", f"unknown key; known keys are {', '.join(_MODEL_KEYS)}")
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(Namespace):
+        if f.name not in table:
+            if f.default is dataclasses.MISSING:
+                raise ConfigError(f"{where}.{f.name}", "missing required key")
+            continue
+        value = table[f.name]
+        want = int if f.type in ("int", int) else str
+        if isinstance(value, bool) or not isinstance(value, want):
+            raise ConfigError(f"{where}.{f.name}", f"expected {'a whole number' if want is int else 'a string'}")
+        kwargs[f.name] = value
+    return Namespace(**kwargs)
 
 
 def load_config(path: str | os.PathLike[str]) -> Config:

@@ -10,6 +10,7 @@ result is the same in every process on every machine. The format is specified in
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import struct
 from array import array
@@ -21,7 +22,7 @@ import xxhash
 from .errors import InvalidName
 from .names import BlockName
 
-__all__ = ["HashFn", "Namespace", "block_hash", "block_path", "chain_hashes", "xxh3_128"]
+__all__ = ["HashFn", "Namespace", "block_hash", "block_path", "chain_hashes", "differ_only_by_weights", "xxh3_128"]
 
 HashFn = Callable[[bytes], bytes]
 """A hash function from bytes to a digest (16 bytes for the default)."""
@@ -69,6 +70,13 @@ class Namespace:
 
     Blocks of two namespaces never share a hash. ``dirname`` is the top-level directory
     the namespace's blocks live under: the model name made path-safe plus a digest prefix.
+
+    ``weights`` is the model's fingerprint: the weights' revision or digest (a hub commit,
+    ``sha256:…`` of the files). With it, a model whose weights change under the same
+    ``model`` name gets another chain root and another directory, so stale KV is never
+    served for it; with it empty (the default) the chain is the v1 chain, unchanged
+    (docs/naming.md, "Model identity"). The rest of the fingerprint (dtype, layout, TP
+    rank) was always part of the namespace.
     """
 
     model: str
@@ -80,10 +88,13 @@ class Namespace:
     tp_rank: int = 0
     tp_size: int = 1
     extra: str = ""
+    weights: str = ""
 
     def encode(self) -> bytes:
-        fields = (
-            "kvfs-namespace-v1",
+        """The namespace's encoding: v1 without ``weights`` (existing chains keep their
+        values), v2 with it (the v1 fields, then the fingerprint)."""
+        fields: tuple[str | int, ...] = (
+            "kvfs-namespace-v1" if not self.weights else "kvfs-namespace-v2",
             self.model,
             self.dtype,
             self.num_layers,
@@ -94,6 +105,8 @@ class Namespace:
             self.tp_size,
             self.extra,
         )
+        if self.weights:
+            fields += (self.weights,)
         return _encode_extra(fields)
 
     def digest(self, hash_fn: HashFn = xxh3_128) -> bytes:
@@ -103,6 +116,13 @@ class Namespace:
     def dirname(self, hash_fn: HashFn = xxh3_128) -> str:
         model = _SAFE.sub("-", self.model).strip("-.") or "model"
         return f"{model[:64]}-{self.digest(hash_fn).hex()[:12]}"
+
+
+def differ_only_by_weights(a: Namespace, b: Namespace) -> bool:
+    """True when *a* and *b* are the same model name and KV layout with different weights
+    fingerprints: one of them holds KV of weights that are no longer served under that
+    name (kvfs warns about such a pair; retire the stale one)."""
+    return a.weights != b.weights and dataclasses.replace(a, weights=b.weights) == b
 
 
 def block_hash(

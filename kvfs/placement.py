@@ -21,6 +21,10 @@ shared tiers, by the write-through queue in the background). While a copy's name
 in a tier (being written, deleted, or leased) it is never chosen as a victim, never
 overwritten and never deleted; a delete asked for meanwhile runs when it is idle.
 
+Namespaces (:mod:`kvfs.namespaces`) with a quota in a tier are held to it the same way:
+room is made for a copy within the namespace's quota first, evicting the namespace's own
+blocks by its own order, and the bytes of copies in flight are reserved against it.
+
 Callers that must never wait (the FUSE loop, through ``Store.nowait``) run with the lock
 taken without blocking; any step that would need tier I/O raises
 :class:`~kvfs.errors.StoreBusy` naming the tier, before changing anything it cannot finish.
@@ -38,6 +42,8 @@ from .backlog import WriteThroughQueue
 from .catalog import BlockRecord, Catalog
 from .errors import BlockCorrupt, BlockNotFound, StoreBusy, TierFull, TierUnavailable
 from .events import EventKind, EventLog
+from .namespaces import Namespaces, NamespaceState, PartitionedPolicy
+from .policies import EvictionPolicy
 from .slot import TierSlot
 from .tier import BlockRef, Tier
 
@@ -63,7 +69,8 @@ class Placement:
     """Copies of blocks across *slots* (hottest first), recorded in *catalog*.
 
     *queue* receives the background work (write-through copies, deletes on shared
-    tiers); *events* gets an event per move; *clock* returns seconds.
+    tiers); *events* gets an event per move; *clock* returns seconds; *namespaces* holds
+    the quotas to keep (none by default).
     """
 
     def __init__(
@@ -74,8 +81,10 @@ class Placement:
         *,
         events: EventLog,
         clock: Callable[[], float],
+        namespaces: Namespaces | None = None,
     ) -> None:
         self.slots = list(slots)
+        self.namespaces = namespaces if namespaces is not None else Namespaces(tier_names=[s.name for s in slots])
         self.catalog = catalog
         self.queue = queue
         self.events = events
@@ -169,6 +178,16 @@ class Placement:
         if not rec.pinned:
             self.policy_insert(slot, rec)
 
+    def set_pinned(self, rec: BlockRecord, pinned: bool) -> None:
+        """Pin or unpin *rec*: a pinned block is in no policy, so never a victim."""
+        if pinned and not rec.pinned:
+            for i in rec.tier_indexes():
+                self.slots[i].policy.remove(rec.name)
+        elif not pinned and rec.pinned:
+            for i in rec.tier_indexes():
+                self.policy_insert(self.slots[i], rec)
+        rec.pinned = pinned
+
     def forget_copy(self, slot: TierSlot, rec: BlockRecord, *, policy: bool = True) -> None:
         """Drop *slot* from the record (the copy is gone, overwritten or someone else's).
         ``policy=False`` leaves the policy entry, which belongs to a replacing record."""
@@ -186,12 +205,14 @@ class Placement:
         self.forget_copy(slot, rec)
         self.delete_copy(slot, rec.name)
 
-    def delete_copy(self, slot: TierSlot, name: str) -> None:
-        """Delete what *slot* holds under *name* (the record no longer counts it)."""
+    def delete_copy(self, slot: TierSlot, name: str, *, cutoff: float | None = None) -> None:
+        """Delete what *slot* holds under *name* (the record no longer counts it). With
+        *cutoff* (shared tiers), only a copy written before it (seconds since the epoch):
+        one another node wrote since is kept (``Tier.expire``)."""
         if not slot.persistent:
             slot.tier.delete(name)
         elif slot.shared:
-            self.queue.delete(name, slot.index)
+            self.queue.delete(name, slot.index, cutoff=cutoff)
             slot.hold(name)  # released when the delete ran: nothing re-publishes it first
         elif slot.is_busy(name):
             slot.doomed.add(name)  # leased or in flight: deleted once idle
@@ -300,12 +321,14 @@ class Placement:
 
     # -- room ------------------------------------------------------------------------
 
-    def victim(self, slot: TierSlot, skipped: list[str]) -> BlockRecord | None:
-        """The record the policy of *slot* would evict next (None when none can go).
-        Busy copies are set aside in *skipped* (the caller puts them back)."""
+    def victim(self, slot: TierSlot, skipped: list[str], order: EvictionPolicy | None = None) -> BlockRecord | None:
+        """The record the policy of *slot* would evict next (None when none can go);
+        *order*: a namespace's own order in the slot instead of the whole tier's. Busy
+        copies are set aside in *skipped* (the caller puts them back)."""
         policy = slot.policy
+        order = policy if order is None else order
         while True:
-            name = policy.victim()
+            name = order.victim()
             if name is None:
                 return None
             rec = self.catalog.get(name)
@@ -321,24 +344,70 @@ class Placement:
             if rec is not None and rec.tiers & slot.bit and not rec.pinned:
                 self.policy_insert(slot, rec)
 
-    def make_room(self, slot: TierSlot, need: int, *, lossless: bool = False) -> bool:
+    def make_room(self, slot: TierSlot, need: int, *, lossless: bool = False, ns: NamespaceState | None = None) -> bool:
         """Evict from *slot* until *need* more bytes fit (under the lock, which is let go
         while a victim's last copy is demoted); False if they cannot. *lossless*: never
-        drop a block's last copy to make the room (the flush at unmount)."""
+        drop a block's last copy to make the room (the flush at unmount). *ns*: the
+        bytes are the namespace's, so they must also fit its quota in *slot*, made by
+        evicting its own blocks first (never another namespace's for its quota)."""
+        i = slot.index
         cap = slot.capacity
-        if cap is None:
+        if cap is None and (ns is None or ns.quota[i] is None):
             return True
-        if need > cap:
+        if cap is not None and need > cap:
             return False
         skipped: list[str] = []
         try:
-            while self.catalog.used[slot.index] + slot.reserved + need > cap:
-                victim = self.victim(slot, skipped)
-                if victim is None or not self.evict_copy(slot, victim, lossless=lossless):
+            while True:  # both bounds are checked again after each eviction: the lock may be let go
+                if ns is not None and self.ns_over(ns, slot, need):
+                    order, quota = ns.parts[i], ns.quota[i]
+                    fits = quota is not None and need <= quota
+                    victim = self.victim(slot, skipped, order) if fits and order is not None else None
+                    if victim is not None and self.evict_copy(slot, victim, "quota", lossless=lossless):
+                        ns.evictions[i] += 1
+                        continue
                     return False
-            return True
+                if cap is not None and self.catalog.used[i] + slot.reserved + need > cap:
+                    victim = self.victim(slot, skipped)
+                    if victim is None or not self.evict_copy(slot, victim, lossless=lossless):
+                        return False
+                    continue
+                return True
         finally:
             self._restore(slot, skipped)
+
+    # -- namespace quotas ------------------------------------------------------------
+
+    def ns_used(self, ns: NamespaceState, tier: int) -> int:
+        """Bytes *ns*'s copies take in *tier*: the catalog's running total of its directory."""
+        t = self.catalog.totals.get(ns.path)
+        return 0 if t is None else t.used[tier]
+
+    def ns_over(self, ns: NamespaceState | None, slot: TierSlot, need: int) -> bool:
+        """True when *need* more bytes of *ns* do not fit its quota in *slot* now."""
+        if ns is None:
+            return False
+        quota = ns.quota[slot.index]
+        return quota is not None and self.ns_used(ns, slot.index) + ns.reserved[slot.index] + need > quota
+
+    def set_quota(self, ns: NamespaceState, slot: TierSlot, quota: int | None) -> None:
+        """Give *ns* a quota of *quota* bytes in *slot* (None: none), under the lock. The
+        first quota in a tier wraps its policy (:class:`PartitionedPolicy`); a namespace's
+        first quota there builds its own order from the blocks it has there, least
+        recently used first. Lowering a quota below the use does not evict by itself:
+        :meth:`make_room` with ``need=0`` does (``Store.set_quota``)."""
+        i = slot.index
+        if quota is not None and ns.parts[i] is None:
+            if not isinstance(slot.policy, PartitionedPolicy):
+                slot.policy = PartitionedPolicy(slot.policy, self.namespaces, i)
+            part = self.namespaces.new_part()
+            held = [r for r in self.catalog.under(ns.path) if r.tiers & slot.bit and r.name in slot.policy]
+            for rec in sorted(held, key=lambda r: r.accessed):
+                part.insert(rec.name, self.footprint(slot, rec), rec.parent)
+            ns.parts[i] = part
+        elif quota is None:
+            ns.parts[i] = None
+        ns.quota[i] = quota
 
     def evict_copy(self, slot: TierSlot, rec: BlockRecord, detail: str = "", *, lossless: bool = False) -> bool:
         """Remove the copy in *slot* to make room. Demote it first when no colder local
@@ -428,7 +497,8 @@ class Placement:
         if slot.persistent:
             self.require_io(slot.index, "writing a copy")
         fp = self.footprint(slot, rec)
-        if not self.make_room(slot, fp, lossless=lossless):
+        ns = self.namespaces.of(name) if self.namespaces else None
+        if not self.make_room(slot, fp, lossless=lossless, ns=ns):
             return False
         if not new and not self.is_current(rec):
             return False  # deleted or replaced while room was made
@@ -437,7 +507,7 @@ class Placement:
         if not slot.persistent:
             if not self._put_volatile(slot, rec, data, lossless):
                 return False
-        elif not self._put_persistent(slot, rec, data, fp, new=new, lossless=lossless):
+        elif not self._put_persistent(slot, rec, data, fp, ns, new=new, lossless=lossless):
             return False
         self.add_copy(slot, rec)
         if slot.shared:
@@ -471,11 +541,21 @@ class Placement:
         return victim is not None and self.evict_copy(slot, victim, lossless=lossless)
 
     def _put_persistent(
-        self, slot: TierSlot, rec: BlockRecord, data: Any, fp: int, *, new: bool, lossless: bool
+        self,
+        slot: TierSlot,
+        rec: BlockRecord,
+        data: Any,
+        fp: int,
+        ns: NamespaceState | None,
+        *,
+        new: bool,
+        lossless: bool,
     ) -> bool:
         name = rec.name
         for _ in range(_TIER_FULL_RETRIES):
             slot.reserved += fp
+            if ns is not None:
+                ns.reserved[slot.index] += fp
             slot.hold(name)
             error: Exception | None = None
             try:
@@ -486,6 +566,8 @@ class Placement:
                         error = exc
             finally:
                 slot.reserved -= fp
+                if ns is not None:
+                    ns.reserved[slot.index] -= fp
                 if error is None:
                     slot.doomed.discard(name)  # the file a waiting delete meant is replaced
                 self.release_hold(slot, name)
@@ -508,6 +590,9 @@ class Placement:
             return "is unavailable"
         if slot.is_busy(rec.name):
             return "is busy with an earlier copy of it"
+        ns = self.namespaces.of(rec.name) if self.namespaces else None
+        if ns is not None and self.ns_over(ns, slot, self.footprint(slot, rec)):
+            return f"holds namespace {ns.path!r} at its quota there (of pinned or busy blocks)"
         cap = slot.capacity
         if cap is not None and self.footprint(slot, rec) > cap:
             return "is too small for it"

@@ -51,20 +51,18 @@ class OperatorCommands:
         self.catalog = store.catalog
         self.slots = store.slots
 
-    def pin(self, name: str, pinned: bool = True) -> BlockStat:
-        """Pin (or unpin) a block: a pinned block is never evicted from the tiers it is in."""
+    def pin(self, name: str, pinned: bool = True, *, ttl: float | None = None) -> BlockStat:
+        """Pin (or unpin) a block: a pinned block is never evicted from the tiers it is in.
+        *ttl*: a soft pin, which ends by itself after *ttl* seconds (:mod:`kvfs.lifetimes`)."""
+        if ttl is not None and not ttl > 0:
+            raise ValueError(f"a soft pin lasts longer than 0 seconds (got {ttl})")
         name = normalize(name)
         self.store.records.refresh(name)
         p = self.placement
         with p.locked():
             rec = self.catalog.require(name)
-            if pinned and not rec.pinned:
-                for i in rec.tier_indexes():
-                    self.slots[i].policy.remove(rec.name)
-            elif not pinned and rec.pinned:
-                for i in rec.tier_indexes():
-                    p.policy_insert(self.slots[i], rec)
-            rec.pinned = pinned
+            p.set_pinned(rec, pinned)
+            self.store.lifetimes.pinned(rec, ttl)
             return rec.stat(p.names)
 
     def prefetch(self, name: str, tier: str | None = None) -> BlockStat:

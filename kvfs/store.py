@@ -18,7 +18,10 @@ The store is a facade over collaborators that each own their state (docs/store.m
 - :class:`~kvfs.backlog.WriteThroughQueue` and :class:`~kvfs.writeback.WriteBack`: the
   background copies and deletes, and the flush before unmount;
 - :class:`~kvfs.steering.OperatorCommands`: pin, prefetch, evict, du, fsck;
-- :class:`~kvfs.leases.Leases`: copies held for readers outside the store.
+- :class:`~kvfs.leases.Leases`: copies held for readers outside the store;
+- :class:`~kvfs.namespaces.Namespaces`: tenants' and models' subtrees with their quotas
+  (kept by the placement), access rules and lifetimes (:class:`~kvfs.lifetimes.Lifetimes`:
+  soft pins and retention, swept by :meth:`Store.sweep`).
 
 Threading: every public method is thread-safe. Nothing that touches a persistent tier runs
 under the store's lock, so a DRAM hit never waits behind a demotion or an upload, and no
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
@@ -40,7 +44,7 @@ from typing import Any, TypeVar
 from .backlog import WriteThroughQueue
 from .blockfile import checksum as compute_checksum
 from .catalog import BlockRecord, BlockStat, Catalog
-from .config import PolicyConfig, PromoteMode, WriteMode
+from .config import NamespaceConfig, PolicyConfig, PromoteMode, WriteMode
 from .errors import (
     BlockCorrupt,
     BlockNotFound,
@@ -53,7 +57,9 @@ from .errors import (
 )
 from .events import EventKind, EventLog
 from .leases import Lease, Leases
+from .lifetimes import Lifetimes, SweepReport
 from .names import normalize, parent_of, split
+from .namespaces import CrossNamespace, NamespaceRetired, Namespaces, NamespaceState, NamespaceStatistics
 from .placement import Placement
 from .policies import EvictionPolicy, Hint, make_policy
 from .revalidation import SharedRecords
@@ -64,7 +70,7 @@ from .steering import LastCopy, OperatorCommands, Usage
 from .tier import BlockRef, Tier
 from .writeback import FlushReport, WriteBack
 
-__all__ = ["BlockStat", "FlushReport", "LastCopy", "Lease", "Store", "StoreBusy", "Usage"]
+__all__ = ["BlockStat", "FlushReport", "LastCopy", "Lease", "Store", "StoreBusy", "SweepReport", "Usage"]
 
 log = logging.getLogger("kvfs.store")
 
@@ -83,7 +89,9 @@ class Store:
     *listing_ttl* are the shared-tier caches' lifetimes (docs/shared-tiers.md);
     *shared_wait* is how long a call waits for background work on the shared tiers that
     it started (a revalidation, a delete) before answering from what this node knows:
-    0, the daemon's setting, never waits.
+    0, the daemon's setting, never waits. *namespaces* are the ``[[namespaces]]`` of the
+    config (quotas, access, retention; docs/tenants.md); *owner* is ``(uid, gid)`` for
+    their rules' owner or group when the config leaves one out (the mounting user).
     """
 
     def __init__(
@@ -98,6 +106,8 @@ class Store:
         listing_ttl: float = 5.0,
         shared_wait: float = 0.0,
         lease_clock: Callable[[], float] = time.monotonic,
+        namespaces: Sequence[NamespaceConfig] = (),
+        owner: tuple[int, int] | None = None,
     ) -> None:
         if not tiers:
             raise ValueError("a store needs at least one tier")
@@ -113,7 +123,21 @@ class Store:
         self.catalog = Catalog(len(self.slots))
         self.events = EventLog()
         self.queue = WriteThroughQueue()
-        self.placement = Placement(self.slots, self.catalog, self.queue, events=self.events, clock=clock)
+        uid, gid = owner if owner is not None else (os.getuid(), os.getgid())
+        self.namespaces = Namespaces(
+            namespaces,
+            [s.name for s in self.slots],
+            policy_factory=functools.partial(policy_factory, policy.eviction),
+            uid=uid,
+            gid=gid,
+        )
+        self.placement = Placement(
+            self.slots, self.catalog, self.queue, events=self.events, clock=clock, namespaces=self.namespaces
+        )
+        for ns in self.namespaces:  # before the rebuild, so the quotas' orders see every block found
+            for slot in self.slots:
+                if ns.quota[slot.index] is not None:
+                    self.placement.set_quota(ns, slot, ns.quota[slot.index])
         self.shared = SharedView(self.slots, clock=clock, negative_ttl=negative_ttl, listing_ttl=listing_ttl)
         self.writeback = WriteBack(self.placement, self.queue)
         self.records = SharedRecords(
@@ -121,12 +145,20 @@ class Store:
         )
         self.operator = OperatorCommands(self)
         self.leases = Leases(self.placement, clock=lease_clock)
+        self.lifetimes = Lifetimes(self)
         self._through = [s for s in self.slots if s.index > 0 and s.tier.config.write is WriteMode.THROUGH]
         self._lookups = 0
         self._misses = 0
         self.rebuilt_corrupt = 0
         if rebuild:
             self.rebuild()
+        with self.placement.locked():
+            for ns in self.namespaces:  # its directory exists, with its owner, for its tenant to write in
+                try:
+                    self.catalog.ensure_dir(ns.path)
+                except KvfsError as exc:
+                    log.warning("namespace %s: %s", ns.path, exc)
+        self.enforce_quotas()
 
     # -- helpers ---------------------------------------------------------------------
 
@@ -178,6 +210,11 @@ class Store:
         take it, :class:`IsADirectory` when *name* is a directory.
         """
         name = normalize(name)
+        ns = self.namespaces.of(name)
+        if ns is not None and ns.retired:
+            raise NamespaceRetired(
+                f"{name!r}: namespace {ns.path!r} is retired (its model's KV is stale); write to its successor"
+            )
         mv = memoryview(data).cast("B")
         csum = compute_checksum(mv)
         now = self.clock()
@@ -202,6 +239,13 @@ class Store:
                 if old is not None and not old.pinned:
                     for j in old.tier_indexes():
                         p.policy_insert(self.slots[j], old)
+                if ns is not None and any(q is not None for q in ns.quota):
+                    ns.refused += 1
+                    raise NoSpace(
+                        f"no tier can take {name!r} ({len(mv)} bytes) within namespace {ns.path!r}'s quotas: "
+                        + "; ".join(f"{s.name} {p.refusal(s, rec)}" for s in self.slots)
+                        + "; unpin blocks of it or raise its quota (kvfs quota set)"
+                    )
                 raise NoSpace(
                     f"no tier can take {name!r} ({len(mv)} bytes): every tier is full of pinned blocks "
                     "or too small; unpin blocks or add capacity"
@@ -506,6 +550,14 @@ class Store:
         renamed now (outside the lock).
         """
         old, new = normalize(old), normalize(new)
+        src, dst = self.namespaces.of(old), self.namespaces.of(new)
+        if src is not dst:
+            raise CrossNamespace(
+                f"{old!r} is in {_ns_label(src)} and {new!r} in {_ns_label(dst)}: a block cannot move between "
+                "namespaces by rename (their quotas and owners differ); copy it and remove the original"
+            )
+        if dst is not None and dst.retired:
+            raise NamespaceRetired(f"{new!r}: namespace {dst.path!r} is retired")
         self.records.refresh(old)
         p = self.placement
         with p.locked():
@@ -620,9 +672,10 @@ class Store:
 
     # -- operator commands (kvfs pin, prefetch, evict, du, fsck) ----------------------------
 
-    def pin(self, name: str, pinned: bool = True) -> BlockStat:
-        """Pin (or unpin) a block: a pinned block is never evicted from the tiers it is in."""
-        return self.operator.pin(name, pinned)
+    def pin(self, name: str, pinned: bool = True, *, ttl: float | None = None) -> BlockStat:
+        """Pin (or unpin) a block: a pinned block is never evicted from the tiers it is in.
+        *ttl*: a soft pin, ended by :meth:`sweep` after *ttl* seconds of the store's clock."""
+        return self.operator.pin(name, pinned, ttl=ttl)
 
     def prefetch(self, name: str, tier: str | None = None) -> BlockStat:
         """Copy the block into *tier* (the hottest by default) now."""
@@ -640,6 +693,93 @@ class Store:
     def verify(self, name: str, *, repair: bool = False) -> dict[str, str | None]:
         """Check every copy of *name* (see :meth:`OperatorCommands.verify`)."""
         return self.operator.verify(name, repair=repair)
+
+    # -- namespaces: quotas, lifetimes -------------------------------------------------------
+
+    def set_quota(self, path: str, tier: str, quota: int | None) -> NamespaceStatistics:
+        """Give namespace *path* (made now if the config has none there) a quota of
+        *quota* bytes in *tier* (None: none). Lowering it below the namespace's use
+        evicts its blocks there by policy now (demoting as usual); blocks that cannot go
+        (pinned, busy) stay, and new ones are refused until it is under. Not kept across
+        a restart: put quotas to keep in the config."""
+        k = self.tier_index(tier)
+        if quota is not None and quota < 0:
+            raise ValueError(f"a quota is a size in bytes, not {quota}")
+        p = self.placement
+        with p.locked():
+            ns = self.namespaces.ensure(path)
+            p.set_quota(ns, self.slots[k], quota)
+            if ns.path not in self.catalog.blocks:
+                self.catalog.ensure_dir(ns.path)
+        self.enforce_quotas([ns])
+        return self.namespace_statistics(ns.path)[0]
+
+    def set_retention(self, path: str, seconds: float | None) -> NamespaceStatistics:
+        """Give namespace *path* a retention of *seconds* since last access (None: keep
+        blocks); the next :meth:`sweep` applies it. Not kept across a restart."""
+        if seconds is not None and not seconds > 0:
+            raise ValueError(f"a retention is longer than 0 seconds (got {seconds})")
+        with self.placement.locked():
+            ns = self.namespaces.ensure(path)
+            ns.retention = seconds
+            self.lifetimes.reschedule()
+        return self.namespace_statistics(ns.path)[0]
+
+    def enforce_quotas(self, spaces: Sequence[NamespaceState] | None = None) -> None:
+        """Evict until every namespace (of *spaces*, default all) is within its quotas,
+        as far as unpinned, idle blocks allow (after a restart, or a lowered quota)."""
+        p = self.placement
+        with p.locked():
+            for ns in list(self.namespaces) if spaces is None else spaces:
+                for slot in self.slots:
+                    if p.ns_over(ns, slot, 0):
+                        p.make_room(slot, 0, ns=ns)
+
+    def namespace_statistics(self, path: str | None = None) -> list[NamespaceStatistics]:
+        """A snapshot of every namespace (or of the one at *path*: KeyError if none)."""
+        p = self.placement
+        with p.locked():
+            if path is not None:
+                one = self.namespaces.get(normalize(path))
+                if one is None:
+                    raise KeyError(f"no namespace at {path!r}")
+                spaces = [one]
+            else:
+                spaces = list(self.namespaces)
+            out = []
+            for ns in spaces:
+                t = self.catalog.totals.get(ns.path)
+                out.append(
+                    NamespaceStatistics(
+                        path=ns.path,
+                        tiers=tuple(
+                            (
+                                s.name,
+                                t.used[s.index] if t else 0,
+                                ns.quota[s.index],
+                                t.copies[s.index] if t else 0,
+                                ns.evictions[s.index],
+                            )
+                            for s in self.slots
+                        ),
+                        blocks=t.blocks if t else 0,
+                        size=t.size if t else 0,
+                        refused=ns.refused,
+                        expired=ns.expired,
+                        retention=ns.retention,
+                        retired=ns.retired,
+                        access=ns.access,
+                        configured=ns.configured,
+                        model=ns.model,
+                    )
+                )
+            return out
+
+    def sweep(self) -> SweepReport:
+        """End the soft pins that expired and, when due, remove blocks past their
+        namespace's retention (see :mod:`kvfs.lifetimes`); the daemon calls it from its
+        background task."""
+        return self.lifetimes.sweep()
 
     # -- leases ----------------------------------------------------------------------------
 
@@ -751,6 +891,10 @@ class Store:
         self.shared.close()
         for slot in self.slots:
             slot.close()
+
+
+def _ns_label(ns: NamespaceState | None) -> str:
+    return "no namespace" if ns is None else f"namespace {ns.path!r}"
 
 
 def _open(tier: Tier, name: str) -> BlockRef:

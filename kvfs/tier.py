@@ -28,7 +28,7 @@ from typing import Any, ClassVar, Self
 from .config import TierConfig, TierKind
 from .names import TierName
 
-__all__ = ["BlockInfo", "BlockRef", "Location", "Tier"]
+__all__ = ["BlockInfo", "BlockRef", "Location", "StoredObject", "Tier"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +40,23 @@ class BlockInfo:
     size: int
     checksum: int
     problem: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StoredObject:
+    """One thing a shared tier holds, as ``kvfs gc`` and the retention sweep see it.
+
+    A block (``name`` its block name) or, with ``leftover``, what a write that never
+    finished left behind (a temporary file, an unfinished multipart upload; ``name`` says
+    where, relative to the tier). ``mtime``: when it was written (seconds since the
+    epoch, the storage's clock); ``size``: bytes stored; ``token``: what removing a
+    leftover needs besides its name (an S3 upload id)."""
+
+    name: str
+    mtime: float
+    size: int
+    leftover: bool = False
+    token: str = ""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -167,6 +184,28 @@ class Tier(abc.ABC):
         with self.open(old) as ref:
             self.put(new, ref.data, ref.checksum)
         self.delete(old)
+
+    # -- lifetimes on shared tiers (kvfs gc, the retention sweep) ---------------------
+    # Shared tiers implement these; the others hold only this node's copies, which the
+    # store removes through delete().
+
+    def inventory(self, prefix: str = "") -> Iterator[StoredObject]:
+        """Everything stored under the directory *prefix* (``""``: all): blocks and
+        leftovers of unfinished writes, with when each was written; produced as the
+        listing goes (one deadline per directory or page). Raises :class:`TierUnavailable`."""
+        raise NotImplementedError(f"{self.kind.value} tier {self.name!r} keeps no inventory (shared tiers do)")
+
+    def expire(self, name: str, cutoff: float) -> bool:
+        """Remove block *name* only if its stored copy was written before *cutoff*
+        (seconds since the epoch); True if it was removed. A copy written since (another
+        node published the block again) is kept, however the two calls interleave where
+        the storage allows it (docs/tenants.md says where it does not)."""
+        raise NotImplementedError(f"{self.kind.value} tier {self.name!r} has no expiry (shared tiers do)")
+
+    def remove_leftover(self, obj: StoredObject, cutoff: float) -> bool:
+        """Remove the leftover *obj* (from :meth:`inventory`) if it is still older than
+        *cutoff*; True if it was removed."""
+        raise NotImplementedError(f"{self.kind.value} tier {self.name!r} has no leftovers (shared tiers do)")
 
     def locate(self, name: str) -> Location | None:
         """Where the copy's payload lies for a reader in another process (zero-copy

@@ -23,7 +23,7 @@ _SIZE_UNITS = {
     "tib": 1 << 40,
 }
 _SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*$")
-_DUR_UNITS = {"ms": 1e-3, "s": 1.0, "": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+_DUR_UNITS = {"ms": 1e-3, "s": 1.0, "": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
 
 
 def parse_size(value: int | str) -> int:
@@ -49,7 +49,7 @@ def parse_size(value: int | str) -> int:
 
 
 def parse_duration(value: float | str) -> float:
-    """Seconds from a number or a string like ``"250ms"``, ``"5s"``, ``"2m"``."""
+    """Seconds from a number or a string like ``"250ms"``, ``"5s"``, ``"2m"``, ``"7d"``."""
     if isinstance(value, bool):
         raise ValueError('expected a duration such as "5s" or "250ms", got a boolean')
     if isinstance(value, (int, float)):

@@ -133,7 +133,10 @@ class WriteBack:
         error: TierUnavailable | None = None
         with p.unlocked():
             try:
-                slot.tier.delete(job.name)
+                if job.cutoff is None:
+                    slot.tier.delete(job.name)
+                else:  # the retention sweep's: never a copy another node wrote since the cutoff
+                    slot.tier.expire(job.name, job.cutoff)
             except TierUnavailable as exc:
                 error = exc
         if error is not None:

@@ -6,20 +6,24 @@ directory for itself: a second daemon on the same one is refused), closes the on
 opened when a later one fails, and builds the store with the config's policy and
 shared-tier settings. ``capacity_warnings(config)`` says what a config risks at unmount:
 DRAM is exclusive (a block's only copy may be there, write-back), so when the persistent
-tiers together are smaller than DRAM, a clean unmount cannot write everything down.
+tiers together are smaller than DRAM, a clean unmount cannot write everything down; it
+also names namespaces whose models differ only by their weights fingerprint (one holds
+stale KV), and namespace owners no other user can reach without ``allow_other``.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from kvfs.config import Config
+from kvfs.namespaces import fingerprint_warnings
 from kvfs.store import Store
 from kvfs.tier import Tier
 from kvfs.tiers import open_tier
 from kvfs.units import format_size
 
-__all__ = ["capacity_warnings", "open_store", "open_tiers"]
+__all__ = ["capacity_warnings", "namespace_warnings", "open_store", "open_tiers"]
 
 
 def open_tiers(config: Config) -> list[Tier]:
@@ -41,7 +45,7 @@ def open_store(config: Config, **kwargs: Any) -> Store:
     try:
         kwargs.setdefault("negative_ttl", config.mount.negative_ttl)
         kwargs.setdefault("listing_ttl", config.mount.listing_ttl)
-        return Store(tiers, policy=config.policy, **kwargs)
+        return Store(tiers, policy=config.policy, namespaces=config.namespaces, **kwargs)
     except BaseException:
         for t in reversed(tiers):
             t.close()
@@ -49,7 +53,26 @@ def open_store(config: Config, **kwargs: Any) -> Store:
 
 
 def capacity_warnings(config: Config) -> list[str]:
-    """What *config* cannot promise at unmount, one sentence each (empty when nothing)."""
+    """What *config* cannot promise, one sentence each (empty when nothing): at unmount,
+    and for its namespaces (:func:`namespace_warnings`)."""
+    return _unmount_warnings(config) + namespace_warnings(config)
+
+
+def namespace_warnings(config: Config) -> list[str]:
+    """Namespaces that differ only by the model fingerprint, and owners other than the
+    mounting user while other users cannot use the mount."""
+    out = fingerprint_warnings(config.namespaces)
+    me = os.getuid()
+    others = [ns.path for ns in config.namespaces if ns.owner is not None and ns.owner != me]
+    if others and not config.mount.allow_other:
+        out.append(
+            f"namespaces {', '.join(others)} belong to other users, but [mount] allow_other is false: "
+            f"only uid {me} can use the mount; set allow_other = true"
+        )
+    return out
+
+
+def _unmount_warnings(config: Config) -> list[str]:
     volatile = [t for t in config.tiers if t.kind.value == "dram"]
     persistent = [t for t in config.tiers if t.kind.value != "dram"]
     if not volatile:

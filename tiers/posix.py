@@ -18,6 +18,12 @@ the same time:
 - Rename is copy + delete (the default), never a header rewrite in place, which a reader
   on another node could catch half done; :meth:`scan` never "repairs" other nodes' files.
 - ``fsync`` (on by default) flushes a file to the server before its name appears.
+- Lifetimes (``kvfs gc``, the retention sweep): :meth:`PosixTier.inventory` walks the
+  tree one directory per deadline; :meth:`PosixTier.expire` removes a block only if its
+  file is older than a cutoff, exactly: the file is first renamed aside (atomic), its age
+  checked on the renamed inode, and a file another node published meanwhile is linked
+  back into place. A reader on another node may miss the block for that instant, never
+  get wrong bytes.
 - Every operation runs in a bounded pool of worker threads with the configured timeout
   (:class:`~kvfs.deadline.DeadlineExecutor`): a stalled mount raises
   :class:`TierUnavailable` after ``timeout`` seconds instead of hanging the caller. A call
@@ -32,6 +38,7 @@ import functools
 import logging
 import os
 import secrets
+import stat
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -40,7 +47,7 @@ from kvfs.blockfile import file_length
 from kvfs.config import PosixConfig, TierKind
 from kvfs.deadline import DeadlineExecutor
 from kvfs.errors import BlockCorrupt, BlockNotFound, TierFull, TierUnavailable
-from kvfs.tier import BlockInfo, BlockRef, Tier
+from kvfs.tier import BlockInfo, BlockRef, StoredObject, Tier
 
 from .blockdir import BlockDirectory
 
@@ -51,6 +58,7 @@ log = logging.getLogger("kvfs.tiers.posix")
 T = TypeVar("T")
 
 TMP_PREFIX = ".kvfs-tmp."
+_ASIDE = TMP_PREFIX + "gc."  # a block being expired, renamed aside (a temporary if gc dies there)
 _MISSING = (errno.ENOENT, errno.ESTALE, errno.ENOTDIR)
 
 
@@ -152,6 +160,89 @@ class PosixTier(Tier):
 
     def listdir(self, directory: str = "") -> dict[str, bool]:
         return self._call(f"listing of {directory or '/'}", self.dir.listdir, directory)
+
+    # -- lifetimes -------------------------------------------------------------------
+
+    def _list_dir(self, rel: str) -> list[tuple[str, bool, float, int]]:
+        """``(name, is_dir, mtime, size)`` of each entry of the directory *rel* (relative to
+        the tier's root); symlinks and other odd entries are left out."""
+        out = []
+        try:
+            entries = list(os.scandir(f"{self.dir.root}/{rel}"))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        for e in entries:
+            try:
+                st = e.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            if stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode):
+                out.append((e.name, stat.S_ISDIR(st.st_mode), st.st_mtime, st.st_size))
+        return out
+
+    def inventory(self, prefix: str = "") -> Iterator[StoredObject]:
+        """Block files and temporaries under ``blocks/<prefix>`` (and, for the whole tier,
+        the files in ``tmp/``); one deadline per directory."""
+        p = prefix.strip("/")
+        stack = [f"blocks/{p}" if p else "blocks"]
+        if not p:
+            for fn, is_dir, mtime, size in self._call("listing of tmp/", self._list_dir, "tmp"):
+                if not is_dir:
+                    yield StoredObject(f"tmp/{fn}", mtime, size, leftover=True)
+        while stack:
+            d = stack.pop()
+            entries = self._call(f"listing of {d}", self._list_dir, d)
+            for fn, is_dir, mtime, size in sorted(entries):
+                rel = f"{d}/{fn}"
+                if is_dir:
+                    stack.append(rel)
+                elif fn.startswith(TMP_PREFIX):
+                    yield StoredObject(rel, mtime, size, leftover=True)
+                else:
+                    yield StoredObject(rel[len("blocks/") :], mtime, size)
+
+    def expire(self, name: str, cutoff: float) -> bool:
+        return self._call(f"expiry of {name}", self._expire, name, cutoff)
+
+    def _expire(self, name: str, cutoff: float) -> bool:
+        path = self.dir.path(name)
+        try:
+            st = os.lstat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        if not stat.S_ISREG(st.st_mode) or st.st_mtime >= cutoff:
+            return False
+        parent, _, base = path.rpartition("/")
+        aside = f"{parent}/{_ASIDE}{base[:100]}.{secrets.token_hex(8)}"
+        try:
+            os.rename(path, aside)  # whatever is there now: its age is checked on the inode moved
+        except FileNotFoundError:
+            return False
+        if os.lstat(aside).st_mtime < cutoff:
+            os.unlink(aside)
+            return True
+        try:  # published again since we looked: put it back, unless a newer one is there already
+            os.link(aside, path)
+        except FileExistsError:
+            pass
+        os.unlink(aside)
+        return False
+
+    def remove_leftover(self, obj: StoredObject, cutoff: float) -> bool:
+        def remove() -> bool:
+            path = f"{self.dir.root}/{obj.name}"
+            try:
+                st = os.lstat(path)
+                if not stat.S_ISREG(st.st_mode) or st.st_mtime >= cutoff:
+                    return False  # a writer still at it (its file grew since)
+                os.unlink(path)
+                return True
+            except FileNotFoundError:
+                return False
+
+        if not obj.leftover:
+            raise ValueError(f"{obj.name} is a block, not a leftover; use expire()")
+        return self._call(f"removal of {obj.name}", remove)
 
     def clean_stale_tmp(self, older_than: float = 3600.0) -> int:
         """Remove temporaries older than *older_than* seconds (left by crashed writers on

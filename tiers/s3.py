@@ -11,6 +11,13 @@ them (written by another tool) is stat'ed with a ranged GET of its header.
 Blocks whose object reaches ``multipart_threshold`` bytes are uploaded in parts (at least
 5 MiB each, S3's minimum); a failed multipart upload is aborted.
 
+Lifetimes (``kvfs gc``, the retention sweep): :meth:`S3Tier.inventory` lists objects
+(with ``LastModified``) and unfinished multipart uploads (a crashed writer's leftovers,
+with ``Initiated``); :meth:`S3Tier.expire` checks an object's age with a HEAD and deletes
+it with ``If-Match`` on the ETag it saw, so a different version written since is kept. S3
+has no delete-if-unmodified-since: an identical copy another node published between the
+two calls (same name, same bytes, same ETag) is deleted, and reads there as a miss.
+
 Credentials come from boto3's usual chain (environment, config files, instance roles)
 and are never logged: messages name the bucket, key and S3 error code only.
 
@@ -35,7 +42,7 @@ from kvfs.blockfile import ALIGN, decode_header, encode_header, header_length, v
 from kvfs.config import S3Config, TierKind
 from kvfs.deadline import DeadlineExecutor
 from kvfs.errors import BlockCorrupt, BlockNotFound, KvfsError, TierFull, TierUnavailable
-from kvfs.tier import BlockInfo, BlockRef, Tier
+from kvfs.tier import BlockInfo, BlockRef, StoredObject, Tier
 
 try:
     import boto3
@@ -58,6 +65,7 @@ ERROR_TABLE: dict[str, tuple[type[KvfsError], str]] = {
     "NoSuchKey": (BlockNotFound, "no such object"),
     "404": (BlockNotFound, "no such object"),
     "NotFound": (BlockNotFound, "no such object"),
+    "NoSuchUpload": (BlockNotFound, "no such multipart upload"),
     "NoSuchBucket": (TierUnavailable, "the bucket does not exist"),
     "AccessDenied": (TierUnavailable, "access denied: check the credentials boto3 finds and the bucket policy"),
     "403": (TierUnavailable, "access denied: check the credentials boto3 finds and the bucket policy"),
@@ -284,6 +292,100 @@ class S3Tier(Tier):
                 if base:
                     out.setdefault(base, False)
         return out
+
+    # -- lifetimes -------------------------------------------------------------------
+
+    def inventory(self, prefix: str = "") -> Iterator[StoredObject]:
+        """Objects under *prefix*, a listing page per deadline, then the unfinished
+        multipart uploads there (leftovers: their ``token`` is the upload id)."""
+        p = prefix.strip("/")
+        start = self.prefix + (f"{p}/" if p else "")
+        token: str | None = None
+        while True:
+            page = self._exec.call(self._list_page, start, token, op=f"listing of {start or '/'}")
+            for obj in page.get("Contents", ()):
+                key = obj["Key"]
+                yield StoredObject(key[len(self.prefix) :], obj["LastModified"].timestamp(), int(obj.get("Size", 0)))
+            token = page.get("NextContinuationToken")
+            if not page.get("IsTruncated") or not token:
+                break
+        marker: tuple[str, str] | None = None
+        while True:
+            page = self._exec.call(self._list_uploads, start, marker, op=f"uploads under {start or '/'}")
+            for up in page.get("Uploads", ()):
+                name = up["Key"][len(self.prefix) :]
+                yield StoredObject(name, up["Initiated"].timestamp(), 0, leftover=True, token=up["UploadId"])
+            if not page.get("IsTruncated"):
+                break
+            marker = (page.get("NextKeyMarker", ""), page.get("NextUploadIdMarker", ""))
+
+    def _list_page(self, start: str, token: str | None) -> dict[str, Any]:
+        kw: dict[str, Any] = {"Bucket": self.bucket, "Prefix": start}
+        if token:
+            kw["ContinuationToken"] = token
+        try:
+            page: dict[str, Any] = self.client.list_objects_v2(**kw)
+            return page
+        except _BOTO_ERRORS as exc:
+            raise self._fail(exc, "listing of", start) from exc
+
+    def _list_uploads(self, start: str, marker: tuple[str, str] | None) -> dict[str, Any]:
+        kw: dict[str, Any] = {"Bucket": self.bucket, "Prefix": start}
+        if marker:
+            kw["KeyMarker"], kw["UploadIdMarker"] = marker
+        try:
+            page: dict[str, Any] = self.client.list_multipart_uploads(**kw)
+            return page
+        except _BOTO_ERRORS as exc:
+            raise self._fail(exc, "listing of uploads under", start) from exc
+
+    def expire(self, name: str, cutoff: float) -> bool:
+        return bool(self._exec.call(self._expire, name, cutoff, op=f"expiry of {name}"))
+
+    def _expire(self, name: str, cutoff: float) -> bool:
+        key = self.key(name)
+        try:
+            head = self.client.head_object(Bucket=self.bucket, Key=key)
+        except _BOTO_ERRORS as exc:
+            err = self._fail(exc, "expiry of", name)
+            if isinstance(err, BlockNotFound):
+                return False
+            raise err from exc
+        if head["LastModified"].timestamp() >= cutoff:
+            return False
+        try:
+            self.client.delete_object(Bucket=self.bucket, Key=key, IfMatch=head["ETag"])
+        except botocore.exceptions.ClientError as exc:
+            code = str(exc.response.get("Error", {}).get("Code", ""))
+            if code in ("PreconditionFailed", "412", "NoSuchKey", "404"):
+                return False  # replaced by another version since the HEAD, or gone
+            if code not in ("NotImplemented", "501", "InvalidArgument"):
+                raise self._fail(exc, "expiry of", name) from exc
+            try:  # an endpoint without conditional deletes: the HEAD above is all the check there is
+                self.client.delete_object(Bucket=self.bucket, Key=key)
+            except _BOTO_ERRORS as exc2:
+                raise self._fail(exc2, "expiry of", name) from exc2
+        except botocore.exceptions.BotoCoreError as exc:
+            raise self._fail(exc, "expiry of", name) from exc
+        return True
+
+    def remove_leftover(self, obj: StoredObject, cutoff: float) -> bool:
+        if not obj.leftover:
+            raise ValueError(f"{obj.name} is a block, not a leftover; use expire()")
+        if obj.mtime >= cutoff:
+            return False
+
+        def abort() -> bool:
+            try:
+                self.client.abort_multipart_upload(Bucket=self.bucket, Key=self.key(obj.name), UploadId=obj.token)
+            except _BOTO_ERRORS as exc:
+                err = self._fail(exc, "abort of the upload of", obj.name)
+                if isinstance(err, BlockNotFound):  # NoSuchUpload: finished or aborted since
+                    return False
+                raise err from exc
+            return True
+
+        return bool(self._exec.call(abort, op=f"abort of the upload of {obj.name}"))
 
     # -- removing --------------------------------------------------------------------
 
