@@ -204,7 +204,7 @@ def test_lowering_a_quota_evicts_down_to_it_now(make_store):
         s.put(f"a/{i}", blob(i))
     s.put("b/0", blob(9))
     st = s.set_quota("a", "dram", 2 * BLOCK)
-    assert dict((t, (u, q)) for t, u, q, _, _ in st.tiers)["dram"] == (2 * BLOCK, 2 * BLOCK)
+    assert {t: (u, q) for t, u, q, _, _ in st.tiers}["dram"] == (2 * BLOCK, 2 * BLOCK)
     assert sorted(b.name for b in s.walk("a") if "dram" in b.tiers) == ["a/4", "a/5"]  # the most recent
     assert all(s.read(f"a/{i}") == blob(i) for i in range(6))  # demoted, not lost
     assert s.stat("b/0").tiers == ("dram",)
