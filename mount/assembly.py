@@ -62,6 +62,18 @@ def namespace_warnings(config: Config) -> list[str]:
     """Namespaces that differ only by the model fingerprint, and owners other than the
     mounting user while other users cannot use the mount."""
     out = fingerprint_warnings(config.namespaces)
+    volatile = [t.name for t in config.tiers if t.kind.value == "dram"]
+    persistent = [t.name for t in config.tiers if t.kind.value != "dram"]
+    for ns in config.namespaces:
+        hot = sum(ns.quota.get(t, 0) for t in volatile)
+        if hot and persistent and all(t in ns.quota for t in persistent):
+            room = sum(ns.quota[t] for t in persistent)
+            if room < hot:
+                out.append(
+                    f"namespace {ns.path}'s quotas in the persistent tiers ({format_size(room)}) are smaller than "
+                    f"in DRAM ({format_size(hot)}): a clean unmount cannot write all its DRAM-only blocks down; "
+                    "give it at least as much below"
+                )
     me = os.getuid()
     others = [ns.path for ns in config.namespaces if ns.owner is not None and ns.owner != me]
     if others and not config.mount.allow_other:

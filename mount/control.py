@@ -231,18 +231,59 @@ class ControlHandler:
 
     async def op_du(self, name: str = "") -> dict:
         """``{"path", "tiers": {tier: {"used", "blocks"}}, "total": {"used", "blocks",
-        "size"}}``; ``used`` is bytes against the tier's capacity, ``size`` payload bytes."""
+        "size"}, "quota": {tier: bytes or null} or null}``; ``used`` is bytes against the
+        tier's capacity, ``size`` payload bytes; ``quota`` when *name* is a namespace."""
+        path = normalize(name)
         u = await trio.to_thread.run_sync(self.store.usage, name)
+        ns = self.store.namespaces.get(path)
         return {
-            "path": normalize(name),
+            "path": path,
             "tiers": {t: {"used": used, "blocks": blocks} for t, used, blocks in u.tiers},
             "total": {"used": sum(t[1] for t in u.tiers), "blocks": u.blocks, "size": u.size},
+            "quota": None if ns is None else dict(zip(self.store.namespaces.tier_names, ns.quota, strict=True)),
         }
 
     async def op_df(self) -> dict:
-        """The mount's tiers: statistics plus ``mountpoint`` (capacity, used, health)."""
+        """The mount's tiers: statistics plus ``mountpoint`` (capacity, used, health) and
+        ``namespaces`` (each namespace's use against its quotas, as ``quota_show``)."""
         st = (await trio.to_thread.run_sync(self.store.statistics)).to_json()
-        return {"mountpoint": self.mountpoint, **st}
+        spaces = await trio.to_thread.run_sync(self.store.namespace_statistics)
+        return {"mountpoint": self.mountpoint, **st, "namespaces": [n.to_json() for n in spaces]}
+
+    async def op_quota_show(self, name: str | None = None) -> dict:
+        """``{"namespaces": [NamespaceStatistics.to_json()]}``: every namespace, or the one
+        at *name*, with use, quota, copies and quota evictions per tier."""
+
+        def show() -> dict:
+            try:
+                spaces = self.store.namespace_statistics(name)
+            except KeyError as exc:
+                raise ControlError(f"{name or '/'}: not a namespace; kvfs quota set makes one") from exc
+            return {"namespaces": [n.to_json() for n in spaces]}
+
+        return await trio.to_thread.run_sync(show)
+
+    async def op_quota_set(
+        self, name: str, quotas: dict[str, int | None] | None = None, retention: float | None = None
+    ) -> dict:
+        """Set namespace *name*'s *quotas* (tier -> bytes, null to drop one) and, when
+        given, its *retention* (seconds; 0 drops it). Lowering a quota evicts down to it
+        now. Returns the namespace as ``quota_show`` does."""
+        quotas = quotas or {}
+        for tier in quotas:
+            self._check_tier(tier)
+
+        def apply() -> dict:
+            for tier, q in quotas.items():
+                self.store.set_quota(name, tier, q)
+            if retention is not None:
+                self.store.set_retention(name, retention or None)
+            return self.store.namespace_statistics(normalize(name))[0].to_json()
+
+        try:
+            return await trio.to_thread.run_sync(apply)
+        except ValueError as exc:
+            raise ControlError(str(exc)) from exc
 
     async def op_top(self) -> dict:
         """A snapshot for ``kvfs top``: wall time, store statistics, events lost by the
@@ -263,9 +304,9 @@ class ControlHandler:
             "ops": ops,
         }
 
-    async def op_pin(self, paths: list[str], pinned: bool = True) -> dict:
-        """Pin (or unpin) blocks; a directory means every block under it.
-        ``{"blocks": N, "changed": M}``."""
+    async def op_pin(self, paths: list[str], pinned: bool = True, ttl: float | None = None) -> dict:
+        """Pin (or unpin) blocks; a directory means every block under it; *ttl*: a soft
+        pin that ends after *ttl* seconds. ``{"blocks": N, "changed": M}``."""
 
         def pin() -> dict:
             names = self._expand(paths)
@@ -273,7 +314,7 @@ class ControlHandler:
             for n in names:
                 try:
                     before = self.store.stat(n).pinned
-                    self.store.pin(n, pinned)
+                    self.store.pin(n, pinned, ttl=ttl)
                 except BlockNotFound:
                     continue  # removed since the expansion
                 changed += before != pinned

@@ -129,6 +129,7 @@ def _background_pass(store: Store) -> None:
         store.run_pending(256)
     if store.leases:
         store.expire_leases()
+    store.sweep()  # soft pins that expired; retention when due (kvfs.lifetimes)
 
 
 async def _write_through(store: Store) -> None:

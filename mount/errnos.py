@@ -16,6 +16,7 @@ import time
 
 from pyfuse3 import FUSEError
 
+from kvfs.access import AccessDenied
 from kvfs.errors import (
     BlockCorrupt,
     BlockExists,
@@ -31,6 +32,7 @@ from kvfs.errors import (
     TierFull,
     TierUnavailable,
 )
+from kvfs.namespaces import CrossNamespace, NamespaceRetired
 
 __all__ = ["errno_of", "handler", "refused"]
 
@@ -50,6 +52,9 @@ _ERRNO: tuple[tuple[type[BaseException], int], ...] = (
     (InvalidName, errno.EINVAL),
     (ConfigError, errno.EINVAL),
     (TierUnavailable, errno.EHOSTDOWN),  # the block exists, but the tiers holding it are down
+    (CrossNamespace, errno.EXDEV),  # mv copies and removes instead
+    (NamespaceRetired, errno.EROFS),
+    (AccessDenied, errno.EACCES),
 )
 
 

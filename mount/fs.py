@@ -27,10 +27,12 @@ import pyfuse3
 import trio
 from pyfuse3 import FUSEError
 
+from kvfs.access import Operation, Peer, check
 from kvfs.errors import KvfsError
 from kvfs.names import normalize
 from kvfs.store import BlockStat, Store, StoreBusy
 from kvfs.tier import BlockRef
+from kvfs.units import parse_duration
 
 from .attrs import Attributes
 from .buffer import keep_freed_memory
@@ -101,7 +103,7 @@ class KvfsOperations(pyfuse3.Operations):
         self.writes = Writes(
             cap=cap, max_block=min(largest, cap), release_wait=options.release_wait, opstats=self.opstats
         )
-        self.attrs = Attributes(options, negative_timeout=self._negative_timeout)
+        self.attrs = Attributes(options, negative_timeout=self._negative_timeout, namespaces=store.namespaces)
         self.notices = KernelNotices(self.inodes)
 
     def attach_nursery(self, nursery: trio.Nursery) -> None:
@@ -284,10 +286,9 @@ class KvfsOperations(pyfuse3.Operations):
     @handler
     async def setattr(self, inode, attr, fields, fh, ctx):
         node = self.inodes.get(inode)
-        if (fields.update_uid and attr.st_uid != self.options.uid) or (
-            fields.update_gid and attr.st_gid != self.options.gid
-        ):
-            raise FUSEError(errno.EPERM)  # owners follow the mounting user; chown to it is accepted
+        uid, gid = self.attrs.owner(node.name if node.name is not None else node.was)
+        if (fields.update_uid and attr.st_uid != uid) or (fields.update_gid and attr.st_gid != gid):
+            raise FUSEError(errno.EPERM)  # owners follow the mounting user or the namespace; chown to it is accepted
         # mode changes (chmod, fchmod) are accepted and change nothing: modes are kvfs's own
         if fields.update_size:
             h = self._handles.get(fh) if fh is not None else None
@@ -371,6 +372,7 @@ class KvfsOperations(pyfuse3.Operations):
         node = self.inodes.get(inode)
         if node.name is None:
             raise FUSEError(errno.ENOENT)
+        self._allow(node.name, ctx, Operation.LIST)
         listing = await self._meta(self.store.listdir, node.name)
         names = set(listing)
         names.update(self.writes.names_in(node.name))  # files being written are listed too
@@ -649,6 +651,23 @@ class KvfsOperations(pyfuse3.Operations):
     async def access(self, inode, mode, ctx):
         return True
 
+    # -- access ----------------------------------------------------------------------
+
+    def _allow(self, name: str, ctx, op: Operation) -> None:
+        """The namespace's rule, asked again for operations that change or reveal state
+        (the kernel has checked the attributes it was given; this keeps the decision
+        :func:`kvfs.access.check`'s even for requests it does not check, and for a
+        mount without ``default_permissions``)."""
+        rule = self.attrs.rule(name)
+        if rule is None or ctx is None:
+            return
+        if ctx.uid in (0, rule.uid) or ctx.gid == rule.gid:  # the class is known: no groups needed
+            peer = Peer(ctx.uid, ctx.gid, pid=ctx.pid)
+        else:
+            peer = Peer.of_process(ctx.pid, ctx.uid, ctx.gid)
+        ns = self.store.namespaces.of(name)
+        check(peer, rule, op, namespace=ns.path if ns else name)
+
     # -- extended attributes ---------------------------------------------------------
 
     async def _block_stat(self, node: Inode) -> BlockStat:
@@ -711,10 +730,18 @@ class KvfsOperations(pyfuse3.Operations):
             raise FUSEError(errno.ENOTSUP if name not in XATTRS else errno.EPERM)
         st = await self._block_stat(node)
         if name == XATTR_PINNED:
+            self._allow(st.name, ctx, Operation.PIN)
             v = value.strip()
-            if v not in (b"0", b"1"):
+            if v in (b"0", b"1"):
+                await self._meta(self.store.pin, st.name, v == b"1")
+                return
+            try:  # a duration: a soft pin (line 41)
+                ttl = parse_duration(v.decode())
+            except (UnicodeDecodeError, ValueError):
+                raise FUSEError(errno.EINVAL) from None
+            if not ttl > 0:
                 raise FUSEError(errno.EINVAL)
-            await self._meta(self.store.pin, st.name, v == b"1")
+            await self._meta(functools.partial(self.store.pin, ttl=ttl), st.name, True)
             return
         if name in XATTRS:
             raise FUSEError(errno.EPERM)  # read-only kvfs state
@@ -724,6 +751,7 @@ class KvfsOperations(pyfuse3.Operations):
     async def removexattr(self, inode, name, ctx):
         st = await self._block_stat(await self._settled_node(inode))
         if name == XATTR_PINNED:
+            self._allow(st.name, ctx, Operation.PIN)
             await self._meta(self.store.pin, st.name, False)
             return
         if name in XATTRS:

@@ -17,6 +17,14 @@ Per tier (label ``tier``; ``kind`` on the info-like gauges):
 - ``kvfs_tier_stored_total``, ``kvfs_tier_promotions_total``, ``kvfs_tier_demotions_total``,
   ``kvfs_tier_evictions_total``, ``kvfs_tier_corrupt_total``, ``kvfs_tier_errors_total``
 
+Per namespace (label ``namespace``; ``tier`` where per tier; docs/tenants.md):
+
+- ``kvfs_namespace_used_bytes``, ``kvfs_namespace_quota_bytes`` (only where it has a quota),
+  ``kvfs_namespace_copies`` (per tier); ``kvfs_namespace_blocks``
+- ``kvfs_namespace_quota_evictions_total`` (copies evicted to keep it within its quota,
+  per tier), ``kvfs_namespace_refused_total`` (writes refused at its quota: ENOSPC),
+  ``kvfs_namespace_expired_total`` (blocks removed by its retention, or as retired)
+
 Whole store: ``kvfs_blocks``, ``kvfs_lookups_total``, ``kvfs_misses_total`` (reads with no
 readable copy), ``kvfs_pending_writes``, ``kvfs_events_dropped_total``.
 
@@ -104,6 +112,7 @@ class KvfsCollector(Collector):
         yield healthy
         yield misses
         yield from counters.values()
+        yield from self._namespace_metrics()
         yield GaugeMetricFamily("kvfs_blocks", "Blocks in the namespace.", value=st.blocks)
         yield CounterMetricFamily("kvfs_lookups", "Block reads (opens) by name.", value=st.lookups)
         yield CounterMetricFamily("kvfs_misses", "Reads that found no readable copy in any tier.", value=st.misses)
@@ -113,6 +122,36 @@ class KvfsCollector(Collector):
             "Block events dropped because nobody drained the queue.",
             value=self.store.events.dropped,
         )
+
+    def _namespace_metrics(self) -> Iterator[Metric]:
+        spaces = self.store.namespace_statistics()
+        if not spaces:
+            return
+        per_tier = ["namespace", "tier"]
+        used = GaugeMetricFamily("kvfs_namespace_used_bytes", "Bytes the namespace's copies take.", labels=per_tier)
+        quota = GaugeMetricFamily("kvfs_namespace_quota_bytes", "The namespace's quota in the tier.", labels=per_tier)
+        copies = GaugeMetricFamily("kvfs_namespace_copies", "Copies of the namespace's blocks.", labels=per_tier)
+        evictions = CounterMetricFamily(
+            "kvfs_namespace_quota_evictions", "Copies evicted to keep the namespace within its quota.", labels=per_tier
+        )
+        blocks = GaugeMetricFamily("kvfs_namespace_blocks", "Blocks in the namespace.", labels=["namespace"])
+        refused = CounterMetricFamily(
+            "kvfs_namespace_refused", "Writes refused (ENOSPC) at the namespace's quotas.", labels=["namespace"]
+        )
+        expired = CounterMetricFamily(
+            "kvfs_namespace_expired", "Blocks removed by retention or as retired.", labels=["namespace"]
+        )
+        for ns in spaces:
+            for t, u, q, n, ev in ns.tiers:
+                used.add_metric([ns.path, t], u)
+                copies.add_metric([ns.path, t], n)
+                evictions.add_metric([ns.path, t], ev)
+                if q is not None:
+                    quota.add_metric([ns.path, t], q)
+            blocks.add_metric([ns.path], ns.blocks)
+            refused.add_metric([ns.path], ns.refused)
+            expired.add_metric([ns.path], ns.expired)
+        yield from (used, quota, copies, evictions, blocks, refused, expired)
 
     def _op_metrics(self) -> Iterator[Metric]:
         count = CounterMetricFamily("kvfs_fuse_operations", "FUSE operations handled.", labels=["op"])

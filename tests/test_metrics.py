@@ -186,3 +186,37 @@ def test_dashboard_queries_only_served_series(mount_metrics):
         "kvfs_fuse_operations_total",
     ]:
         assert family in used, family
+
+
+def test_namespace_series(tmp_path):
+    """Per namespace: use against quota per tier, quota evictions, refusals, blocks."""
+    from kvfs.config import Config, DiskConfig, DramConfig, NamespaceConfig, PolicyConfig
+    from kvfs.mount.assembly import open_store
+
+    config = Config(
+        tiers=(
+            DramConfig(name="dram", capacity=64 << 10, mlock=False, prefault=False),
+            DiskConfig(name="disk", capacity=16 << 20, path=tmp_path / "disk"),
+        ),
+        policy=PolicyConfig(eviction="lru"),
+        namespaces=(NamespaceConfig(path="t", quota={"dram": 8 << 10}),),
+    )
+    store = open_store(config)
+    server, port = start_metrics(store, None, 0)
+    try:
+        for i in range(3):  # two blocks of 4 KiB fit t's DRAM quota: one is evicted (to disk)
+            store.put(f"t/{i}", bytes([i]) * 4096)
+        m = scrape(port)
+        ns = (("namespace", "t"), ("tier", "dram"))
+        assert m[("kvfs_namespace_used_bytes", ns)] == 8 << 10
+        assert m[("kvfs_namespace_quota_bytes", ns)] == 8 << 10
+        assert ("kvfs_namespace_quota_bytes", (("namespace", "t"), ("tier", "disk"))) not in m
+        assert m[("kvfs_namespace_quota_evictions_total", ns)] == 1
+        assert m[("kvfs_namespace_copies", (("namespace", "t"), ("tier", "disk")))] == 1
+        assert m[("kvfs_namespace_blocks", (("namespace", "t"),))] == 3
+        assert m[("kvfs_namespace_refused_total", (("namespace", "t"),))] == 0
+        assert m[("kvfs_namespace_expired_total", (("namespace", "t"),))] == 0
+    finally:
+        server.shutdown()
+        server.server_close()
+        store.close()

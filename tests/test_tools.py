@@ -221,8 +221,20 @@ def test_stat(server, capsys):
     st.read("s/blk")
     st.read("s/blk")
     res = kvfs_json(capsys, "stat", "s/blk")
-    assert set(res) == {"path", "name", "size", "checksum", "tiers", "pinned", "hits", "created", "accessed", "parent"}
-    assert res["parent"] is None
+    assert set(res) == {
+        "path",
+        "name",
+        "size",
+        "checksum",
+        "tiers",
+        "pinned",
+        "hits",
+        "created",
+        "accessed",
+        "parent",
+        "pin_expires",
+    }
+    assert res["parent"] is None and res["pin_expires"] is None
     assert res["name"] == "s/blk" and res["size"] == BLOCK and res["tiers"] == ["dram"]
     assert res["checksum"].startswith("xxh3-64:") and res["pinned"] is False and res["hits"] == 2
     assert res["accessed"] >= res["created"] > 0

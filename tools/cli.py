@@ -29,6 +29,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "unpin": ("kvfs.tools.cmd_pin", "let pinned blocks be evicted again"),
     "prefetch": ("kvfs.tools.cmd_prefetch", "copy blocks up into a tier (DRAM by default) now"),
     "evict": ("kvfs.tools.cmd_evict", "drop local copies of blocks (never the last unless --force)"),
+    "quota": ("kvfs.tools.cmd_quota", "namespaces' quotas per tier and their use (quota set, quota show)"),
+    "gc": ("kvfs.tools.cmd_gc", "clean shared tiers: crashed writers' leftovers, retired namespaces (--dry-run)"),
     "fsck": ("kvfs.tools.cmd_fsck", "verify every copy's checksum on every tier; --repair drops bad ones"),
     "top": ("kvfs.tools.cmd_top", "live view of tier use, hit ratios, bytes moved per second, errors"),
     "events": ("kvfs.tools.cmd_events", "stream block events (stored, promoted, evicted, …) as they happen"),

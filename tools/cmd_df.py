@@ -1,9 +1,10 @@
-"""``kvfs df``: each tier's capacity, use and health."""
+"""``kvfs df``: each tier's capacity, use and health, and each namespace's use against its quotas."""
 
 from __future__ import annotations
 
 import argparse
 
+from .cmd_quota import render as render_namespaces
 from .control_client import add_socket_option, clients_for
 from .render import format_size, print_json, table
 
@@ -11,7 +12,8 @@ from .render import format_size, print_json, table
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "Show each tier of the mount (hottest first): capacity, bytes used and free, blocks "
-        "held and health (a tier that fails or hangs is marked unhealthy and skipped)."
+        "held and health (a tier that fails or hangs is marked unhealthy and skipped); then each "
+        "namespace's use against its quotas (as kvfs quota show)."
     )
     parser.add_argument(
         "mountpoint",
@@ -24,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--json",
         action="store_true",
         help='print JSON: {"mountpoint", "blocks", "tiers": [{"name", "kind", "capacity", "used", "free", '
-        '"blocks", "healthy", "persistent", "shared"}]}',
+        '"blocks", "healthy", "persistent", "shared"}], "namespaces": [as kvfs quota show --json]}',
     )
     add_socket_option(parser)
 
@@ -49,8 +51,9 @@ def run(args: argparse.Namespace) -> int:
             }
         )
     mountpoint = st.get("mountpoint") if target.mountpoint is None else target.mountpoint
+    spaces = st.get("namespaces", [])
     if args.json:
-        print_json({"mountpoint": mountpoint, "blocks": st["blocks"], "tiers": tiers})
+        print_json({"mountpoint": mountpoint, "blocks": st["blocks"], "tiers": tiers, "namespaces": spaces})
         return 0
     rows = []
     for t in tiers:
@@ -69,4 +72,7 @@ def run(args: argparse.Namespace) -> int:
         )
     print(f"{mountpoint}: {st['blocks']} block{'' if st['blocks'] == 1 else 's'}")
     print(table(["TIER", "KIND", "CAPACITY", "USED", "FREE", "USE%", "BLOCKS", "HEALTH"], rows, right=(2, 3, 4, 5, 6)))
+    if spaces:
+        print()
+        print(render_namespaces(spaces, target.display))
     return 0

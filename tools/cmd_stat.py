@@ -17,7 +17,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--json",
         action="store_true",
-        help="print JSON: name, size, checksum, tiers, pinned, hits, created, accessed (epoch seconds), path",
+        help="print JSON: name, size, checksum, tiers, pinned, hits, created, accessed (epoch seconds), parent, "
+        "pin_expires (epoch seconds of a soft pin's end, or null), path",
     )
     add_socket_option(parser)
 
@@ -35,7 +36,10 @@ def run(args: argparse.Namespace) -> int:
         ("size", f"{format_size(st['size'])} ({st['size']} bytes)"),
         ("checksum", st["checksum"]),
         ("tiers", ", ".join(st["tiers"]) or "-"),
-        ("pinned", yes_no(st["pinned"])),
+        (
+            "pinned",
+            yes_no(st["pinned"]) + (f" (until {format_time(st['pin_expires'])})" if st.get("pin_expires") else ""),
+        ),
         ("hits", st["hits"]),
         ("created", format_time(st["created"])),
         ("accessed", format_time(st["accessed"])),

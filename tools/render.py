@@ -10,7 +10,7 @@ from typing import TextIO
 
 from kvfs.units import format_size
 
-__all__ = ["Progress", "format_size", "format_time", "print_json", "table", "yes_no"]
+__all__ = ["Progress", "Tally", "format_size", "format_time", "print_json", "table", "yes_no"]
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]], right: Sequence[int] | None = None) -> str:
@@ -89,3 +89,36 @@ class Progress:
             self.out.write("\n")
             self.out.flush()
         self._drawn = False
+
+
+class Tally:
+    """A one-line count on stderr for work of unknown size: ``gc nfs: 12000 scanned, 3 to remove``.
+
+    Drawn when *force* (``--progress``) or stderr is a terminal; redrawn at most ten
+    times a second on a terminal, once a second in a log; ended by :meth:`close`.
+    """
+
+    def __init__(self, label: str, *, force: bool = False, out: TextIO | None = None) -> None:
+        self.label = label
+        self.out = out or sys.stderr
+        self._tty = self.out.isatty()
+        self.enabled = force or self._tty
+        self._last = 0.0
+        self._line = ""
+
+    def update(self, text: str, *, final: bool = False) -> None:
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if not final and now - self._last < (0.1 if self._tty else 1.0):
+            return
+        self._last = now
+        self._line = f"{self.label}: {text}"
+        self.out.write(("\r" + self._line) if self._tty else self._line + "\n")
+        self.out.flush()
+
+    def close(self) -> None:
+        if self._line and self._tty:
+            self.out.write("\n")
+            self.out.flush()
+        self._line = ""

@@ -1,0 +1,285 @@
+"""Namespaces on a real mount, with real second users (made with useradd when the tests
+run as root): access per namespace through ``allow_other`` + ``default_permissions``,
+renames between namespaces, quotas and retired namespaces at the seal, soft pins by
+extended attribute. docs/SEMANTICS.md lines 38 to 41, docs/tenants.md.
+"""
+
+from __future__ import annotations
+
+import errno
+import grp
+import json
+import os
+import pwd
+import shutil
+import stat
+import subprocess
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from conftest import run_kvfs
+
+TENANT_PY = "/usr/bin/python3"  # an interpreter every user may run (the tests' own may be in /root)
+
+# What a tenant's process tries, each step's outcome printed as "ok" or the errno's name.
+TENANT_SCRIPT = r"""
+import errno, json, os, sys
+mp, mine, theirs = sys.argv[1:4]
+out = {}
+def attempt(label, fn):
+    try:
+        r = fn()
+        out[label] = r if isinstance(r, str) else "ok"
+    except OSError as exc:
+        out[label] = errno.errorcode.get(exc.errno, str(exc.errno))
+def write(path, data):
+    with open(path, "wb") as f:
+        f.write(data)
+def read(path):
+    with open(path, "rb") as f:
+        return "ok" if f.read() else "empty"
+attempt("mkdir own", lambda: os.makedirs(f"{mp}/{mine}/ab", exist_ok=True))
+attempt("write own", lambda: write(f"{mp}/{mine}/ab/blk", b"mine" * 1000))
+attempt("read own", lambda: read(f"{mp}/{mine}/ab/blk"))
+attempt("list own", lambda: "ok" if os.listdir(f"{mp}/{mine}/ab") == ["blk"] else "wrong")
+attempt("pin own", lambda: os.setxattr(f"{mp}/{mine}/ab/blk", "user.kvfs.pinned", b"1"))
+if theirs:
+    t = f"{mp}/{theirs}/ab/blk"
+    attempt("list theirs", lambda: os.listdir(f"{mp}/{theirs}"))
+    attempt("list their shard", lambda: os.listdir(f"{mp}/{theirs}/ab"))
+    attempt("stat theirs", lambda: os.stat(t))
+    attempt("read theirs", lambda: read(t))
+    attempt("pin theirs", lambda: os.setxattr(t, "user.kvfs.pinned", b"1"))
+    attempt("unpin theirs", lambda: os.removexattr(t, "user.kvfs.pinned"))
+    attempt("tiers of theirs", lambda: os.getxattr(t, "user.kvfs.tiers"))
+    attempt("replace theirs", lambda: write(t, b"evil"))
+    attempt("write into theirs", lambda: write(f"{mp}/{theirs}/ab/new", b"evil"))
+    attempt("unlink theirs", lambda: os.unlink(t))
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture
+def users():
+    """Make local users for the test (root only): ``users("alice", "bob")`` returns
+    ``{name: (uid, gid, user name)}``; ``groups={name: group}`` adds a supplementary group."""
+    if os.geteuid() != 0 or shutil.which("useradd") is None or not os.path.exists(TENANT_PY):
+        pytest.skip("needs root, useradd and /usr/bin/python3 to play tenants as real users")
+    made: list[str] = []
+
+    def make(*names: str, groups: dict[str, str] | None = None) -> dict[str, tuple[int, int]]:
+        out = {}
+        for n in names:
+            real = f"kvfs{n[:4]}{uuid.uuid4().hex[:6]}"
+            cmd = ["useradd", "--no-create-home", "--shell", "/bin/false", "--user-group"]
+            if groups and n in groups:
+                cmd += ["-G", groups[n]]
+            res = subprocess.run([*cmd, real], capture_output=True, text=True)
+            if res.returncode != 0:
+                pytest.skip(f"useradd failed: {res.stderr.strip()}")
+            made.append(real)
+            pw = pwd.getpwnam(real)
+            out[n] = (pw.pw_uid, pw.pw_gid, real)
+        return out
+
+    yield make
+    for real in made:
+        subprocess.run(["userdel", real], capture_output=True)
+        subprocess.run(["groupdel", real], capture_output=True)
+
+
+@pytest.fixture
+def public_mountpoint():
+    """A mountpoint every user can reach (pytest's tmp_path is root's alone)."""
+    d = tempfile.mkdtemp(prefix="kvfs-tenants-", dir="/tmp")
+    os.chmod(d, 0o755)
+    mp = Path(d) / "mnt"
+    mp.mkdir()
+    yield mp
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def as_user(user: tuple[int, int, str], mp: Path, mine: str, theirs: str = "") -> dict[str, str]:
+    uid, gid, name = user
+    groups = [g.gr_gid for g in grp.getgrall() if name in g.gr_mem]
+    res = subprocess.run(
+        [TENANT_PY, "-c", TENANT_SCRIPT, str(mp), mine, theirs],
+        capture_output=True,
+        text=True,
+        user=uid,
+        group=gid,
+        extra_groups=groups,
+        env={"PATH": "/usr/bin:/bin"},
+        cwd="/",
+        timeout=60,
+    )
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+TENANTS_CONFIG = """
+[[tiers]]
+kind = "dram"
+capacity = "8MiB"
+mlock = false
+prefault = false
+
+[[tiers]]
+kind = "disk"
+capacity = "32MiB"
+path = "{data}/disk"
+
+[mount]
+allow_other = true
+
+[[namespaces]]
+path = "a"
+owner = {a_uid}
+group = {a_gid}
+mode = "0750"
+
+[[namespaces]]
+path = "b"
+owner = {b_uid}
+group = {b_gid}
+mode = "0700"
+"""
+
+
+def test_s36_s38_a_tenant_cannot_list_read_write_or_pin_another_tenants_blocks(
+    kvfs_mount, users, public_mountpoint, tmp_path
+):
+    """Two real users, each owning a namespace; a third in the first one's group."""
+    people = users("alice", "bob")
+    alice, bob = people["alice"], people["bob"]
+    carol = users("carol", groups={"carol": alice[2]})["carol"]
+    cfg = TENANTS_CONFIG.format(data=tmp_path, a_uid=alice[0], a_gid=alice[1], b_uid=bob[0], b_gid=bob[1])
+    mp = kvfs_mount(cfg, mountpoint=public_mountpoint)
+    st = os.stat(mp / "a")  # the namespace directories exist from the start, owned by their tenants
+    assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (alice[0], alice[1], 0o750)
+    assert stat.S_IMODE(os.stat(mp / "b").st_mode) == 0o700
+
+    b_side = as_user(bob, mp, "b")
+    assert set(b_side.values()) == {"ok"}, b_side
+    a_side = as_user(alice, mp, "a", "b")
+    own = {k: v for k, v in a_side.items() if k.endswith("own")}
+    assert set(own.values()) == {"ok"}, a_side
+    theirs = {k: v for k, v in a_side.items() if not k.endswith("own")}
+    assert set(theirs.values()) == {"EACCES"}, a_side  # list, stat, read, pin, unpin, xattrs, write, unlink
+
+    blk = os.stat(mp / "a" / "ab" / "blk")  # a block: the namespace's owner, rw bits of its mode
+    assert (blk.st_uid, blk.st_gid, stat.S_IMODE(blk.st_mode)) == (alice[0], alice[1], 0o640)
+    assert (mp / "b" / "ab" / "blk").read_bytes() == b"mine" * 1000  # nothing of b changed
+    assert os.getxattr(mp / "b" / "ab" / "blk", "user.kvfs.pinned") == b"1"  # pinned by bob only
+
+    # carol is in alice's group (a supplementary group): she reads a (r-x), but may not
+    # write or pin there (group bits r-x), and b is closed to her as to alice
+    c = as_user(carol, mp, "c-none", "a")
+    assert c["list their shard"] == "ok" and c["read theirs"] == "ok" and c["tiers of theirs"] == "ok"
+    assert c["pin theirs"] == c["replace theirs"] == c["write into theirs"] == c["unlink theirs"] == "EACCES"
+    assert c["mkdir own"] == "EACCES"  # the mount's root is the mounting user's (0755)
+    c_b = as_user(carol, mp, "c-none", "b")
+    assert c_b["read theirs"] == c_b["list theirs"] == "EACCES"
+
+    # chown within the namespace's owner is accepted, to anyone else refused
+    os.chown(mp / "a" / "ab" / "blk", alice[0], alice[1])
+    with pytest.raises(PermissionError):
+        os.chown(mp / "a" / "ab" / "blk", bob[0], -1)
+
+
+NS_CONFIG = """
+[[tiers]]
+kind = "dram"
+capacity = "1MiB"
+mlock = false
+prefault = false
+
+[[tiers]]
+kind = "disk"
+capacity = "32MiB"
+path = "{data}/disk"
+
+[[namespaces]]
+path = "a"
+quota = {{ dram = "256KiB", disk = "200KiB" }}
+
+[[namespaces]]
+path = "b"
+
+[[namespaces]]
+path = "old"
+retired = true
+"""
+
+
+def test_s39_rename_between_namespaces_is_exdev_and_mv_copies(kvfs_mount, tmp_path):
+    mp = kvfs_mount(NS_CONFIG.format(data=tmp_path))
+    (mp / "a" / "x.tmp").write_bytes(b"x" * 5000)
+    os.replace(mp / "a" / "x.tmp", mp / "a" / "x")  # within a namespace: as always
+    with pytest.raises(OSError) as info:
+        os.rename(mp / "a" / "x", mp / "b" / "x")
+    assert info.value.errno == errno.EXDEV
+    with pytest.raises(OSError) as info:
+        os.rename(mp / "a" / "x", mp / "x")
+    assert info.value.errno == errno.EXDEV
+    subprocess.run(["mv", str(mp / "a" / "x"), str(mp / "b" / "x")], check=True)
+    assert (mp / "b" / "x").read_bytes() == b"x" * 5000 and not (mp / "a" / "x").exists()
+
+
+def test_s40_a_namespace_full_of_pinned_blocks_refuses_the_seal_and_only_it(kvfs_mount, tmp_path):
+    mp = kvfs_mount(NS_CONFIG.format(data=tmp_path))
+    block = os.urandom(60 << 10)
+
+    def seal(n: int) -> None:
+        fd = os.open(mp / "a" / f"p{n}", os.O_CREAT | os.O_WRONLY)
+        try:
+            os.write(fd, block)
+            os.fsync(fd)  # the seal: its errors come back here
+        finally:
+            os.close(fd)
+
+    for n in range(4):  # a's DRAM quota: 4 blocks
+        seal(n)
+    run_kvfs("pin", str(mp / "a"), check=True)
+    for n in range(4, 7):  # its disk quota: 3 more
+        seal(n)
+    run_kvfs("pin", str(mp / "a"), check=True)
+    with pytest.raises(OSError) as info:
+        seal(n := 7)
+    assert info.value.errno == errno.ENOSPC
+    with pytest.raises(FileNotFoundError):  # never published (a stat may show it for the entry timeout)
+        (mp / "a" / f"p{n}").read_bytes()
+    (mp / "b" / "free").write_bytes(block)  # b is not affected
+    assert (mp / "b" / "free").read_bytes() == block
+    res = run_kvfs("quota", "show", str(mp), "--json", check=True)
+    a = {ns["path"]: ns for ns in json.loads(res.stdout)["namespaces"]}["a"]
+    assert a["refused"] >= 1 and a["tiers"]["dram"]["used"] <= 256 << 10 and a["tiers"]["disk"]["used"] <= 200 << 10
+    fd = os.open(mp / "old" / "y", os.O_CREAT | os.O_WRONLY)
+    try:
+        os.write(fd, b"stale")
+        with pytest.raises(OSError) as info:
+            os.fsync(fd)
+        assert info.value.errno == errno.EROFS
+    finally:
+        os.close(fd)
+
+
+def test_s27_s41_a_soft_pin_by_extended_attribute_ends_by_itself(kvfs_mount, tmp_path):
+    mp = kvfs_mount(NS_CONFIG.format(data=tmp_path))
+    (mp / "b" / "x").write_bytes(b"y" * 1000)
+    os.setxattr(mp / "b" / "x", "user.kvfs.pinned", b"1s")
+    assert os.getxattr(mp / "b" / "x", "user.kvfs.pinned") == b"1"
+    res = json.loads(run_kvfs("stat", str(mp / "b" / "x"), "--json", check=True).stdout)
+    assert res["pinned"] and res["pin_expires"] > time.time() - 1
+    for bad in (b"soon", b"0s", b"-5m"):
+        with pytest.raises(OSError) as info:
+            os.setxattr(mp / "b" / "x", "user.kvfs.pinned", bad)
+        assert info.value.errno == errno.EINVAL
+    deadline = time.monotonic() + 10
+    while os.getxattr(mp / "b" / "x", "user.kvfs.pinned") != b"0":
+        assert time.monotonic() < deadline, "the soft pin did not end"
+        time.sleep(0.1)
