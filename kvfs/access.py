@@ -41,7 +41,6 @@ be one more file to lock, size and pin. docs/tenants.md, "Access".
 from __future__ import annotations
 
 import enum
-import os
 import socket
 import stat as stat_mod
 import struct
@@ -63,7 +62,7 @@ __all__ = [
 ]
 
 _SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)  # Linux >= 4.13; Python does not export it everywhere
-_NGROUPS_MAX = 65536
+_GROUPS_BUF = 1024  # the most getsockopt reads: 256 groups (more: /proc/<pid>/status)
 
 
 class AccessDenied(KvfsError, PermissionError):
@@ -123,18 +122,16 @@ class Peer:
     def of_socket(cls, sock: socket.socket) -> Peer:
         """The credentials of the process at the other end of the connected Unix socket
         *sock*, as the kernel recorded them when it connected (``SO_PEERCRED``) with its
-        supplementary groups (``SO_PEERGROUPS``; none where the kernel lacks it)."""
+        supplementary groups (``SO_PEERGROUPS``; from ``/proc/<pid>/status`` where the
+        kernel lacks it or the peer has more than 256)."""
         raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
         pid, uid, gid = struct.unpack("3i", raw)
-        groups: frozenset[int] = frozenset()
         try:
-            buf = sock.getsockopt(socket.SOL_SOCKET, _SO_PEERGROUPS, 4 * _NGROUPS_MAX)
+            buf = sock.getsockopt(socket.SOL_SOCKET, _SO_PEERGROUPS, _GROUPS_BUF)
         except OSError:
-            pass
-        else:
-            n = len(buf) // 4
-            groups = frozenset(struct.unpack(f"{n}I", buf[: 4 * n]))
-        return cls(uid, gid, groups, pid)
+            return cls(uid, gid, _proc_groups(pid), pid)
+        n = len(buf) // 4
+        return cls(uid, gid, frozenset(struct.unpack(f"{n}I", buf[: 4 * n])), pid)
 
     @classmethod
     def of_process(cls, pid: int, uid: int, gid: int) -> Peer:
@@ -211,8 +208,3 @@ def parse_mode(value: int | str) -> int:
     if not isinstance(value, int) or not 0 <= value <= 0o777:
         raise ValueError(f'{value!r} is not a permission mode from 0 to 0777 (write it as 0o750 or "0750")')
     return value
-
-
-def current_user() -> tuple[int, int]:
-    """``(uid, gid)`` of this process (the mounting user's defaults)."""
-    return os.getuid(), os.getgid()

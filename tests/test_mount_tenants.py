@@ -283,3 +283,74 @@ def test_s27_s41_a_soft_pin_by_extended_attribute_ends_by_itself(kvfs_mount, tmp
     while os.getxattr(mp / "b" / "x", "user.kvfs.pinned") != b"0":
         assert time.monotonic() < deadline, "the soft pin did not end"
         time.sleep(0.1)
+
+
+MODES = (0o700, 0o750, 0o755, 0o770, 0o705, 0o711, 0o740, 0o057, 0o500, 0o300, 0o070, 0o000)
+
+PROBE_SCRIPT = r"""
+import json, os, sys
+mp, who = sys.argv[1], sys.argv[2]
+out = {}
+for ns in sys.argv[3:]:
+    d = f"{mp}/{ns}/ab"
+    def ok(fn):
+        try:
+            fn()
+            return True
+        except PermissionError:
+            return False
+    def read():
+        with open(f"{d}/blk", "rb") as f:
+            f.read()
+    def write():
+        with open(f"{d}/new-{who}", "wb") as f:
+            f.write(b"x")
+    out[ns] = {
+        "list": ok(lambda: os.listdir(d)),
+        "read": ok(read),
+        "write": ok(write),
+        "pin": ok(lambda: os.setxattr(f"{d}/blk", "user.kvfs.pinned", b"1")),
+    }
+print(json.dumps(out))
+"""
+
+
+def test_s38_the_kernel_decides_as_kvfs_access_does(kvfs_mount, users, public_mountpoint, tmp_path):
+    """For a dozen modes, as the owner, a member of the group (a supplementary one) and
+    anyone else: what the kernel lets each do on the mount is what kvfs.access.decide says,
+    operation by operation (the client socket will ask decide itself)."""
+    from kvfs.access import AccessRule, Operation, Peer, decide
+
+    owner = users("owner")["owner"]
+    member = users("member", groups={"member": owner[2]})["member"]
+    other = users("other")["other"]
+    spaces = {f"m{mode:03o}": mode for mode in MODES}
+    cfg = TENANTS_CONFIG.split("[[namespaces]]")[0].format(data=tmp_path)
+    for path, mode in spaces.items():
+        cfg += f'\n[[namespaces]]\npath = "{path}"\nowner = {owner[0]}\ngroup = {owner[1]}\nmode = "{mode:04o}"\n'
+    mp = kvfs_mount(cfg, mountpoint=public_mountpoint)
+    for path in spaces:  # root may do everything: a block in each
+        (mp / path / "ab").mkdir()
+        (mp / path / "ab" / "blk").write_bytes(b"k" * 100)
+    ops = {"list": Operation.LIST, "read": Operation.READ, "write": Operation.WRITE, "pin": Operation.PIN}
+    for who, user in (("owner", owner), ("member", member), ("other", other)):
+        uid, gid, name = user
+        groups = [g.gr_gid for g in grp.getgrall() if name in g.gr_mem]
+        res = subprocess.run(
+            [TENANT_PY, "-c", PROBE_SCRIPT, str(mp), who, *spaces],
+            capture_output=True,
+            text=True,
+            user=uid,
+            group=gid,
+            extra_groups=groups,
+            env={"PATH": "/usr/bin:/bin"},
+            cwd="/",
+            timeout=60,
+        )
+        assert res.returncode == 0, res.stderr
+        seen = json.loads(res.stdout)
+        peer = Peer(uid, gid, frozenset(groups))
+        for path, mode in spaces.items():
+            rule = AccessRule(uid=owner[0], gid=owner[1], mode=mode)
+            expected = {op: decide(peer, rule, o) for op, o in ops.items()}
+            assert seen[path] == expected, (who, f"{mode:04o}")

@@ -39,6 +39,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
 # ``kvfs bench NAME``: benchmarks operators run on their own hardware.
 BENCHES: dict[str, tuple[str, str]] = {
     "tiers": ("kvfs.tools.bench_tiers", "put/get of blocks through the store per tier vs memcpy and raw file I/O"),
+    "quota": (
+        "kvfs.tools.bench_quota",
+        "cost of namespaces: quota accounting on a put, du of a namespace, a retention pass, vs no namespaces",
+    ),
     "s3": ("kvfs.tools.bench_s3", "block put/get through the s3 tier vs raw boto3 put_object/get_object"),
     "policy": (
         "kvfs.tools.bench_policy",
