@@ -31,6 +31,7 @@ from .errors import ConfigError, InvalidName, KvfsError
 from .names import normalize
 from .namespaces import Namespaces
 from .tier import StoredObject, Tier
+from .units import format_duration
 
 __all__ = ["GcPlan", "GcRemoval", "GcReport", "collect", "with_retired"]
 
@@ -121,15 +122,15 @@ def collect(
 def _verdict(obj: StoredObject, table: Namespaces, plan: GcPlan, now: float) -> tuple[float, str] | None:
     """``(cutoff, why)`` when *obj* is garbage if written before the cutoff; else None."""
     if obj.leftover:
-        return now - plan.tmp_age, f"leftover of an unfinished write (older than {plan.tmp_age:g}s)"
+        return now - plan.tmp_age, f"leftover of an unfinished write (older than {format_duration(plan.tmp_age)})"
     ns = table.of(obj.name)
     if ns is None:
         return None
     if ns.retired:
         age = ns.retention if ns.retention is not None else plan.min_age
-        return now - age, f"namespace {ns.path} is retired (written more than {age:g}s ago)"
+        return now - age, f"namespace {ns.path} is retired (written more than {format_duration(age)} ago)"
     if plan.expired and ns.retention is not None:
-        return now - ns.retention, f"written more than {ns.retention:g}s ago (retention of {ns.path})"
+        return now - ns.retention, f"written more than {format_duration(ns.retention)} ago (retention of {ns.path})"
     return None
 
 

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 
 from .catalog import BlockRecord
 from .namespaces import NamespaceState
+from .units import format_duration
 
 if TYPE_CHECKING:
     from .store import Store
@@ -130,7 +131,7 @@ class Lifetimes:
             cutoff, why = float("inf"), f"namespace {ns.path} is retired"
         else:
             assert ns.retention is not None
-            cutoff, why = now - ns.retention, f"not read for {ns.retention:g}s (retention of {ns.path})"
+            cutoff, why = now - ns.retention, f"not read for {format_duration(ns.retention)} (retention of {ns.path})"
         removed = 0
         for start in range(0, len(recs), BATCH):
             with p.locked():  # deletes of local files run when it is let go, after each batch

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["format_size", "parse_duration", "parse_size"]
+__all__ = ["format_duration", "format_size", "parse_duration", "parse_size"]
 
 _SIZE_UNITS = {
     "": 1,
@@ -76,3 +76,12 @@ def format_size(n: float) -> str:
             return f"{text if 'e' not in text else f'{n:.0f}'} {unit}"  # 1020 MiB, not 1.02e+03
         n /= 1024
     raise AssertionError("unreachable")
+
+
+def format_duration(seconds: float) -> str:
+    """``604800`` → ``"7d"``, ``5400`` → ``"90m"``: the largest unit that divides it
+    (``parse_duration`` reads it back), seconds otherwise."""
+    for unit, size in (("d", 86400.0), ("h", 3600.0), ("m", 60.0)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from kvfs.errors import ConfigError
-from kvfs.units import format_size, parse_duration, parse_size
+from kvfs.units import format_duration, format_size, parse_duration, parse_size
 
 from .control_client import add_socket_option, clients_for
 from .render import print_json, table
@@ -129,7 +129,7 @@ def _rules(ns: dict) -> str:
     if ns.get("owner") is not None:
         parts.append(f"owner {ns['owner']}:{ns['group']} {ns['mode']}")
     if ns.get("retention"):
-        parts.append(f"retention {ns['retention']:g}s")
+        parts.append(f"retention {format_duration(ns['retention'])}")
     if ns.get("retired"):
         parts.append("RETIRED")
     if ns.get("refused"):
