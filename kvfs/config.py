@@ -39,15 +39,15 @@ import pwd
 import shutil
 import time
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from .access import AccessRule, parse_mode
 from .errors import ConfigError, InvalidName
 from .hashing import Namespace
-from .names import TierName, normalize
+from .names import TierName, is_under, normalize
 from .policies import DEFAULT_POLICY, POLICIES, PolicyContext
 from .units import parse_duration, parse_size
 
@@ -66,8 +66,12 @@ __all__ = [
     "WriteMode",
     "default_config",
     "load_config",
+    "namespace_path",
     "parse_config",
 ]
+
+
+T = TypeVar("T")
 
 
 class TierKind(enum.Enum):
@@ -397,14 +401,36 @@ def _parse_namespaces(raw: Any, tier_names: list[str]) -> tuple[NamespaceConfig,
         for j, other in enumerate(out):
             if ns.path == other.path:
                 raise ConfigError(f"namespaces[{i}].path", f"{ns.path!r} is namespaces[{j}] already")
-            inner, outer = (ns, other) if len(ns.path) > len(other.path) else (other, ns)
-            if inner.path.startswith(outer.path + "/"):
-                raise ConfigError(
-                    f"namespaces[{i}].path",
-                    f"{inner.path!r} lies inside namespace {outer.path!r}; namespaces do not nest",
-                )
+        namespace_path(f"namespaces[{i}].path", ns.path, [o.path for o in out])
         out.append(ns)
     return tuple(out)
+
+
+def namespace_path(where: str, raw: Any, others: Iterable[str] = ()) -> str:
+    """*raw* as a namespace's path: normalized, not the root, nesting none of *others*
+    (the paths of the other namespaces, which it may equal). Raises :class:`ConfigError`
+    naming *where*."""
+    if not isinstance(raw, str):
+        raise ConfigError(where, 'expected a path string inside the mount, like "tenant-a"')
+    try:
+        path = normalize(raw)
+    except InvalidName as exc:
+        raise ConfigError(where, str(exc)) from None
+    if not path:
+        raise ConfigError(where, "the mount's root cannot be a namespace; name a directory in it")
+    for other in others:
+        if other != path and (is_under(path, other) or is_under(other, path)):
+            inner, outer = (path, other) if is_under(path, other) else (other, path)
+            raise ConfigError(where, f"{inner!r} lies inside namespace {outer!r}; namespaces do not nest")
+    return path
+
+
+def _parsed(where: str, parse: Callable[[Any], T], value: Any) -> T:
+    """``parse(value)``, its ``ValueError`` a :class:`ConfigError` naming *where*."""
+    try:
+        return parse(value)
+    except ValueError as exc:
+        raise ConfigError(where, str(exc)) from None
 
 
 def _parse_namespace(where: str, table: Any, tier_names: list[str]) -> NamespaceConfig:
@@ -416,53 +442,33 @@ def _parse_namespace(where: str, table: Any, tier_names: list[str]) -> Namespace
     model = _parse_model(f"{where}.model", table["model"]) if "model" in table else None
     path: str
     if "path" in table:
-        raw_path = table["path"]
-        if not isinstance(raw_path, str):
-            raise ConfigError(f"{where}.path", 'expected a path string inside the mount, like "tenant-a"')
-        try:
-            path = normalize(raw_path)
-        except InvalidName as exc:
-            raise ConfigError(f"{where}.path", str(exc)) from None
-        if not path:
-            raise ConfigError(f"{where}.path", "the mount's root cannot be a namespace; name a directory in it")
+        path = namespace_path(f"{where}.path", table["path"])
     elif model is not None:
         path = model.dirname()
     else:
         raise ConfigError(f"{where}.path", "missing required key (or give model = {...} to derive it)")
-    quota: dict[str, int] = {}
     raw_quota = table.get("quota", {})
     if not isinstance(raw_quota, dict):
         raise ConfigError(f"{where}.quota", 'expected a table of tier = size, like { dram = "1GiB" }')
+    quota: dict[str, int] = {}
     for tier, size in raw_quota.items():
         if tier not in tier_names:
             raise ConfigError(f"{where}.quota.{tier}", f"no tier named {tier!r}; tiers: {', '.join(tier_names)}")
-        try:
-            quota[tier] = parse_size(size)
-        except ValueError as exc:
-            raise ConfigError(f"{where}.quota.{tier}", str(exc)) from None
+        quota[tier] = _parsed(f"{where}.quota.{tier}", parse_size, size)
     retention = None
     if "retention" in table:
-        try:
-            retention = parse_duration(table["retention"])
-        except ValueError as exc:
-            raise ConfigError(f"{where}.retention", str(exc)) from None
+        retention = _parsed(f"{where}.retention", parse_duration, table["retention"])
         if retention <= 0:
             raise ConfigError(f"{where}.retention", "must be longer than zero (leave it out to keep blocks)")
     retired = table.get("retired", False)
     if not isinstance(retired, bool):
         raise ConfigError(f"{where}.retired", "expected true or false")
-    mode = None
-    if "mode" in table:
-        try:
-            mode = parse_mode(table["mode"])
-        except ValueError as exc:
-            raise ConfigError(f"{where}.mode", str(exc)) from None
     return NamespaceConfig(
         path=path,
         quota=quota,
         owner=_parse_id(f"{where}.owner", table.get("owner"), "user"),
         group=_parse_id(f"{where}.group", table.get("group"), "group"),
-        mode=mode,
+        mode=_parsed(f"{where}.mode", parse_mode, table["mode"]) if "mode" in table else None,
         retention=retention,
         retired=retired,
         model=model,

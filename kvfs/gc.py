@@ -26,9 +26,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .config import NamespaceConfig
-from .errors import ConfigError, InvalidName, KvfsError
-from .names import normalize
+from .config import NamespaceConfig, namespace_path
+from .errors import KvfsError
 from .namespaces import Namespaces
 from .tier import StoredObject, Tier
 from .units import format_duration
@@ -151,15 +150,7 @@ def with_retired(configs: Iterable[NamespaceConfig], paths: Iterable[str]) -> tu
     Raises :class:`~kvfs.errors.ConfigError` for a path that is not a usable namespace."""
     out = {c.path: c for c in configs}
     for raw in paths:
-        try:
-            path = normalize(raw)
-        except InvalidName as exc:
-            raise ConfigError("--retired", str(exc)) from None
-        if not path:
-            raise ConfigError("--retired", "the root is not a namespace; name its directory")
-        for other in out:
-            if other != path and (path.startswith(other + "/") or other.startswith(path + "/")):
-                raise ConfigError("--retired", f"{path!r} and namespace {other!r} nest; name one of them")
+        path = namespace_path("--retired", raw, out)
         out[path] = (
             dataclasses.replace(out[path], retired=True) if path in out else NamespaceConfig(path=path, retired=True)
         )

@@ -28,10 +28,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .access import AccessRule
-from .config import NamespaceConfig
-from .errors import ConfigError, InvalidName, KvfsError
+from .config import NamespaceConfig, namespace_path
+from .errors import KvfsError
 from .hashing import Namespace, differ_only_by_weights
-from .names import normalize
 from .policies import EvictionPolicy, Hint
 
 __all__ = [
@@ -196,18 +195,10 @@ class Namespaces:
     def ensure(self, path: str) -> NamespaceState:
         """The namespace at *path*, created (with no quota and no rules) when there is none.
         Raises :class:`~kvfs.errors.ConfigError` when *path* lies inside or around another."""
-        try:
-            path = normalize(path)
-        except InvalidName as exc:
-            raise ConfigError("namespace", str(exc)) from None
-        if not path:
-            raise ConfigError("namespace", "the mount's root cannot be a namespace; name a directory in it")
+        path = namespace_path("namespace", path, self._by_path)
         ns = self._by_path.get(path)
         if ns is not None:
             return ns
-        for other in self._by_path:
-            if path.startswith(other + "/") or other.startswith(path + "/"):
-                raise ConfigError("namespace", f"{path!r} and namespace {other!r} would nest; namespaces do not nest")
         n = len(self.tier_names)
         ns = NamespaceState(
             path=path, quota=[None] * n, reserved=[0] * n, parts=[None] * n, evictions=[0] * n, configured=False

@@ -103,11 +103,12 @@ def public_mountpoint():
     shutil.rmtree(d, ignore_errors=True)
 
 
-def as_user(user: tuple[int, int, str], mp: Path, mine: str, theirs: str = "") -> dict[str, str]:
+def run_as(user: tuple[int, int, str], script: str, *args: str) -> dict:
+    """Run *script* as the real *user* (with its supplementary groups); its JSON output."""
     uid, gid, name = user
     groups = [g.gr_gid for g in grp.getgrall() if name in g.gr_mem]
     res = subprocess.run(
-        [TENANT_PY, "-c", TENANT_SCRIPT, str(mp), mine, theirs],
+        [TENANT_PY, "-c", script, *args],
         capture_output=True,
         text=True,
         user=uid,
@@ -121,10 +122,14 @@ def as_user(user: tuple[int, int, str], mp: Path, mine: str, theirs: str = "") -
     return json.loads(res.stdout)
 
 
-TENANTS_CONFIG = """
+def as_user(user: tuple[int, int, str], mp: Path, mine: str, theirs: str = "") -> dict[str, str]:
+    return run_as(user, TENANT_SCRIPT, str(mp), mine, theirs)
+
+
+TIERS = """
 [[tiers]]
 kind = "dram"
-capacity = "8MiB"
+capacity = "{dram}"
 mlock = false
 prefault = false
 
@@ -132,7 +137,11 @@ prefault = false
 kind = "disk"
 capacity = "32MiB"
 path = "{data}/disk"
+"""
 
+TENANTS_CONFIG = (
+    TIERS.replace("{dram}", "8MiB")
+    + """
 [mount]
 allow_other = true
 
@@ -148,6 +157,7 @@ owner = {b_uid}
 group = {b_gid}
 mode = "0700"
 """
+)
 
 
 def test_s36_s38_a_tenant_cannot_list_read_write_or_pin_another_tenants_blocks(
@@ -191,18 +201,9 @@ def test_s36_s38_a_tenant_cannot_list_read_write_or_pin_another_tenants_blocks(
         os.chown(mp / "a" / "ab" / "blk", bob[0], -1)
 
 
-NS_CONFIG = """
-[[tiers]]
-kind = "dram"
-capacity = "1MiB"
-mlock = false
-prefault = false
-
-[[tiers]]
-kind = "disk"
-capacity = "32MiB"
-path = "{data}/disk"
-
+NS_CONFIG = (
+    TIERS.replace("{dram}", "1MiB")
+    + """
 [[namespaces]]
 path = "a"
 quota = {{ dram = "256KiB", disk = "200KiB" }}
@@ -214,6 +215,7 @@ path = "b"
 path = "old"
 retired = true
 """
+)
 
 
 def test_s39_rename_between_namespaces_is_exdev_and_mv_copies(kvfs_mount, tmp_path):
@@ -325,7 +327,7 @@ def test_s38_the_kernel_decides_as_kvfs_access_does(kvfs_mount, users, public_mo
     member = users("member", groups={"member": owner[2]})["member"]
     other = users("other")["other"]
     spaces = {f"m{mode:03o}": mode for mode in MODES}
-    cfg = TENANTS_CONFIG.split("[[namespaces]]")[0].format(data=tmp_path)
+    cfg = TIERS.replace("{dram}", "8MiB").format(data=tmp_path) + "\n[mount]\nallow_other = true\n"
     for path, mode in spaces.items():
         cfg += f'\n[[namespaces]]\npath = "{path}"\nowner = {owner[0]}\ngroup = {owner[1]}\nmode = "{mode:04o}"\n'
     mp = kvfs_mount(cfg, mountpoint=public_mountpoint)
@@ -334,21 +336,9 @@ def test_s38_the_kernel_decides_as_kvfs_access_does(kvfs_mount, users, public_mo
         (mp / path / "ab" / "blk").write_bytes(b"k" * 100)
     ops = {"list": Operation.LIST, "read": Operation.READ, "write": Operation.WRITE, "pin": Operation.PIN}
     for who, user in (("owner", owner), ("member", member), ("other", other)):
+        seen = run_as(user, PROBE_SCRIPT, str(mp), who, *spaces)
         uid, gid, name = user
         groups = [g.gr_gid for g in grp.getgrall() if name in g.gr_mem]
-        res = subprocess.run(
-            [TENANT_PY, "-c", PROBE_SCRIPT, str(mp), who, *spaces],
-            capture_output=True,
-            text=True,
-            user=uid,
-            group=gid,
-            extra_groups=groups,
-            env={"PATH": "/usr/bin:/bin"},
-            cwd="/",
-            timeout=60,
-        )
-        assert res.returncode == 0, res.stderr
-        seen = json.loads(res.stdout)
         peer = Peer(uid, gid, frozenset(groups))
         for path, mode in spaces.items():
             rule = AccessRule(uid=owner[0], gid=owner[1], mode=mode)

@@ -12,6 +12,7 @@ import os
 import random
 
 import pytest
+from test_store import Clock
 
 from kvfs.config import DiskConfig, DramConfig, NamespaceConfig, PolicyConfig, parse_config
 from kvfs.errors import BlockNotFound, ConfigError, NoSpace
@@ -24,15 +25,6 @@ from kvfs.tiers.dram import DramTier
 
 BLOCK = 64 << 10
 DISK_FP = BLOCK + 4096  # a disk copy: header + payload rounded to 4 KiB
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        self.t += 1.0
-        return self.t
 
 
 @pytest.fixture
@@ -219,7 +211,7 @@ def test_a_quota_set_at_runtime_on_a_new_path_makes_a_namespace(make_store):
     s.put("t/x/1", blob(1))
     st = s.set_quota("t/x", "disk", 3 * DISK_FP)
     assert st.path == "t/x" and not st.configured and st.blocks == 1
-    with pytest.raises(ConfigError, match="would nest"):
+    with pytest.raises(ConfigError, match="lies inside namespace .t.; namespaces do not nest"):
         s.set_quota("t", "disk", DISK_FP)
     with pytest.raises(KeyError, match="no tier named 'ssd'"):
         s.set_quota("t/x", "ssd", DISK_FP)

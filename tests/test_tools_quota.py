@@ -3,9 +3,8 @@ store with namespaces behind a real control socket (as tests/test_tools.py does)
 
 from __future__ import annotations
 
-import json
-
 import pytest
+from test_tools import kvfs, kvfs_json
 
 from kvfs.config import Config, DiskConfig, DramConfig, NamespaceConfig, PolicyConfig
 from kvfs.mount.assembly import open_store
@@ -40,19 +39,6 @@ def server(store, monkeypatch):
     with ControlServer(store) as srv:
         monkeypatch.setenv(ENV_SOCKET, str(srv.socket))
         yield srv
-
-
-def kvfs(capsys, *argv: str) -> tuple[int, str, str]:
-    capsys.readouterr()
-    rc = main(list(argv))
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
-def kvfs_json(capsys, *argv: str):
-    rc, out, err = kvfs(capsys, *argv, "--json")
-    assert rc == 0, err
-    return json.loads(out)
 
 
 def test_quota_show_and_set(server, capsys):
@@ -95,7 +81,10 @@ def test_quota_show_and_set(server, capsys):
         (["quota", "set", "tenant-a", "--tier", "ssd=1GiB"], "no tier named 'ssd'; tiers: dram, disk"),
         (["quota", "set", "tenant-a", "--tier", "dram"], "write TIER=SIZE, like dram=1GiB"),
         (["quota", "set", "tenant-a", "--tier", "dram=lots"], "config error in --tier: dram:"),
-        (["quota", "set", "tenant-a/00", "--tier", "dram=1MiB"], "would nest; namespaces do not nest"),
+        (
+            ["quota", "set", "tenant-a/00", "--tier", "dram=1MiB"],
+            "'tenant-a/00' lies inside namespace 'tenant-a'; namespaces do not nest",
+        ),
         (["quota", "set", "/", "--tier", "dram=1MiB"], "the mount's root cannot be a namespace"),
         (["quota", "show", "nothing-here"], "nothing-here: not a namespace; kvfs quota set makes one"),
     ],
