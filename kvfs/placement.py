@@ -592,7 +592,7 @@ class Placement:
             return "is busy with an earlier copy of it"
         ns = self.namespaces.of(rec.name) if self.namespaces else None
         if ns is not None and self.ns_over(ns, slot, self.footprint(slot, rec)):
-            return f"holds namespace {ns.path!r} at its quota there (of pinned or busy blocks)"
+            return f"holds namespace {ns.path!r} at its quota there"
         cap = slot.capacity
         if cap is not None and self.footprint(slot, rec) > cap:
             return "is too small for it"

@@ -41,6 +41,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
+from .access import Operation, Peer, check, may_map_arena
 from .backlog import WriteThroughQueue
 from .blockfile import checksum as compute_checksum
 from .catalog import BlockRecord, BlockStat, Catalog
@@ -134,10 +135,11 @@ class Store:
         self.placement = Placement(
             self.slots, self.catalog, self.queue, events=self.events, clock=clock, namespaces=self.namespaces
         )
-        for ns in self.namespaces:  # before the rebuild, so the quotas' orders see every block found
-            for slot in self.slots:
-                if ns.quota[slot.index] is not None:
-                    self.placement.set_quota(ns, slot, ns.quota[slot.index])
+        with self.placement.locked():  # before the rebuild, so the quotas' orders see every block found
+            for ns in self.namespaces:
+                for slot in self.slots:
+                    if ns.quota[slot.index] is not None:
+                        self.placement.set_quota(ns, slot, ns.quota[slot.index])
         self.shared = SharedView(self.slots, clock=clock, negative_ttl=negative_ttl, listing_ttl=listing_ttl)
         self.writeback = WriteBack(self.placement, self.queue)
         self.records = SharedRecords(
@@ -774,6 +776,19 @@ class Store:
                     )
                 )
             return out
+
+    def check_access(self, peer: Peer, name: str, op: Operation) -> None:
+        """Raise :class:`~kvfs.access.AccessDenied` unless *peer* may do *op* to *name*
+        under its namespace's rule (:func:`kvfs.access.check`; the client socket's
+        question, with ``Peer.of_socket``). Memory only: safe on an event loop."""
+        ns = self.namespaces.of(normalize(name))
+        if ns is not None:
+            check(peer, ns.access, op, namespace=ns.path)
+
+    def may_map_arena(self, peer: Peer) -> bool:
+        """Whether *peer* may map the DRAM arena itself (it may read every namespace);
+        any other peer's reads go through :meth:`read_into` (docs/tenants.md, "Access")."""
+        return may_map_arena(peer, self.namespaces.rules())
 
     def sweep(self) -> SweepReport:
         """End the soft pins that expired and, when due, remove blocks past their

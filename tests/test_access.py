@@ -172,3 +172,25 @@ def test_peer_credentials_from_a_socket_a_second_user_connected(second_user):
     assert 1 in peer.groups
     rule = AccessRule(uid=0, gid=1, mode=0o750)  # its supplementary group "daemon" lets it read
     assert decide(peer, rule, Operation.READ) and not decide(peer, rule, Operation.WRITE)
+
+
+def test_the_store_answers_for_a_name(tmp_path):
+    """What the client server asks: the rule over a name, and whether to hand out the arena."""
+    from kvfs.config import DramConfig, NamespaceConfig
+    from kvfs.store import Store
+    from kvfs.tiers.dram import DramTier
+
+    store = Store(
+        [DramTier(DramConfig(name="dram", capacity=1 << 20, mlock=False, prefault=False))],
+        namespaces=(NamespaceConfig(path="a", owner=OWNER, group=GROUP, mode=0o750), NamespaceConfig(path="b")),
+    )
+    try:
+        store.check_access(Peer(OWNER, 1), "a/00/x", Operation.PIN)
+        store.check_access(Peer(7, 9), "b/00/x", Operation.WRITE)  # b has no rule: the defaults
+        store.check_access(Peer(7, 9), "elsewhere/x", Operation.READ)
+        with pytest.raises(AccessDenied, match="uid 7 may not list in namespace 'a'"):
+            store.check_access(Peer(7, 9), "a", Operation.LIST)
+        assert store.may_map_arena(Peer(0, 0)) and store.may_map_arena(Peer(7, GROUP))
+        assert not store.may_map_arena(Peer(7, 9))
+    finally:
+        store.close()
