@@ -82,6 +82,8 @@ class Lifetimes:
         heapq.heappush(self._due, (until, next(self._seq), rec))
 
     def _unpin_due(self, now: float) -> int:
+        if not self._due or self._due[0][0] > now:  # read without the lock: at worst a sweep late
+            return 0
         p = self.placement
         n = 0
         with p.locked():

@@ -340,3 +340,24 @@ def test_two_namespaces_differing_only_by_weights_are_warned_about():
     assert "retired = true and run kvfs gc" in warning
     cfg = parse_config({**TIERS, "namespaces": [{**old, "retired": True}, new, other_tp]})
     assert fingerprint_warnings(cfg.namespaces) == []
+
+
+def test_mount_warnings_for_namespaces():
+    from kvfs.mount.assembly import capacity_warnings
+
+    cfg = parse_config(
+        {
+            **TIERS,
+            "namespaces": [
+                {"path": "small-below", "quota": {"dram": "4MiB", "disk": "1MiB"}},
+                {"path": "fine", "quota": {"dram": "4MiB"}},
+                {"path": "theirs", "owner": os.getuid() + 12345},
+            ],
+        }
+    )
+    warnings = capacity_warnings(cfg)
+    assert any(w.startswith("namespace small-below's quotas in the persistent tiers (1 MiB)") for w in warnings)
+    assert not any("namespace fine" in w for w in warnings)
+    assert any("namespaces theirs belong to other users, but [mount] allow_other is false" in w for w in warnings)
+    cfg = parse_config({**TIERS, "mount": {"allow_other": True}, "namespaces": [{"path": "theirs", "owner": 99999}]})
+    assert capacity_warnings(cfg) == []
