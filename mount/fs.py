@@ -674,7 +674,10 @@ class KvfsOperations(pyfuse3.Operations):
         if node.is_dir:
             raise FUSEError(pyfuse3.ENOATTR)
         if node.name is None:
-            raise FUSEError(errno.ENOENT)
+            # detached: the name now holds another version (or nothing). A path call came
+            # through a dentry the kernel has not dropped yet; ESTALE makes it look the
+            # name up again and retry (retry_estale), answering for what the name holds now.
+            raise FUSEError(errno.ESTALE)
         return await self._meta(self.store.stat, node.name)
 
     async def _settled_node(self, inode: int) -> Inode:

@@ -157,6 +157,21 @@ def test_s07_writes_after_fsync_are_published_at_the_last_close(mp):
     assert (mp / "fs").read_bytes() == b"first+second"
 
 
+def test_s07_s27_xattrs_by_path_right_after_fsync_and_close(mp):
+    """fsync publishes a version on its own inode: the writer's dentry may still point at
+    the inode it replaced when the next path call comes. Such calls are answered ESTALE,
+    so the kernel looks the name up again and the call succeeds (it failed ENOENT for
+    one call in five before)."""
+    for i in range(200):
+        p = mp / f"x{i}"
+        fd = os.open(p, os.O_CREAT | os.O_WRONLY, 0o644)
+        os.write(fd, b"x" * 10_000)
+        os.fsync(fd)
+        os.close(fd)
+        os.setxattr(p, "user.kvfs.pinned", b"1")
+        assert os.getxattr(p, "user.kvfs.pinned") == b"1"
+
+
 # -- 11, 13: sizes and bounds ------------------------------------------------------------
 
 
