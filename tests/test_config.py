@@ -100,7 +100,7 @@ def _with(**tier0):
         (
             {"tiers": GOOD["tiers"], "mounts": {}},
             "mounts",
-            "unknown top-level key; expected [[tiers]], [policy] and [mount]",
+            "unknown top-level key; expected [[tiers]], [policy], [mount] and [client]",
         ),
     ],
 )

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from kvfs.protocol import Pin
+
 from .control_client import about, add_socket_option, clients_for
 
 
@@ -25,9 +27,9 @@ def run(args: argparse.Namespace) -> int:
     pinned = args.command == "pin"
     for target, client in clients_for(args.paths, args.socket):
         with about(target):
-            res = client.request("pin", paths=[target.name], pinned=pinned)
+            res = client.request(Pin(paths=[target.name], pinned=pinned))
         verb = "pinned" if pinned else "unpinned"
         print(
-            f"{verb} {res['blocks']} block{'s' if res['blocks'] != 1 else ''} under {target.display()} ({res['changed']} changed)"
+            f"{verb} {res.blocks} block{'s' if res.blocks != 1 else ''} under {target.display()} ({res.changed} changed)"
         )
     return 0

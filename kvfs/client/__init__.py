@@ -1,0 +1,1 @@
+"""The batch client (placeholder while it is written)."""
