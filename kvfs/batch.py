@@ -2,7 +2,8 @@
 leases on their copies — the store side of the batch client's ``lookup`` and ``get``.
 
 :meth:`BatchReads.probe` answers for a thousand names under one acquisition of the
-store's lock, without touching a tier. :meth:`BatchReads.lease` leases one local copy per
+store's lock, without touching a tier (a name unknown here is looked up in the shared
+tiers first, as any lookup does). :meth:`BatchReads.lease` leases one local copy per
 name for a reader that copies the bytes itself (a DRAM extent, a disk block file),
 counting the read as a hit; a block whose hottest local copy is in a persistent tier is
 first copied into DRAM when the caller asks (:data:`PROMOTE_ALWAYS`) or when the store's
@@ -16,7 +17,8 @@ anything changed, so the caller repeats the call from a worker thread.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .errors import InvalidName, KvfsError
 from .leases import Lease
@@ -25,20 +27,24 @@ from .names import normalize
 if TYPE_CHECKING:
     from .store import Store
 
-__all__ = ["PROMOTE_ALWAYS", "PROMOTE_NEVER", "PROMOTE_POLICY", "BatchReads", "Presence"]
+__all__ = ["PROMOTE_ALWAYS", "PROMOTE_NEVER", "PROMOTE_POLICY", "BatchReads", "Probe"]
 
 PROMOTE_POLICY = "policy"
 PROMOTE_ALWAYS = "always"
 PROMOTE_NEVER = "never"
 
 
-class Presence(NamedTuple):
-    """What :meth:`BatchReads.probe` says of a present block: payload *size*, the tiers
-    holding a copy as a bitmask over the store's tiers (bit 0 = hottest), *pinned*."""
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """What :meth:`BatchReads.probe` says of many names, per name in order: payload
+    ``sizes`` (-1: no such block), the tiers holding a copy as bitmasks over the store's
+    tiers (bit 0 = hottest), ``pinned``; ``prefix``: how many leading names are all
+    present (the cached length of a chain)."""
 
-    size: int
-    tiers: int
-    pinned: bool
+    sizes: list[int]
+    tiers: list[int]
+    pinned: list[bool]
+    prefix: int
 
 
 class BatchReads:
@@ -69,21 +75,25 @@ class BatchReads:
                 if isinstance(n, str):
                     self.store.records.refresh(n)
 
-    def probe(self, names: Sequence[str]) -> list[Presence | None]:
-        """Per name: its :class:`Presence`, or None when there is no such block. Raises
-        :class:`InvalidName` for a name that is not a valid kvfs path."""
-        normalized = self._names(names)
-        for n in normalized:
-            if isinstance(n, InvalidName):
-                raise n
-        self._refresh(normalized)
-        get = self.catalog.blocks.get
-        out: list[Presence | None] = []
+    def probe(self, names: Sequence[str]) -> Probe:
+        """Presence of every name (see :class:`Probe`), under one acquisition of the lock.
+        Raises :class:`InvalidName` for a name that is not a valid kvfs path."""
+        blocks = self.catalog.blocks
+        if self.store.shared:
+            self._refresh([n if n in blocks else normalize(n) for n in names])
         with self.placement.locked():
-            for n in normalized:
-                rec = get(n)  # type: ignore[arg-type]
-                out.append(None if rec is None or not rec.tiers else Presence(rec.size, rec.tiers, rec.pinned))
-        return out
+            get = blocks.get
+            recs = [get(n) for n in names]
+            if None in recs:  # a miss may be a name written another way ("/a//b"): normalize those
+                recs = [r if r is not None else get(normalize(n)) for n, r in zip(names, recs, strict=True)]
+            sizes = [-1 if r is None else r.size for r in recs]
+            tiers = [0 if r is None else r.tiers for r in recs]
+            pinned = [False if r is None else r.pinned for r in recs]
+        try:
+            prefix = sizes.index(-1)
+        except ValueError:
+            prefix = len(sizes)
+        return Probe(sizes=sizes, tiers=tiers, pinned=pinned, prefix=prefix)
 
     def lease(
         self, names: Sequence[str], *, ttl: float, promote: str = PROMOTE_POLICY, count_hits: bool = True

@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from .backlog import WriteThroughQueue
-from .batch import BatchReads, Presence
+from .batch import BatchReads, Probe
 from .blockfile import checksum as compute_checksum
 from .catalog import BlockRecord, BlockStat, Catalog
 from .config import PolicyConfig, PromoteMode, WriteMode
@@ -683,7 +683,7 @@ class Store:
         """End a lease (by object or id); False if it had already ended."""
         return self.leases.release(lease)
 
-    def probe(self, names: Sequence[str]) -> list[Presence | None]:
+    def probe(self, names: Sequence[str]) -> Probe:
         """Which of *names* are present, under one lock (see :meth:`BatchReads.probe`)."""
         return self.batch.probe(names)
 
@@ -776,6 +776,8 @@ class Store:
                 misses=self._misses,
                 pending_writes=len(self.queue),
                 tiers=tiers,
+                leases=len(self.leases),
+                reserved=len(self.ingest),
             )
 
     def __len__(self) -> int:

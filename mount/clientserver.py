@@ -143,21 +143,8 @@ class ClientOps:
     # -- reads ---------------------------------------------------------------------------
 
     async def op_lookup(self, conn: Connection, req: Lookup) -> LookupResult:
-        found = await call_store(self.store, self.store.probe, req.names)
-        sizes, tiers, pinned = [], [], []
-        prefix = -1
-        for i, p in enumerate(found):
-            if p is None:
-                if prefix < 0:
-                    prefix = i
-                sizes.append(-1)
-                tiers.append(0)
-                pinned.append(False)
-            else:
-                sizes.append(p.size)
-                tiers.append(p.tiers)
-                pinned.append(p.pinned)
-        return LookupResult(sizes=sizes, tiers=tiers, pinned=pinned, prefix=len(found) if prefix < 0 else prefix)
+        p = await call_store(self.store, self.store.probe, req.names)
+        return LookupResult(sizes=p.sizes, tiers=p.tiers, pinned=p.pinned, prefix=p.prefix)
 
     def _ttl(self, ttl: float) -> float:
         if ttl < 0:

@@ -112,10 +112,47 @@ def dump(value: Any) -> Any:
 
 def encode(msg: Message) -> bytes:
     """The frame of *msg*: one JSON line."""
-    body = {"v": VERSION, "kind": msg.kind}
-    for f in _fields(type(msg)):
-        body[f.name] = dump(getattr(msg, f.name))
+    body: dict[str, Any] = {"v": VERSION, "kind": msg.kind}
+    for name, enc in _encoders(type(msg)):
+        value = getattr(msg, name)
+        body[name] = value if enc is None else enc(value)
     return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+
+
+_Enc = Callable[[Any], Any] | None  # None: the value is JSON as it is
+_ENCODERS: dict[type, list[tuple[str, _Enc]]] = {}
+
+
+def _encoders(cls: type) -> list[tuple[str, _Enc]]:
+    out = _ENCODERS.get(cls)
+    if out is None:
+        hints = typing.get_type_hints(cls)
+        out = _ENCODERS[cls] = [(f.name, _encoder(hints[f.name])) for f in _fields(cls)]
+    return out
+
+
+def _encoder(tp: Any) -> _Enc:
+    """How a value of type *tp* becomes JSON data: None when it already is (primitives
+    and lists of them, trusted because the messages are built by typed code)."""
+    if tp in _PRIMITIVES or tp is Any:
+        return None if tp is not Any else dump
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (Union, types.UnionType):
+        if all(a in _PRIMITIVES for a in args):
+            return None
+        return dump
+    if origin in (list, tuple):
+        item = _encoder(args[0]) if args else dump
+        if item is None:
+            return None if origin is list else list
+        return lambda v: [item(x) for x in v]
+    if origin is dict:
+        val = _encoder(args[1]) if args else dump
+        if val is None:
+            return None
+        return lambda v: {k: val(x) for k, x in v.items()}
+    return dump
 
 
 # -- decoding ---------------------------------------------------------------------------
@@ -197,6 +234,18 @@ _PRIMITIVES: dict[Any, tuple[str, Callable[[Any], bool]]] = {
 }
 
 
+# element types whose lists are checked in one pass: the JSON types each may arrive as
+_FLAT: dict[Any, frozenset[type]] = {
+    int: frozenset({int}),
+    str: frozenset({str}),
+    bool: frozenset({bool}),
+    float: frozenset({int, float}),
+    int | None: frozenset({int, type(None)}),
+    float | None: frozenset({int, float, type(None)}),
+    str | None: frozenset({str, type(None)}),
+}
+
+
 def _converter(tp: Any) -> _Conv:
     """A function checking (and converting) one JSON value of type *tp*."""
     if tp is Any:
@@ -235,15 +284,19 @@ def _converter(tp: Any) -> _Conv:
         if origin is tuple and not (len(args) == 2 and args[1] is Ellipsis):
             raise TypeError(f"only homogeneous tuples (tuple[X, ...]) are supported, not {tp}")
         make = list if origin is list else tuple
-        if item_tp in _PRIMITIVES and item_tp is not float:
-            what, ok = _PRIMITIVES[item_tp]
+        flat_types = _FLAT.get(item_tp)
+        if flat_types is not None:
+            what, ok = _PRIMITIVES[item_tp] if item_tp in _PRIMITIVES else ("a value", lambda x: type(x) in flat_types)
+            as_floats = item_tp is float
 
             def flat(v: Any, where: str) -> Any:
                 if type(v) is not list:
-                    raise _wrong(where, f"a list of {what}s", v)
-                if not all(map(ok, v)):
+                    raise _wrong(where, "a list", v)
+                if not set(map(type, v)) <= flat_types:  # one pass in C, not a call per item
                     bad = next(i for i, x in enumerate(v) if not ok(x))
                     raise _wrong(f"{where}[{bad}]", what, v[bad])
+                if as_floats:
+                    v = [float(x) for x in v]
                 return v if make is list else tuple(v)
 
             return flat

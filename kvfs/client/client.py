@@ -1,0 +1,640 @@
+"""The batch client: many blocks per round trip, bytes through shared memory.
+
+:class:`Client` talks to a mount's daemon over its Unix socket (found from the
+mountpoint, or given) with the typed protocol (:mod:`kvfs.protocol`). Only descriptors
+cross the socket; the bytes move through the DRAM tier's shared-memory arena, which the
+client maps (read-only unless it opened a write session), or straight from a disk tier's
+block file, which the client reads itself and verifies against the block's checksum.
+
+- :meth:`Client.lookup`: presence, size, tiers and pin state of many names, and how many
+  leading names of a chain are all cached, in one round trip.
+- :meth:`Client.get_into`: the blocks' bytes into the caller's buffers (bytes-likes,
+  numpy arrays, CPU torch tensors; a list of buffers per block scatters it), under
+  leases released at the end. :meth:`Client.get`: zero-copy read-only :class:`View` s of
+  the arena, leased until released (or the client closes).
+- :meth:`Client.put`: the bytes copied straight into reserved arena extents, then
+  committed (the daemon verifies the checksum first); :meth:`Client.reserve` and
+  :meth:`Client.commit` let a producer write a block in place.
+- :meth:`Client.prefetch`, :meth:`Client.pin`, :meth:`Client.unpin`, :meth:`Client.evict`,
+  :meth:`Client.stat`, :meth:`Client.events`.
+
+Never wrong bytes: a block read from a file is checked against its checksum before it is
+reported read; a copy that fails is reported to the daemon (which re-checks it and drops
+it if bad) and read once more from wherever the block is now, else the name fails. A
+batch in which some names failed raises :class:`BatchError` after doing the rest; its
+``results`` say, per name, what happened. Thread-safe: calls from several threads share
+the connection one round trip at a time; copies run outside that.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Self, TypeVar
+
+from kvfs.catalog import BlockStat
+from kvfs.errors import BlockCorrupt, KvfsError
+from kvfs.events import Event
+from kvfs.protocol import (
+    Abort,
+    Commit,
+    EventItem,
+    Events,
+    Evict,
+    EvictResult,
+    Grant,
+    Hello,
+    Lease,
+    LeaseEnded,
+    Lookup,
+    Message,
+    Pin,
+    PinResult,
+    Prefetch,
+    PrefetchResult,
+    Promote,
+    Release,
+    Renew,
+    Request,
+    Reserve,
+    Slot,
+    Stat,
+    Suspect,
+    Welcome,
+    WireError,
+    rebuild,
+)
+from kvfs.runtime import control_socket_path, find_mount
+
+from . import buffers
+from .connection import Connection
+
+__all__ = ["BatchError", "Client", "Hold", "LookupResult", "Presence", "PutBuffer", "View"]
+
+R = TypeVar("R", bound=Message)
+
+_FILE_GRANT = "file"
+
+
+class BatchError(KvfsError):
+    """Raised by a batch call when some names failed; the others were done. ``results``
+    holds, per name in order, the call's result or the :class:`KvfsError` it met;
+    ``errors`` maps the failed positions to theirs."""
+
+    def __init__(self, what: str, results: list[Any]) -> None:
+        self.results = results
+        self.errors: dict[int, KvfsError] = {i: r for i, r in enumerate(results) if isinstance(r, KvfsError)}
+        first = next(iter(self.errors.values()))
+        more = f" (and {len(self.errors) - 1} more)" if len(self.errors) > 1 else ""
+        super().__init__(f"{what}: {len(self.errors)} of {len(results)} blocks failed; first: {first}{more}")
+
+
+@dataclass(frozen=True, slots=True)
+class Presence:
+    """A present block: *size* bytes, the *tiers* holding a copy (hottest first), *pinned*."""
+
+    name: str
+    size: int
+    tiers: tuple[str, ...]
+    pinned: bool
+
+
+class LookupResult(Sequence[Presence | None]):
+    """Per name, in order: its :class:`Presence` or None; ``prefix`` is how many leading
+    names are all present (the cached length of a chain). Built lazily from the reply."""
+
+    def __init__(
+        self,
+        names: Sequence[str],
+        sizes: list[int],
+        masks: list[int],
+        pinned: list[bool],
+        tiers: list[str],
+        prefix: int,
+    ) -> None:
+        self.names = list(names)
+        self.sizes = sizes
+        self._masks = masks
+        self._pinned = pinned
+        self._tiers = tiers
+        self.prefix = prefix
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        if self.sizes[i] < 0:
+            return None
+        mask = self._masks[i]
+        tiers = tuple(t for b, t in enumerate(self._tiers) if mask >> b & 1)
+        return Presence(name=self.names[i], size=self.sizes[i], tiers=tiers, pinned=self._pinned[i])
+
+    def present(self, i: int) -> bool:
+        return self.sizes[i] >= 0
+
+
+class Hold:
+    """One leased copy of block *name*: *length* payload bytes at *offset* of the arena
+    (``kind`` ``"arena"``) or of the block file *path* (``"file"``; a 4 KiB-aligned
+    offset, for direct I/O and GDS), with the block's xxh3-64 *checksum*. While it is
+    held the extent is not reused and the file not removed, replaced or renamed; it ends
+    with :meth:`release`, the client closing, or its deadline ``expires``
+    (``time.monotonic()``; :meth:`Client.renew` extends it)."""
+
+    __slots__ = ("_client", "checksum", "expires", "kind", "lease", "length", "name", "offset", "path", "tier")
+
+    def __init__(self, client: Client | None, name: str, grant: Grant | None, expires: float) -> None:
+        self._client = client
+        self.name = name
+        self.lease = grant.id if grant is not None and client is not None else None
+        self.tier = grant.tier if grant is not None else "client"
+        self.kind = grant.kind if grant is not None else "copy"
+        self.path = grant.path if grant is not None else ""
+        self.offset = grant.offset if grant is not None else 0
+        self.length = grant.length if grant is not None else 0
+        self.checksum = grant.checksum if grant is not None else 0
+        self.expires = expires
+
+    @property
+    def released(self) -> bool:
+        return self._client is None
+
+    @property
+    def valid(self) -> bool:
+        """Held, and before its deadline."""
+        return self._client is not None and time.monotonic() < self.expires
+
+    def _end(self) -> None:
+        self._client = None
+
+    def release(self) -> None:
+        client = self._client
+        if client is not None:
+            client.release([self])
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+class View(Hold):
+    """One block's bytes in the arena, read-only, without a copy (:meth:`Client.get`);
+    valid while its lease is (see :class:`Hold`). After that the memory may hold another
+    block: :attr:`data` then raises :class:`LeaseEnded`. Keep no slice of it past
+    :meth:`release`."""
+
+    __slots__ = ("_data", "size")
+
+    def __init__(self, client: Client | None, name: str, data: memoryview, grant: Grant | None, expires: float) -> None:
+        super().__init__(client, name, grant, expires)
+        self._data: memoryview | None = data
+        self.size = len(data)
+        if grant is None:  # a private copy (no DRAM tier): nothing to hold
+            self.length = self.size
+            self.checksum = buffers.checksum([data])
+
+    @property
+    def data(self) -> memoryview:
+        if self._data is None:
+            raise LeaseEnded(f"the view of {self.name!r} was released")
+        if self.lease is not None and time.monotonic() >= self.expires:
+            raise LeaseEnded(f"the lease on {self.name!r} passed its deadline; its memory may hold another block now")
+        return self._data
+
+    @property
+    def released(self) -> bool:
+        return self._data is None
+
+    def _end(self) -> None:
+        self._client = None
+        self._data = None
+
+    def release(self) -> None:
+        client = self._client
+        self._data = None
+        if client is not None:
+            client.release([self])
+        self._client = None
+
+    def __len__(self) -> int:
+        return self.size
+
+
+class PutBuffer:
+    """A reserved extent of the arena to write one block into (:meth:`Client.reserve`):
+    fill :attr:`data` (writable, exactly the block's size), then :meth:`Client.commit`."""
+
+    __slots__ = ("data", "expires", "name", "slot")
+
+    def __init__(self, name: str, slot: Slot, data: memoryview, expires: float) -> None:
+        self.name = name
+        self.slot = slot
+        self.data = data
+        self.expires = expires
+
+
+def _socket_for(where: str | os.PathLike[str]) -> tuple[Path, str]:
+    """The daemon's socket for *where* (a socket, a mountpoint or a path inside a mount)
+    and the mountpoint to name in messages."""
+    p = Path(where)
+    try:
+        if p.is_socket():
+            return p, str(p)
+    except OSError:
+        pass
+    found = find_mount(p)
+    if found is None:
+        raise KvfsError(f"{where} is neither a kvfs mount (nor inside one) nor a kvfs socket")
+    return control_socket_path(found[0]), found[0]
+
+
+class Client:
+    """A session with the daemon of the mount at (or containing) *where*, or with the
+    socket *where*. *write* asks for a read-write arena (puts); *name* labels the session
+    in the daemon's log. *lease_ttl* (seconds): leases' lifetime (default: the daemon's);
+    *promote*: how reads treat blocks whose hottest copy is on disk
+    (:class:`~kvfs.protocol.Promote`: ``"policy"``, ``"always"``, ``"never"``)."""
+
+    def __init__(
+        self,
+        where: str | os.PathLike[str],
+        *,
+        write: bool = False,
+        name: str = "",
+        timeout: float = 60.0,
+        lease_ttl: float | None = None,
+        promote: str = Promote.POLICY,
+    ) -> None:
+        if promote not in Promote.ALL:
+            raise ValueError(f"promote must be one of {', '.join(Promote.ALL)} (got {promote!r})")
+        sock, mountpoint = _socket_for(where)
+        self.socket = sock
+        self.promote = promote
+        self._lock = threading.Lock()
+        self._conn = Connection(sock, where=mountpoint, timeout=timeout)
+        self._held: dict[int, Hold] = {}
+        self._map: mmap.mmap | None = None
+        self._arena: memoryview | None = None
+        try:
+            welcome = self._request(Hello(client=name or f"pid {os.getpid()}", write=write))
+            fds = self._conn.take_fds()
+            try:
+                if welcome.arena is not None:
+                    if not fds:
+                        raise KvfsError("the daemon did not pass the arena's descriptor")
+                    prot = mmap.PROT_READ | (mmap.PROT_WRITE if write else 0)
+                    self._map = mmap.mmap(fds[0], welcome.arena.size, mmap.MAP_SHARED, prot)
+                    self._arena = memoryview(self._map)
+            finally:
+                for fd in fds:
+                    os.close(fd)
+        except BaseException:
+            self._conn.close()
+            raise
+        self.welcome: Welcome = welcome
+        self.mountpoint = welcome.mountpoint
+        self.tiers = [t.name for t in welcome.tiers]
+        self.lease_ttl = lease_ttl or welcome.lease_ttl
+        self.writable = write
+
+    # -- plumbing ------------------------------------------------------------------------
+
+    def _request(self, req: Request, reply: type[R] | None = None) -> Any:
+        with self._lock:
+            return self._conn.request(req, reply)
+
+    def close(self) -> None:
+        """End the session: every lease and reservation is given back by the daemon, and
+        every view ends. Idempotent."""
+        for h in list(self._held.values()):
+            h._end()
+        self._held.clear()
+        with self._lock:
+            self._conn.close()
+        if self._arena is not None:
+            self._arena.release()
+            self._arena = None
+        if self._map is not None:
+            try:
+                self._map.close()
+            except BufferError:  # a caller still holds a slice: unmapped when it goes
+                pass
+            self._map = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def name_of(self, path: str | os.PathLike[str]) -> str:
+        """The block name of *path*, a path inside this client's mount."""
+        rel = os.path.relpath(os.path.realpath(path), self.mountpoint)
+        if rel.startswith(".."):
+            raise KvfsError(f"{path} is not inside {self.mountpoint}")
+        return "" if rel == "." else rel
+
+    def _arena_view(self) -> memoryview:
+        if self._arena is None:
+            raise KvfsError(f"{self.mountpoint} has no DRAM arena (no dram tier) to read or write")
+        return self._arena
+
+    # -- lookups -------------------------------------------------------------------------
+
+    def lookup(self, names: Sequence[str]) -> LookupResult:
+        """Presence of every name and the cached prefix length, in one round trip."""
+        names = list(names)
+        r = self._request(Lookup(names=names))
+        return LookupResult(names, r.sizes, r.tiers, r.pinned, self.tiers, r.prefix)
+
+    def stat(self, name: str) -> BlockStat:
+        """One block's record (size, checksum, tiers, pin, hits, times)."""
+        res: BlockStat = self._request(Stat(name=name)).block
+        return res
+
+    # -- reads ---------------------------------------------------------------------------
+
+    def _lease(
+        self, names: list[str], promote: str, ttl: float | None = None
+    ) -> list[tuple[Grant | None, KvfsError | None, float]]:
+        sent = time.monotonic()
+        r = self._request(Lease(names=names, ttl=ttl or self.lease_ttl, promote=promote))
+        out: list[tuple[Grant | None, KvfsError | None, float]] = []
+        for g, e in zip(r.grants, r.errors, strict=True):
+            out.append((g, None if e is None else rebuild(e.type, e.message), sent + (g.ttl if g else 0.0)))
+        return out
+
+    def _release_ids(self, ids: list[int]) -> None:
+        if ids and self._conn.connected:
+            self._request(Release(ids=ids))
+
+    def get_into(
+        self, names: Sequence[str], buffers_: Sequence[Any], *, verify: bool = False, promote: str | None = None
+    ) -> list[int]:
+        """Copy each block into its buffer (or list of buffers, filled in order); returns
+        each block's size. Copies from a disk tier are always verified against the
+        block's checksum; *verify* checks DRAM copies too. Raises :class:`BatchError` when
+        some names failed (their buffers hold nothing to use)."""
+        names = list(names)
+        if len(buffers_) != len(names):
+            raise ValueError(f"{len(names)} names but {len(buffers_)} buffers")
+        dests = [buffers.segments(b, writable=True) for b in buffers_]
+        results: list[Any] = self._read(names, dests, verify, promote or self.promote)
+        retry = [i for i, r in enumerate(results) if isinstance(r, _Retry)]
+        if retry:  # a bad copy was reported and dropped: read the block from where it is now
+            again = self._read([names[i] for i in retry], [dests[i] for i in retry], verify, promote or self.promote)
+            for i, r in zip(retry, again, strict=True):
+                results[i] = r.error if isinstance(r, _Retry) else r
+        if any(isinstance(r, KvfsError) for r in results):
+            raise BatchError("get_into", results)
+        return results
+
+    def _read(self, names: list[str], dests: list[buffers.Segments], verify: bool, promote: str) -> list[Any]:
+        """Lease, copy and release one batch; per name its size, an error, or a
+        :class:`_Retry` (the copy failed its check and was reported)."""
+        leased = self._lease(names, promote)
+        out: list[Any] = []
+        reported: set[int] = set()  # leases a Suspect ended
+        try:
+            for name, segs, (grant, err, expires) in zip(names, dests, leased, strict=True):
+                if grant is None:
+                    out.append(err)
+                    continue
+                outcome = self._copy(name, grant, segs, verify, expires)
+                if isinstance(outcome, _Retry):
+                    self._suspect(grant, outcome.error)
+                    reported.add(grant.id)
+                out.append(outcome)
+        finally:
+            self._release_ids([g.id for g, _, _ in leased if g is not None and g.id not in reported])
+        return out
+
+    def _copy(self, name: str, grant: Grant, segs: buffers.Segments, verify: bool, expires: float) -> Any:
+        n = grant.length
+        room = buffers.total(segs)
+        if room < n:
+            return KvfsError(f"the buffer of {room} bytes is too small for {name!r} ({n} bytes)")
+        if grant.kind == _FILE_GRANT:
+            try:
+                got = buffers.read_file(grant.path, grant.offset, n, segs)
+            except PermissionError:
+                return _Retry(KvfsError(f"{name!r}: cannot read its block file {grant.path} (permission denied)"))
+            except OSError as exc:
+                return _Retry(BlockCorrupt(f"{name!r}: reading its block file failed: {exc}"))
+            if got != n:
+                return _Retry(BlockCorrupt(f"{name!r}: short read of its block file ({got} of {n} bytes)"))
+            if buffers.checksum(segs, n) != grant.checksum:
+                return _Retry(BlockCorrupt(f"{name!r}: its block file does not match the block's checksum"))
+            return n
+        arena = self._arena_view()
+        if time.monotonic() >= expires:
+            return LeaseEnded(f"the lease on {name!r} ended before it was read")
+        src = arena[grant.offset : grant.offset + n]
+        buffers.scatter(src, segs)
+        if verify and buffers.checksum(segs, n) != grant.checksum:
+            return _Retry(BlockCorrupt(f"{name!r}: its DRAM copy does not match the block's checksum"))
+        return n
+
+    def _suspect(self, grant: Grant, error: KvfsError) -> None:
+        """Tell the daemon a leased copy failed its check; the lease ends, and the daemon
+        re-checks the copy and drops it if bad."""
+        try:
+            self._request(Suspect(lease=grant.id, why=str(error)))
+        except KvfsError:
+            pass  # the lease ended meanwhile: the retry takes whatever copy is there now
+
+    def get(self, names: Sequence[str], *, ttl: float | None = None) -> list[View]:
+        """Zero-copy read-only views of the blocks in the arena, each leased until
+        released. Blocks on disk are copied into DRAM first; on a mount without a DRAM
+        tier the view holds a verified private copy. Raises :class:`BatchError` when some
+        names failed (the views made are in its ``results``: release them)."""
+        names = list(names)
+        leased = self._lease(names, Promote.ALWAYS, ttl)
+        out: list[Any] = []
+        files: list[int] = []
+        for name, (grant, err, expires) in zip(names, leased, strict=True):
+            if grant is None:
+                out.append(err)
+                continue
+            if grant.kind == _FILE_GRANT:  # no DRAM tier: a private, verified copy
+                buf = bytearray(grant.length)
+                res = self._copy(name, grant, [memoryview(buf)], True, expires)
+                if isinstance(res, _Retry):
+                    self._suspect(grant, res.error)
+                    out.append(res.error)
+                    continue
+                files.append(grant.id)
+                out.append(
+                    View(None, name, memoryview(buf).toreadonly(), None, float("inf")) if isinstance(res, int) else res
+                )
+                continue
+            data = self._arena_view()[grant.offset : grant.offset + grant.length].toreadonly()
+            v = View(self, name, data, grant, expires)
+            self._held[grant.id] = v
+            out.append(v)
+        self._release_ids(files)
+        if any(isinstance(r, KvfsError) for r in out):
+            raise BatchError("get", out)
+        return out
+
+    def lease(self, names: Sequence[str], *, promote: str | None = None, ttl: float | None = None) -> list[Hold]:
+        """Hold one local copy of each block for a reader of your own (a GPU agent's
+        DMA, GDS reads of the file): see :class:`Hold`. *promote* as for the client.
+        Raises :class:`BatchError` when some names failed (release the holds in its
+        ``results``)."""
+        out: list[Any] = []
+        for name, (grant, err, expires) in zip(
+            names, self._lease(list(names), promote or self.promote, ttl), strict=True
+        ):
+            if grant is None:
+                out.append(err)
+                continue
+            h = Hold(self, name, grant, expires)
+            self._held[grant.id] = h
+            out.append(h)
+        if any(isinstance(r, KvfsError) for r in out):
+            raise BatchError("lease", out)
+        return out
+
+    def release(self, holds: Sequence[Hold]) -> None:
+        """End the leases of *holds* (views, holds) in one round trip."""
+        ids = []
+        for h in holds:
+            h._end()
+            if h.lease is not None and self._held.pop(h.lease, None) is not None:
+                ids.append(h.lease)
+        self._release_ids(ids)
+
+    def renew(self, holds: Sequence[Hold], ttl: float | None = None) -> None:
+        """Extend the leases of *holds* to *ttl* seconds from now (default: the client's);
+        one that had already ended is ended here too."""
+        live = [h for h in holds if h.lease is not None and not h.released]
+        if not live:
+            return
+        sent = time.monotonic()
+        r = self._request(Renew(ids=[h.lease for h in live if h.lease is not None], ttl=ttl or self.lease_ttl))
+        for h, left in zip(live, r.ttls, strict=True):
+            if left is None:
+                h._end()
+                self._held.pop(h.lease, None)  # type: ignore[arg-type]
+            else:
+                h.expires = sent + left
+
+    # -- puts ----------------------------------------------------------------------------
+
+    def reserve(
+        self, names: Sequence[str], sizes: Sequence[int], parents: Sequence[str | None] | None = None
+    ) -> list[PutBuffer]:
+        """Reserve an arena extent per block (all or none) to write in place; fill each
+        :attr:`PutBuffer.data`, then :meth:`commit` (or :meth:`abort`) them."""
+        if not self.writable:
+            raise KvfsError("this client is read-only: open it with Client(..., write=True) to put")
+        arena = self._arena_view()
+        sent = time.monotonic()
+        r = self._request(Reserve(names=list(names), sizes=list(sizes), parents=list(parents or [])))
+        return [
+            PutBuffer(n, s, arena[s.offset : s.offset + s.length], sent + s.ttl)
+            for n, s in zip(names, r.slots, strict=True)
+        ]
+
+    def commit(self, puts: Sequence[PutBuffer]) -> list[KvfsError | None]:
+        """Seal the reserved blocks (the daemon checks each checksum first); per block None
+        or why it was not sealed (a mismatch aborts it). The buffers end here."""
+        sums = [buffers.checksum([p.data]) for p in puts]
+        r = self._request(Commit(ids=[p.slot.id for p in puts], checksums=sums))
+        for p in puts:
+            p.data = memoryview(b"")
+        return [None if e is None else _from_wire(e) for e in r.errors]
+
+    def abort(self, puts: Sequence[PutBuffer]) -> None:
+        """Give reserved extents back unpublished."""
+        for p in puts:
+            p.data = memoryview(b"")
+        self._request(Abort(ids=[p.slot.id for p in puts]))
+
+    def put(
+        self, names: Sequence[str], buffers_: Sequence[Any], *, parents: Sequence[str | None] | None = None
+    ) -> None:
+        """Seal each buffer (or list of buffers, concatenated) as block *name*, replacing
+        an existing one; *parents*: each block's parent in its prefix chain (prefix-aware
+        eviction). Bytes go straight into reserved arena extents, in as many round trips
+        as the daemon's reservation cap needs. Raises :class:`BatchError` when some failed."""
+        names = list(names)
+        if len(buffers_) != len(names):
+            raise ValueError(f"{len(names)} names but {len(buffers_)} buffers")
+        srcs = [buffers.segments(b, writable=False) for b in buffers_]
+        sizes = [buffers.total(s) for s in srcs]
+        par = list(parents) if parents is not None else [None] * len(names)
+        cap = max(self.welcome.max_reserved, 1)
+        results: list[KvfsError | None] = []
+        i = 0
+        while i < len(names):
+            j, room = i, 0
+            while j < len(names) and (j == i or room + sizes[j] <= cap):
+                room += sizes[j]
+                j += 1
+            puts = self.reserve(names[i:j], sizes[i:j], par[i:j])
+            try:
+                for p, segs in zip(puts, srcs[i:j], strict=True):
+                    buffers.gather(p.data, segs)
+            except BaseException:
+                self.abort(puts)
+                raise
+            results += self.commit(puts)
+            i = j
+        if any(r is not None for r in results):
+            raise BatchError("put", [r if r is not None else None for r in results])
+
+    # -- operator commands the client shares ---------------------------------------------
+
+    def prefetch(self, names: Sequence[str], tier: str | None = None) -> PrefetchResult:
+        """Copy blocks into *tier* (the hottest by default) now."""
+        res: PrefetchResult = self._request(Prefetch(paths=list(names), tier=tier))
+        return res
+
+    def pin(self, names: Sequence[str]) -> PinResult:
+        """Keep blocks where they are: never evicted until unpinned."""
+        res: PinResult = self._request(Pin(paths=list(names), pinned=True))
+        return res
+
+    def unpin(self, names: Sequence[str]) -> PinResult:
+        res: PinResult = self._request(Pin(paths=list(names), pinned=False))
+        return res
+
+    def evict(self, names: Sequence[str], tier: str | None = None, *, force: bool = False) -> EvictResult:
+        """Drop local copies (a last copy is written down first, or kept unless *force*)."""
+        res: EvictResult = self._request(Evict(paths=list(names), tier=tier, force=force))
+        return res
+
+    def events(self) -> Iterator[Event]:
+        """Every block event from now on (stored, promoted, demoted, evicted, removed,
+        corrupt, renamed), on a connection of its own; close the iterator to stop."""
+        conn = Connection(self.socket, where=self.mountpoint)
+        try:
+            for item in conn.stream(Events()):
+                if isinstance(item, EventItem):
+                    yield item.event
+        finally:
+            conn.close()
+
+
+class _Retry:
+    """A copy that failed its check: reported to the daemon, then read once more."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: KvfsError) -> None:
+        self.error = error
+
+
+def _from_wire(e: WireError) -> KvfsError:
+    return rebuild(e.type, e.message)
