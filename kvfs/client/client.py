@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import stat
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -247,8 +248,10 @@ def _socket_for(where: str | os.PathLike[str]) -> tuple[Path, str]:
     and the mountpoint to name in messages."""
     p = Path(where)
     try:
-        if p.is_socket():
+        if stat.S_ISSOCK(os.stat(p).st_mode):
             return p, str(p)
+    except PermissionError:
+        return p, str(p)  # behind a directory closed to us: connecting says so
     except OSError:
         pass
     found = find_mount(p)
