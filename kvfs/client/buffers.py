@@ -14,7 +14,7 @@ from typing import Any
 
 import xxhash
 
-__all__ = ["Segments", "checksum", "gather", "read_file", "scatter", "segments"]
+__all__ = ["Segments", "checksum", "copy_hashed", "gather", "read_file", "scatter", "segments"]
 
 Segments = list[memoryview]
 
@@ -80,10 +80,30 @@ def gather(dst: memoryview, segs: Sequence[memoryview]) -> None:
         pos += len(s)
 
 
+_CHUNK = 256 << 10  # copied, then hashed while it is still in the cache
+
+
+def copy_hashed(dst: memoryview, segs: Sequence[memoryview]) -> int:
+    """:func:`gather` *segs* into *dst* and return the xxh3-64 of the bytes, hashing each
+    piece of the source right after copying it (cache-warm), so the checksum says what
+    was meant to be written: a copy that went wrong fails the daemon's check."""
+    h = xxhash.xxh3_64()
+    pos = 0
+    for s in segs:
+        n = len(s)
+        for a in range(0, n, _CHUNK):
+            piece = s[a : a + _CHUNK]
+            dst[pos + a : pos + a + len(piece)] = piece
+            h.update(piece)
+        pos += n
+    out: int = h.intdigest()
+    return out
+
+
 def checksum(segs: Sequence[memoryview], length: int | None = None) -> int:
     """xxh3-64 of the first *length* bytes of *segs* (all of them by default): the
     checksum kvfs keeps for a block."""
-    if length is None and len(segs) == 1:
+    if len(segs) == 1 and (length is None or length == len(segs[0])):
         digest: int = xxhash.xxh3_64_intdigest(segs[0])
         return digest
     h = xxhash.xxh3_64()

@@ -80,6 +80,7 @@ __all__ = ["BatchError", "Client", "Hold", "LookupResult", "Presence", "PutBuffe
 R = TypeVar("R", bound=Message)
 
 _FILE_GRANT = "file"
+_COMMIT_GROUP = 8 << 20  # bytes committed per request while a put's next blocks are copied
 
 
 class BatchError(KvfsError):
@@ -265,7 +266,9 @@ class Client:
     socket *where*. *write* asks for a read-write arena (puts); *name* labels the session
     in the daemon's log. *lease_ttl* (seconds): leases' lifetime (default: the daemon's);
     *promote*: how reads treat blocks whose hottest copy is on disk
-    (:class:`~kvfs.protocol.Promote`: ``"policy"``, ``"always"``, ``"never"``)."""
+    (:class:`~kvfs.protocol.Promote`: ``"policy"``, ``"always"``, ``"never"``).
+    *populate*: map the whole arena into this process now (one pass of page-table setup
+    at connect, instead of a fault on every page of every block's first copy)."""
 
     def __init__(
         self,
@@ -276,6 +279,7 @@ class Client:
         timeout: float = 60.0,
         lease_ttl: float | None = None,
         promote: str = Promote.POLICY,
+        populate: bool = True,
     ) -> None:
         if promote not in Promote.ALL:
             raise ValueError(f"promote must be one of {', '.join(Promote.ALL)} (got {promote!r})")
@@ -297,6 +301,8 @@ class Client:
                     prot = mmap.PROT_READ | (mmap.PROT_WRITE if write else 0)
                     self._map = mmap.mmap(fds[0], welcome.arena.size, mmap.MAP_SHARED, prot)
                     self._arena = memoryview(self._map)
+                    if populate:
+                        _populate(self._map, write)
             finally:
                 for fd in fds:
                     os.close(fd)
@@ -377,8 +383,10 @@ class Client:
         return out
 
     def _release_ids(self, ids: list[int]) -> None:
+        """End leases without waiting for the answer (it is read before the next one)."""
         if ids and self._conn.connected:
-            self._request(Release(ids=ids))
+            with self._lock:
+                self._conn.submit(Release(ids=ids))
 
     def get_into(
         self, names: Sequence[str], buffers_: Sequence[Any], *, verify: bool = False, promote: str | None = None
@@ -586,16 +594,39 @@ class Client:
                 room += sizes[j]
                 j += 1
             puts = self.reserve(names[i:j], sizes[i:j], par[i:j])
-            try:
-                for p, segs in zip(puts, srcs[i:j], strict=True):
-                    buffers.gather(p.data, segs)
-            except BaseException:
-                self.abort(puts)
-                raise
-            results += self.commit(puts)
+            results += self._fill_and_commit(puts, srcs[i:j])
             i = j
         if any(r is not None for r in results):
-            raise BatchError("put", [r if r is not None else None for r in results])
+            raise BatchError("put", list(results))
+
+    def _fill_and_commit(self, puts: list[PutBuffer], srcs: list[buffers.Segments]) -> list[KvfsError | None]:
+        """Copy each block into its extent, hashing as it goes, and commit them in groups
+        of about :data:`_COMMIT_GROUP` bytes sent without waiting, so the daemon checks
+        one group while the next is copied."""
+        out: list[KvfsError | None] = []
+        with self._lock:
+            sent = done = 0
+            group: list[PutBuffer] = []
+            sums: list[int] = []
+            try:
+                for k, (p, segs) in enumerate(zip(puts, srcs, strict=True)):
+                    sums.append(buffers.copy_hashed(p.data, segs))
+                    group.append(p)
+                    if sum(len(g.data) for g in group) >= _COMMIT_GROUP or k == len(puts) - 1:
+                        self._conn.submit(Commit(ids=[g.slot.id for g in group], checksums=sums))
+                        sent += len(group)
+                        for g in group:
+                            g.data = memoryview(b"")
+                        group, sums = [], []
+            except BaseException:
+                if self._conn.connected:
+                    self._conn.submit(Abort(ids=[p.slot.id for p in puts[sent:]]))
+                raise
+            while done < sent:
+                r = self._conn.result()
+                out += [None if e is None else _from_wire(e) for e in r.errors]
+                done = len(out)
+        return out
 
     # -- operator commands the client shares ---------------------------------------------
 
@@ -628,6 +659,16 @@ class Client:
                     yield item.event
         finally:
             conn.close()
+
+
+def _populate(mm: mmap.mmap, write: bool) -> None:
+    """Fill the page tables of the arena mapping (Linux 5.14+; elsewhere pages fault in
+    as they are first touched)."""
+    advice = getattr(mmap, "MADV_POPULATE_WRITE" if write else "MADV_POPULATE_READ", 23 if write else 22)
+    try:
+        mm.madvise(advice)
+    except OSError:
+        pass
 
 
 class _Retry:

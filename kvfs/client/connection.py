@@ -37,6 +37,7 @@ class Connection:
         self._frames = LineBuffer()
         self._lines: list[bytes] = []
         self._fds: list[int] = []
+        self._pending: list[Request] = []
 
     def not_answering(self, why: str) -> DaemonNotAnswering:
         return DaemonNotAnswering(
@@ -74,6 +75,7 @@ class Connection:
         return self._sock is not None
 
     def close(self) -> None:
+        self._pending = []
         if self._sock is not None:
             self._sock.close()
             self._sock = None
@@ -129,15 +131,30 @@ class Connection:
     def request(self, req: Request, reply: type[R] | None = None) -> R:
         """Send *req* and return its reply (of class *reply*, by default ``req.reply``);
         the daemon's error is raised as its own class. Items of a streaming reply are
-        skipped."""
+        skipped. Replies still owed to :meth:`submit` are read (and checked) first."""
+        while self._pending:
+            self.result()
         self.send(req)
+        return self._reply(req, reply)
+
+    def submit(self, req: Request) -> None:
+        """Send *req* without waiting: its reply is read by :meth:`result` (or, checked
+        and dropped, before the next :meth:`request`). The daemon answers in order."""
+        self.send(req)
+        self._pending.append(req)
+
+    def result(self) -> Message:
+        """The reply to the oldest request sent with :meth:`submit` (its error raised)."""
+        return self._reply(self._pending.pop(0), None)
+
+    def _reply(self, req: Request, reply: type[R] | None) -> Any:
         expected: Any = reply or req.reply
         while True:
             msg = self.receive()
             if isinstance(msg, Error):
                 raise msg.exception()
             if isinstance(msg, expected):
-                return msg  # type: ignore[no-any-return]
+                return msg
             if not req.streaming:
                 raise ProtocolError(f"the daemon answered {req.kind!r} with {msg.kind!r}")
 

@@ -141,6 +141,10 @@ def _encoder(tp: Any) -> _Enc:
     if origin in (Union, types.UnionType):
         if all(a in _PRIMITIVES for a in args):
             return None
+        options = [a for a in args if a is not type(None)]
+        if len(options) == 1 and len(args) == 2:
+            inner = _encoder(options[0]) or _identity
+            return lambda v: None if v is None else inner(v)
         return dump
     if origin in (list, tuple):
         item = _encoder(args[0]) if args else dump
@@ -152,7 +156,22 @@ def _encoder(tp: Any) -> _Enc:
         if val is None:
             return None
         return lambda v: {k: val(x) for k, x in v.items()}
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        cls = tp
+
+        def record(v: Any) -> Any:
+            out = {}
+            for name, enc in _encoders(cls):
+                x = getattr(v, name)
+                out[name] = x if enc is None else enc(x)
+            return out
+
+        return record
     return dump
+
+
+def _identity(v: Any) -> Any:
+    return v
 
 
 # -- decoding ---------------------------------------------------------------------------
@@ -179,7 +198,104 @@ def decode(line: bytes | str) -> Message:
     cls = _KINDS.get(kind) if isinstance(kind, str) else None
     if cls is None:
         raise UnknownKind(f"unknown message kind {kind!r}")
-    return _build(cls, body, kind)
+    try:
+        return _fast_builder(cls)(body)
+    except _Bad:
+        return _build(cls, body, kind)  # the careful path names what is wrong
+
+
+class _Bad(Exception):
+    """A value the fast path does not take; the careful path says why."""
+
+
+_FAST: dict[type, Callable[[Any], Any]] = {}
+
+
+def _fast_builder(cls: type) -> Callable[[Any], Any]:
+    """A builder of *cls* from a JSON object that checks every field with as little
+    work as possible and raises :class:`_Bad` on anything unusual (no messages)."""
+    build = _FAST.get(cls)
+    if build is not None:
+        return build
+    hints = typing.get_type_hints(cls)
+    plan = []
+    for f in _fields(cls):
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        tp = hints[f.name]
+        types_ = _FLAT.get(tp)  # a primitive: checked inline
+        plan.append((f.name, required, types_, tp is float, None if types_ is not None else _fast(tp)))
+    names = frozenset(f.name for f in _fields(cls))
+
+    def build(v: Any) -> Any:
+        if type(v) is not dict or not v.keys() <= names:
+            raise _Bad
+        kw = {}
+        for name, required, types_, as_float, conv in plan:
+            if name in v:
+                x = v[name]
+                if types_ is not None:
+                    if type(x) not in types_:
+                        raise _Bad
+                    kw[name] = float(x) if as_float else x
+                else:
+                    kw[name] = conv(x)
+            elif required:
+                raise _Bad
+        return cls(**kw)
+
+    _FAST[cls] = build
+    return build
+
+
+def _fast(tp: Any) -> Callable[[Any], Any]:
+    """The fast path's converter for one value of type *tp* (see :func:`_fast_builder`)."""
+    flat = _FLAT.get(tp)
+    if flat is not None and tp is not float:
+
+        def prim(v: Any) -> Any:
+            if type(v) not in flat:
+                raise _Bad
+            return v
+
+        return prim
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (list, tuple) and args and args[0] in _FLAT and args[0] is not float:
+        kinds_ = _FLAT[args[0]]
+        make = list if origin is list else tuple
+
+        def flat_list(v: Any) -> Any:
+            if type(v) is not list or not set(map(type, v)) <= kinds_:
+                raise _Bad
+            return v if make is list else tuple(v)
+
+        return flat_list
+    if origin in (list, tuple) and args and args[0] is not float:
+        item = _fast(args[0])
+        make2 = list if origin is list else tuple
+
+        def seq(v: Any) -> Any:
+            if type(v) is not list:
+                raise _Bad
+            return make2(item(x) for x in v)
+
+        return seq
+    if origin in (Union, types.UnionType):
+        options = [a for a in args if a is not type(None)]
+        if len(options) == 1 and len(args) == 2 and dataclasses.is_dataclass(options[0]):
+            inner = _fast(options[0])
+            return lambda v: None if v is None else inner(v)
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        return _fast_builder(tp)
+    slow = _converter(tp)  # enums, dicts, floats, other unions: the careful converter
+
+    def careful(v: Any) -> Any:
+        try:
+            return slow(v, "")
+        except ProtocolError:
+            raise _Bad from None
+
+    return careful
 
 
 def _build(cls: type[T], body: dict[str, Any], where: str) -> T:
