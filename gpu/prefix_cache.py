@@ -9,8 +9,12 @@ For a new request, :meth:`PrefixCache.load` reads the blocks of the longest cach
 into a ``DynamicCache`` and :func:`prefill` / :func:`generate` compute only the rest.
 
 The directory is any directory: a kvfs mount (where the blocks get tiers, eviction and
-sharing) or a plain one. Only plain file I/O is used: ``open``/``readv`` into preallocated
-tensors, a temporary name in the same directory and ``os.replace``, ``os.path.exists``.
+sharing) or a plain one. On a kvfs mount the batch client (:mod:`kvfs.client`) looks the
+blocks up, reads them into the preallocated tensors and writes them, through the mount's
+shared-memory arena (one round trip per batch, no FUSE request); elsewhere only plain
+file I/O is used: ``open``/``readv`` into preallocated tensors, a temporary name in the
+same directory and ``os.replace``, ``os.path.exists``. Both paths write the same files
+and check them the same way.
 
 Decisions (also in docs/engines.md):
 
@@ -49,8 +53,11 @@ from enum import Enum
 import numpy as np
 import xxhash
 
-from kvfs.errors import BlockCorrupt, KvfsError
+from kvfs.client import BatchError, Client
+from kvfs.client.client import BufferTooSmall
+from kvfs.errors import BlockCorrupt, BlockNotFound, KvfsError
 from kvfs.hashing import HashFn, Namespace, block_path, chain_hashes, xxh3_128
+from kvfs.runtime import find_mount
 
 from .kv_block_file import HEADER_LENGTH, KVBlockHeader, decode_header, encode_header
 
@@ -238,6 +245,13 @@ class PrefixCache:
 
     *io_threads* blocks are read concurrently (reads release the GIL; a disk or a FUSE
     daemon serves several requests at once better than one); 1 reads them one by one.
+
+    *client*: on a kvfs mount (``None``, the default, finds out; ``True`` insists) the
+    blocks are looked up, read and written with the batch client (:mod:`kvfs.client`):
+    one round trip per batch, the bytes through the mount's shared-memory arena or
+    straight from its disk tier's files, each chain's parent given with its block; the
+    same files and the same checks as the file path, which ``False`` forces and which
+    any other directory uses. A :class:`~kvfs.client.Client` may be passed in.
     """
 
     def __init__(
@@ -250,6 +264,7 @@ class PrefixCache:
         drop_invalid: bool = True,
         reuse_buffers: bool = True,
         io_threads: int = 4,
+        client: Client | bool | None = None,
     ) -> None:
         self.directory = os.fspath(directory)
         self.namespace = namespace
@@ -263,6 +278,15 @@ class PrefixCache:
             raise ValueError("io_threads must be at least 1")
         self.io_threads = io_threads
         self._io_pool: ThreadPoolExecutor | None = None
+        self._batch: Client | None = client if isinstance(client, Client) else None
+        self._own_client = False
+        self._mount: tuple[str, str] | None = None  # (mountpoint, the directory's name inside it)
+        if client is None or client is True:
+            found = find_mount(self.directory)
+            if found is None and client is True:
+                raise KvfsError(f"{self.directory} is not on a kvfs mount: the batch client cannot serve it")
+            self._mount = found
+        self._client_puts = True
         self.dtype = _TORCH_DTYPES[namespace.dtype]
         self._itemsize = torch.empty((), dtype=self.dtype).element_size()
         self._payload = KVBlockHeader.payload_length_of(
@@ -296,8 +320,39 @@ class PrefixCache:
         """The file of the block with *digest*."""
         return os.path.join(self.directory, block_path(self.namespace, digest, self.hash_fn))
 
+    # -- the batch client ----------------------------------------------------------------
+
+    def _use_client(self) -> bool:
+        return self._batch is not None or self._mount is not None
+
+    def _client(self) -> Client:
+        """The batch client, connected on first use: for writing when the mount has an
+        arena (else read-only; blocks are then written as files)."""
+        with self._pool_lock:
+            if self._batch is None:
+                assert self._mount is not None
+                try:
+                    self._batch = Client(self._mount[0], write=True, name="kvfs prefix cache")
+                except KvfsError:  # no DRAM tier, or puts not allowed here
+                    self._batch = Client(self._mount[0], name="kvfs prefix cache")
+                    self._client_puts = False
+                self._own_client = True
+            return self._batch
+
+    def _names(self, digests: Sequence[bytes]) -> list[str]:
+        """The block names (paths inside the mount) of *digests*."""
+        if self._mount is None:
+            assert self._batch is not None
+            return [self._batch.name_of(self.path(d)) for d in digests]
+        base = self._mount[1]
+        rel = [block_path(self.namespace, d, self.hash_fn) for d in digests]
+        return [f"{base}/{r}" if base else r for r in rel]
+
     def lookup(self, tokens: Sequence[int]) -> int:
-        """Tokens of *tokens* whose blocks exist (by ``os.path.exists``; not validated)."""
+        """Tokens of *tokens* whose blocks exist (one batch lookup on a kvfs mount, else
+        ``os.path.exists``; not validated)."""
+        if self._use_client():
+            return self._client().lookup(self._names(self.digests(tokens))).prefix * self.tokens_per_block
         n = 0
         for d in self.digests(tokens):
             if not os.path.exists(self.path(d)):
@@ -323,7 +378,11 @@ class PrefixCache:
             raise UnsupportedModel(f"cache has {len(layers)} layers, namespace says {ns.num_layers}")
         seq = cache.get_seq_length()
         digests = self.digests(list(tokens)[: min(len(tokens), seq)])
-        todo = [(i, d) for i, d in enumerate(digests) if not os.path.exists(self.path(d))]
+        if self._use_client():
+            found = self._client().lookup(self._names(digests))
+            todo = [(i, d) for i, d in enumerate(digests) if not found.present(i)]
+        else:
+            todo = [(i, d) for i, d in enumerate(digests) if not os.path.exists(self.path(d))]
         if not todo:
             return StoreResult(written=0, present=len(digests), bytes_written=0, seconds=time.perf_counter() - t0)
         first = todo[0][0] * T
@@ -343,7 +402,7 @@ class PrefixCache:
                         f"({ns.num_kv_heads} heads of {ns.head_size}, {ns.dtype})"
                     )
                 rows.append(t.detach()[0, :, first:end].transpose(0, 1).to("cpu").contiguous())
-        written = nbytes = 0
+        blocks: list[tuple[int, bytes, list[memoryview]]] = []
         for i, digest in todo:
             lo = i * T - first
             segs = [_bytes_view(r[lo : lo + T]) for r in rows]
@@ -362,13 +421,44 @@ class PrefixCache:
                     digest=digest[:16],
                 )
             )
-            nbytes += self._publish(self.path(digest), [memoryview(header), *segs])
+            blocks.append((i, digest, [memoryview(header), *segs]))
+        written = nbytes = 0
+        if self._use_client():
+            self._client()  # connected: whether this mount takes client puts is known now
+            if self._client_puts:
+                blocks, written, nbytes = self._put_via_client(blocks, digests)
+        for _, digest, segments in blocks:  # the file path, or what the client could not put
+            nbytes += self._publish(self.path(digest), segments)
             written += 1
         return StoreResult(
             written=written,
             present=len(digests) - written,
             bytes_written=nbytes,
             seconds=time.perf_counter() - t0,
+        )
+
+    def _put_via_client(
+        self, blocks: list[tuple[int, bytes, list[memoryview]]], digests: list[bytes]
+    ) -> tuple[list[tuple[int, bytes, list[memoryview]]], int, int]:
+        """Put *blocks* with the batch client (straight into the arena), each with its
+        chain parent; returns the blocks it could not put (to write as files), and the
+        count and bytes it wrote."""
+        names = self._names(digests)
+        todo = [names[i] for i, _, _ in blocks]
+        parents = [names[i - 1] if i else None for i, _, _ in blocks]
+        try:
+            self._client().put(todo, [segs for _, _, segs in blocks], parents=parents)
+            failed: set[int] = set()
+        except BatchError as exc:
+            failed = set(exc.errors)
+        except KvfsError as exc:  # no room in the arena for the batch: write them as files
+            log.info("prefix cache: the batch client could not put %d blocks (%s); writing files", len(blocks), exc)
+            return blocks, 0, 0
+        put = [b for k, b in enumerate(blocks) if k not in failed]
+        return (
+            [b for k, b in enumerate(blocks) if k in failed],
+            len(put),
+            sum(sum(len(s) for s in segs) for _, _, segs in put),
         )
 
     def _publish(self, path: str, segments: list[memoryview]) -> int:
@@ -428,6 +518,33 @@ class PrefixCache:
         # [layer, K/V, token, head, dim]: a block fills one contiguous [T, H, D] run per
         # layer and K/V, and the cache's [1, H, tokens, D] tensors are views of it.
         buf = self._buffer((L, 2, len(digests) * T, H, D))
+        if self._use_client():
+            loaded, nread, stop, detail = self._load_via_client(digests, buf)
+        else:
+            loaded, nread, stop, detail = self._load_via_files(digests, buf)
+        ntok = min(loaded * T, limit)
+        if ntok:
+            if device is not None and torch.device(device) != buf.device:
+                buf = buf[:, :, :ntok].to(device)
+            for l, layer in enumerate(cache.layers):
+                k = buf[l, 0, :ntok].permute(1, 0, 2).unsqueeze(0)
+                v = buf[l, 1, :ntok].permute(1, 0, 2).unsqueeze(0)
+                layer.lazy_initialization(k, v)
+                layer.keys, layer.values = k, v
+        return PrefixHit(
+            cache=cache,
+            tokens=ntok,
+            blocks=loaded,
+            wanted=len(digests),
+            stop=stop,
+            detail=detail,
+            bytes_read=nread,
+            seconds=time.perf_counter() - t0,
+        )
+
+    def _load_via_files(self, digests: list[bytes], buf: torch.Tensor) -> tuple[int, int, StopReason, str]:
+        """Read the blocks' files into *buf* in order, stopping at the first bad one:
+        ``(blocks accepted, bytes read, why it stopped, detail)``."""
         loaded = nread = 0
         stop, detail = StopReason.COMPLETE, ""
         # Blocks are read ahead by up to io_threads workers and accepted strictly in order;
@@ -457,17 +574,13 @@ class PrefixCache:
                         raise res
                     got = res.result() if isinstance(res, Future) else res
                 except FileNotFoundError:
-                    stop, detail = StopReason.MISSING, f"{path}: no such block"
+                    stop, detail = self._stop(StopReason.MISSING, path, "no such block")
                     break
                 except BlockCorrupt as exc:
-                    stop, detail = StopReason.CORRUPT, f"{path}: {exc}"
-                    log.warning("prefix cache: invalid block, prefix stops here: %s", detail)
-                    if self.drop_invalid:
-                        self._drop(path)
+                    stop, detail = self._stop(StopReason.CORRUPT, path, exc)
                     break
                 except OSError as exc:
-                    stop, detail = StopReason.UNREADABLE, f"{path}: {exc}"
-                    log.warning("prefix cache: unreadable block, prefix stops here: %s", detail)
+                    stop, detail = self._stop(StopReason.UNREADABLE, path, exc)
                     break
                 loaded += 1
                 nread += got
@@ -476,25 +589,53 @@ class PrefixCache:
             for f in futures:
                 f.cancel()
             wait(futures)
-        ntok = min(loaded * T, limit)
-        if ntok:
-            if device is not None and torch.device(device) != buf.device:
-                buf = buf[:, :, :ntok].to(device)
-            for l, layer in enumerate(cache.layers):
-                k = buf[l, 0, :ntok].permute(1, 0, 2).unsqueeze(0)
-                v = buf[l, 1, :ntok].permute(1, 0, 2).unsqueeze(0)
-                layer.lazy_initialization(k, v)
-                layer.keys, layer.values = k, v
-        return PrefixHit(
-            cache=cache,
-            tokens=ntok,
-            blocks=loaded,
-            wanted=len(digests),
-            stop=stop,
-            detail=detail,
-            bytes_read=nread,
-            seconds=time.perf_counter() - t0,
-        )
+        return loaded, nread, stop, detail
+
+    def _stop(self, why: StopReason, path: str, what: object) -> tuple[StopReason, str]:
+        """Where a load stops at the block *path*: logged; an invalid block is removed so
+        that the next store writes a good one."""
+        detail = f"{path}: {what}"
+        if why is StopReason.CORRUPT:
+            log.warning("prefix cache: invalid block, prefix stops here: %s", detail)
+            if self.drop_invalid:
+                self._drop(path)
+        elif why is StopReason.UNREADABLE:
+            log.warning("prefix cache: unreadable block, prefix stops here: %s", detail)
+        return why, detail
+
+    def _load_via_client(self, digests: list[bytes], buf: torch.Tensor) -> tuple[int, int, StopReason, str]:
+        """Read the blocks with the batch client (one lease round trip; bytes from the
+        DRAM arena or read straight from a disk tier's files), then check them in order
+        as the file path does."""
+        client = self._client()
+        L = buf.shape[0]
+        T = self.namespace.tokens_per_block
+        size = HEADER_LENGTH + self._payload
+        headers = [bytearray(HEADER_LENGTH) for _ in digests]
+        segs = [
+            [memoryview(h), *(_bytes_view(buf[l, kv, i * T : (i + 1) * T]) for l in range(L) for kv in (0, 1))]
+            for i, h in enumerate(headers)
+        ]
+        try:
+            got: list[int | KvfsError] = list(client.get_into(self._names(digests), segs))
+        except BatchError as exc:
+            got = exc.results
+        loaded = nread = 0
+        for i, (d, res) in enumerate(zip(digests, got, strict=True)):
+            path = self.path(d)
+            if isinstance(res, BlockNotFound):
+                return (loaded, nread, *self._stop(StopReason.MISSING, path, "no such block"))
+            if isinstance(res, (BlockCorrupt, BufferTooSmall)):
+                return (loaded, nread, *self._stop(StopReason.CORRUPT, path, res))
+            if isinstance(res, KvfsError):
+                return (loaded, nread, *self._stop(StopReason.UNREADABLE, path, res))
+            try:
+                self._validate(headers[i], segs[i][1:], res, size, d)
+            except BlockCorrupt as exc:
+                return (loaded, nread, *self._stop(StopReason.CORRUPT, path, exc))
+            loaded += 1
+            nread += res
+        return loaded, nread, StopReason.COMPLETE, ""
 
     def _buffer(self, shape: tuple[int, ...]) -> torch.Tensor:
         """An uninitialized host tensor of *shape*, reusing the pooled buffer when free.
@@ -532,11 +673,16 @@ class PrefixCache:
             return self._io_pool
 
     def close(self) -> None:
-        """Stop the read threads (a later load starts them again)."""
+        """Stop the read threads and end the batch client's session if it opened one
+        (a later call starts them again)."""
         with self._pool_lock:
             pool, self._io_pool = self._io_pool, None
+            client, self._batch = (self._batch, None) if self._own_client else (None, self._batch)
+            self._own_client = False
         if pool is not None:
             pool.shutdown(wait=True)
+        if client is not None:
+            client.close()
 
     @staticmethod
     def _read_block(path: str, header: bytearray, segs: list[memoryview], size: int) -> int:

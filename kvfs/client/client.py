@@ -75,12 +75,16 @@ from kvfs.runtime import control_socket_path, find_mount
 from . import buffers
 from .connection import Connection
 
-__all__ = ["BatchError", "Client", "Hold", "LookupResult", "Presence", "PutBuffer", "View"]
+__all__ = ["BatchError", "BufferTooSmall", "Client", "Hold", "LookupResult", "Presence", "PutBuffer", "View"]
 
 R = TypeVar("R", bound=Message)
 
 _FILE_GRANT = "file"
 _COMMIT_GROUP = 8 << 20  # bytes committed per request while a put's next blocks are copied
+
+
+class BufferTooSmall(KvfsError, ValueError):
+    """A block is larger than the buffers given for it (nothing was copied)."""
 
 
 class BatchError(KvfsError):
@@ -433,7 +437,7 @@ class Client:
         n = grant.length
         room = buffers.total(segs)
         if room < n:
-            return KvfsError(f"the buffer of {room} bytes is too small for {name!r} ({n} bytes)")
+            return BufferTooSmall(f"the buffer of {room} bytes is too small for {name!r} ({n} bytes)")
         if grant.kind == _FILE_GRANT:
             try:
                 got = buffers.read_file(grant.path, grant.offset, n, segs)
