@@ -380,7 +380,7 @@ def run(args: argparse.Namespace) -> int:
             rm.name,
             tokens_per_block=args.block_tokens,
             io_threads=args.io_threads,
-            client=True if t.client else False,
+            client=t.client,  # True: the batch client (kvfs mounts only); False: file I/O
         )
         say(f"  {t.label}: {t.root}")
     vocab = model.config.vocab_size
