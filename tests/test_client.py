@@ -403,3 +403,25 @@ def test_a_group_socket_lets_its_group_read_but_not_write_or_steer(mount):
         import shutil
 
         shutil.rmtree(gdir, ignore_errors=True)
+
+
+def test_events_reach_a_client_and_holds_renew(mount):
+    mp = mount()
+    with Client(mp, write=True) as c:
+        events = c.events()
+        c.put(["e/a"], [blob(1, 4096)])
+        first = next(events)
+        assert (first.kind.value, first.name, first.tier, first.detail) == ("stored", "e/a", "dram", "written by a client")
+        os.unlink(mp / "e" / "a")
+        assert next(events).kind.value == "removed"
+        events.close()
+        c.put(["e/b"], [blob(2, 4096)])
+        [h] = c.lease(["e/b"], ttl=5)
+        assert h.kind == "arena" and h.valid and c.arena is not None
+        assert bytes(c.arena[h.offset : h.offset + h.length]) == blob(2, 4096)
+        before = h.expires
+        c.renew([h], ttl=300)
+        assert h.expires > before + 200
+        h.release()
+        c.renew([h])  # an ended hold is left alone
+        assert not h.valid and statistics(mp).leases == 0

@@ -356,6 +356,14 @@ class Client:
             raise KvfsError(f"{path} is not inside {self.mountpoint}")
         return "" if rel == "." else rel
 
+    @property
+    def arena(self) -> memoryview | None:
+        """This process's mapping of the whole arena file (read-only unless the session
+        writes), e.g. to register it with CUDA once (``cudaHostRegister``) so that copies
+        from leased extents are DMA; offsets in holds and views index it. None without a
+        DRAM tier."""
+        return self._arena
+
     def _arena_view(self) -> memoryview:
         if self._arena is None:
             raise KvfsError(f"{self.mountpoint} has no DRAM arena (no dram tier) to read or write")
