@@ -39,6 +39,8 @@ from kvfs.errors import BlockNotFound, KvfsError, NoSpace
 from kvfs.protocol import Commit, Hello, PermissionDenied, Reserve, Statistics
 from kvfs.runtime import control_socket_path
 
+from conftest import wait_for
+
 PEER = Path(__file__).with_name("client_peer.py")
 DATA: dict[Path, Path] = {}  # mountpoint -> its data directory
 MiB = 1 << 20
@@ -106,14 +108,6 @@ class Peer:
 def statistics(mp: Path):
     with Connection(control_socket_path(mp)) as c:
         return c.request(Statistics()).statistics
-
-
-def wait_for(cond, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out")
-        time.sleep(0.02)
 
 
 @pytest.fixture
@@ -411,7 +405,12 @@ def test_events_reach_a_client_and_holds_renew(mount):
         events = c.events()
         c.put(["e/a"], [blob(1, 4096)])
         first = next(events)
-        assert (first.kind.value, first.name, first.tier, first.detail) == ("stored", "e/a", "dram", "written by a client")
+        assert (first.kind.value, first.name, first.tier, first.detail) == (
+            "stored",
+            "e/a",
+            "dram",
+            "written by a client",
+        )
         os.unlink(mp / "e" / "a")
         assert next(events).kind.value == "removed"
         events.close()

@@ -30,7 +30,6 @@ import os
 import shutil
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +38,7 @@ import xxhash
 from kvfs.blockfile import header_length
 from kvfs.units import format_size, parse_size
 
+from .bench_tiers import best_of
 from .render import table
 
 __all__ = ["add_arguments", "run"]
@@ -54,21 +54,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
 
 
-def _best(fn, passes: int) -> float:
-    best = float("inf")
-    for _ in range(passes):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
-
-
 def _memcpy(blocks: list[np.ndarray], outs: list[np.ndarray], passes: int) -> tuple[float, float]:
     """Seconds to copy every block into a buffer of its own (what a put does) and out of
     those into *outs* (what a get does): memcpy of the same bytes, the baseline."""
     dest = [np.empty_like(b) for b in blocks]
-    copy_in = _best(lambda: [np.copyto(d, b) for d, b in zip(dest, blocks)], passes)
-    copy_out = _best(lambda: [np.copyto(o, d) for o, d in zip(outs, dest)], passes)
+    copy_in = best_of(lambda: [np.copyto(d, b) for d, b in zip(dest, blocks)], passes)
+    copy_out = best_of(lambda: [np.copyto(o, d) for o, d in zip(outs, dest)], passes)
     return copy_in, copy_out
 
 
@@ -127,8 +118,8 @@ def run(args: argparse.Namespace) -> int:
                 for s in batches:
                     c.get_into(names[s], outs[s], promote=promote)
 
-            rows.append(_row("client", "put", _best(put, args.passes), "memcpy", copy_in, total))
-            rows.append(_row("client", "get", _best(get, args.passes), "memcpy", copy_out, total))
+            rows.append(_row("client", "put", best_of(put, args.passes), "memcpy", copy_in, total))
+            rows.append(_row("client", "get", best_of(get, args.passes), "memcpy", copy_out, total))
             for o, b in zip(outs, blocks):
                 if not np.array_equal(o, b):
                     raise SystemExit("kvfs bench client: the client read back the wrong bytes")
@@ -148,8 +139,8 @@ def run(args: argparse.Namespace) -> int:
                     if got != size or xxhash.xxh3_64_intdigest(o) != csum:
                         raise SystemExit(f"kvfs bench client: {path} does not verify")
 
-            raw_s = _best(raw, args.passes)
-            disk_s = _best(lambda: get("never"), args.passes)
+            raw_s = best_of(raw, args.passes)
+            disk_s = best_of(lambda: get("never"), args.passes)
             if any("dram" in c.stat(nm).tiers for nm in names):
                 raise SystemExit("kvfs bench client: a direct read promoted a block")
             rows.append(_row("client", "get (disk, direct)", disk_s, "preadv + xxh3", raw_s, total))
@@ -162,8 +153,8 @@ def run(args: argparse.Namespace) -> int:
             found = c.lookup(lnames)
             if found.prefix != len(lnames):
                 raise SystemExit("kvfs bench client: lookup missed names it should have found")
-            look_s = _best(lambda: c.lookup(lnames), reps)
-            stat_s = _best(lambda: [os.stat(mp / nm) for nm in lnames], max(3, args.passes))
+            look_s = best_of(lambda: c.lookup(lnames), reps)
+            stat_s = best_of(lambda: [os.stat(mp / nm) for nm in lnames], max(3, args.passes))
             rows.append(
                 {
                     "path": "client",
@@ -192,8 +183,8 @@ def run(args: argparse.Namespace) -> int:
                 with open(p, "rb", buffering=0) as f:
                     f.readinto(o)
 
-        rows.append(_row("fuse", "put", _best(fuse_put, args.passes), "memcpy", copy_in, total))
-        rows.append(_row("fuse", "get", _best(fuse_get, args.passes), "memcpy", copy_out, total))
+        rows.append(_row("fuse", "put", best_of(fuse_put, args.passes), "memcpy", copy_in, total))
+        rows.append(_row("fuse", "get", best_of(fuse_get, args.passes), "memcpy", copy_out, total))
         say("  fuse put/get done")
     finally:
         umount(mp)
