@@ -331,10 +331,11 @@ class PrefixCache:
         with self._pool_lock:
             if self._batch is None:
                 assert self._mount is not None
+                kw = {"name": "kvfs prefix cache", "io_threads": self.io_threads}
                 try:
-                    self._batch = Client(self._mount[0], write=True, name="kvfs prefix cache")
+                    self._batch = Client(self._mount[0], write=True, **kw)
                 except KvfsError:  # no DRAM tier, or puts not allowed here
-                    self._batch = Client(self._mount[0], name="kvfs prefix cache")
+                    self._batch = Client(self._mount[0], **kw)
                     self._client_puts = False
                 self._own_client = True
             return self._batch
@@ -620,6 +621,18 @@ class PrefixCache:
             got: list[int | KvfsError] = list(client.get_into(self._names(digests), segs))
         except BatchError as exc:
             got = exc.results
+        read = next((i for i, r in enumerate(got) if not isinstance(r, int)), len(got))
+
+        def check(i: int) -> BlockCorrupt | None:
+            try:
+                self._validate(headers[i], segs[i][1:], got[i], size, digests[i])  # type: ignore[arg-type]
+            except BlockCorrupt as exc:
+                return exc
+            return None
+
+        # the blocks read are checked by the read threads at once (xxh3 releases the GIL)
+        pool = self._executor() if self.io_threads > 1 and read > 1 else None
+        checks = list(pool.map(check, range(read)) if pool is not None else map(check, range(read)))
         loaded = nread = 0
         for i, (d, res) in enumerate(zip(digests, got, strict=True)):
             path = self.path(d)
@@ -629,10 +642,9 @@ class PrefixCache:
                 return (loaded, nread, *self._stop(StopReason.CORRUPT, path, res))
             if isinstance(res, KvfsError):
                 return (loaded, nread, *self._stop(StopReason.UNREADABLE, path, res))
-            try:
-                self._validate(headers[i], segs[i][1:], res, size, d)
-            except BlockCorrupt as exc:
-                return (loaded, nread, *self._stop(StopReason.CORRUPT, path, exc))
+            bad = checks[i]
+            if bad is not None:
+                return (loaded, nread, *self._stop(StopReason.CORRUPT, path, bad))
             loaded += 1
             nread += res
         return loaded, nread, StopReason.COMPLETE, ""

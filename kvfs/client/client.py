@@ -34,6 +34,7 @@ import stat
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self, TypeVar
@@ -272,7 +273,8 @@ class Client:
     *promote*: how reads treat blocks whose hottest copy is on disk
     (:class:`~kvfs.protocol.Promote`: ``"policy"``, ``"always"``, ``"never"``).
     *populate*: map the whole arena into this process now (one pass of page-table setup
-    at connect, instead of a fault on every page of every block's first copy)."""
+    at connect, instead of a fault on every page of every block's first copy).
+    *io_threads*: block files read at once by one call."""
 
     def __init__(
         self,
@@ -284,6 +286,7 @@ class Client:
         lease_ttl: float | None = None,
         promote: str = Promote.POLICY,
         populate: bool = True,
+        io_threads: int = 4,
     ) -> None:
         if promote not in Promote.ALL:
             raise ValueError(f"promote must be one of {', '.join(Promote.ALL)} (got {promote!r})")
@@ -293,6 +296,10 @@ class Client:
         self._lock = threading.Lock()
         self._conn = Connection(sock, where=mountpoint, timeout=timeout)
         self._held: dict[int, Hold] = {}
+        if io_threads < 1:
+            raise ValueError("io_threads must be at least 1")
+        self.io_threads = io_threads
+        self._io: ThreadPoolExecutor | None = None
         self._map: mmap.mmap | None = None
         self._arena: memoryview | None = None
         try:
@@ -333,6 +340,9 @@ class Client:
         self._held.clear()
         with self._lock:
             self._conn.close()
+            io, self._io = self._io, None
+        if io is not None:
+            io.shutdown(wait=True)
         if self._arena is not None:
             self._arena.release()
             self._arena = None
@@ -423,23 +433,44 @@ class Client:
 
     def _read(self, names: list[str], dests: list[buffers.Segments], verify: bool, promote: str) -> list[Any]:
         """Lease, copy and release one batch; per name its size, an error, or a
-        :class:`_Retry` (the copy failed its check and was reported)."""
+        :class:`_Retry` (the copy failed its check and was reported). Block files are
+        read by up to ``io_threads`` threads at once (a device serves several reads at a
+        time better than one); arena copies are made in this thread."""
         leased = self._lease(names, promote)
-        out: list[Any] = []
+        out: list[Any] = [err for _, err, _ in leased]
+        files = [i for i, (g, _, _) in enumerate(leased) if g is not None and g.kind == _FILE_GRANT]
         reported: set[int] = set()  # leases a Suspect ended
         try:
-            for name, segs, (grant, err, expires) in zip(names, dests, leased, strict=True):
-                if grant is None:
-                    out.append(err)
-                    continue
-                outcome = self._copy(name, grant, segs, verify, expires)
-                if isinstance(outcome, _Retry):
-                    self._suspect(grant, outcome.error)
-                    reported.add(grant.id)
-                out.append(outcome)
+            if len(files) > 1 and self.io_threads > 1:
+                for i, res in zip(
+                    files, self._pool().map(lambda i: self._copy_leased(names, dests, leased, i, verify), files)
+                ):
+                    out[i] = res
+            else:
+                for i in files:
+                    out[i] = self._copy_leased(names, dests, leased, i, verify)
+            for i, (g, _, _) in enumerate(leased):
+                if g is not None and g.kind != _FILE_GRANT:
+                    out[i] = self._copy_leased(names, dests, leased, i, verify)
+            for i, (g, _, _) in enumerate(leased):
+                if g is not None and isinstance(out[i], _Retry):
+                    self._suspect(g, out[i].error)
+                    reported.add(g.id)
         finally:
             self._release_ids([g.id for g, _, _ in leased if g is not None and g.id not in reported])
         return out
+
+    def _copy_leased(
+        self, names: list[str], dests: list[buffers.Segments], leased: list[Any], i: int, verify: bool
+    ) -> Any:
+        grant, _, expires = leased[i]
+        return self._copy(names[i], grant, dests[i], verify, expires)
+
+    def _pool(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._io is None:
+                self._io = ThreadPoolExecutor(self.io_threads, thread_name_prefix="kvfs-client-read")
+            return self._io
 
     def _copy(self, name: str, grant: Grant, segs: buffers.Segments, verify: bool, expires: float) -> Any:
         n = grant.length
