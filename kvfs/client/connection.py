@@ -135,7 +135,8 @@ class Connection:
         while self._pending:
             self.result()
         self.send(req)
-        return self._reply(req, reply)
+        answer: R = self._reply(req, reply)
+        return answer
 
     def submit(self, req: Request) -> None:
         """Send *req* without waiting: its reply is read by :meth:`result` (or, checked
@@ -143,7 +144,7 @@ class Connection:
         self.send(req)
         self._pending.append(req)
 
-    def result(self) -> Message:
+    def result(self) -> Any:
         """The reply to the oldest request sent with :meth:`submit` (its error raised)."""
         return self._reply(self._pending.pop(0), None)
 

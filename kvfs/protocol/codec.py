@@ -199,9 +199,10 @@ def decode(line: bytes | str) -> Message:
     if cls is None:
         raise UnknownKind(f"unknown message kind {kind!r}")
     try:
-        return _fast_builder(cls)(body)
+        msg: Message = _fast_builder(cls)(body)
     except _Bad:
-        return _build(cls, body, kind)  # the careful path names what is wrong
+        msg = _build(cls, body, kind)  # the careful path names what is wrong
+    return msg
 
 
 class _Bad(Exception):
@@ -214,11 +215,11 @@ _FAST: dict[type, Callable[[Any], Any]] = {}
 def _fast_builder(cls: type) -> Callable[[Any], Any]:
     """A builder of *cls* from a JSON object that checks every field with as little
     work as possible and raises :class:`_Bad` on anything unusual (no messages)."""
-    build = _FAST.get(cls)
-    if build is not None:
-        return build
+    known = _FAST.get(cls)
+    if known is not None:
+        return known
     hints = typing.get_type_hints(cls)
-    plan = []
+    plan: list[tuple[str, bool, frozenset[type] | None, bool, Callable[[Any], Any] | None]] = []
     for f in _fields(cls):
         required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
         tp = hints[f.name]
@@ -238,6 +239,7 @@ def _fast_builder(cls: type) -> Callable[[Any], Any]:
                         raise _Bad
                     kw[name] = float(x) if as_float else x
                 else:
+                    assert conv is not None
                     kw[name] = conv(x)
             elif required:
                 raise _Bad
