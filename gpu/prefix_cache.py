@@ -53,7 +53,7 @@ from enum import Enum
 import numpy as np
 import xxhash
 
-from kvfs.client import BatchError, Client
+from kvfs.client import BatchError, Client, Read
 from kvfs.client.client import BufferTooSmall
 from kvfs.errors import BlockCorrupt, BlockNotFound, KvfsError
 from kvfs.hashing import HashFn, Namespace, block_path, chain_hashes, xxh3_128
@@ -618,14 +618,19 @@ class PrefixCache:
             for i, h in enumerate(headers)
         ]
         try:
-            got: list[int | KvfsError] = list(client.get_into(self._names(digests), segs))
+            got: list[Read | KvfsError] = list(client.read_into(self._names(digests), segs))
         except BatchError as exc:
             got = exc.results
-        read = next((i for i, r in enumerate(got) if not isinstance(r, int)), len(got))
+        read = next((i for i, r in enumerate(got) if not isinstance(r, Read)), len(got))
 
         def check(i: int) -> BlockCorrupt | None:
+            r = got[i]
+            assert isinstance(r, Read)
             try:
-                self._validate(headers[i], segs[i][1:], got[i], size, digests[i])  # type: ignore[arg-type]
+                # kvfs's checksum (verified on block files) says the bytes are the ones
+                # sealed under this name; only the payload's own checksum says they are
+                # the KV its header describes (a program may have rewritten the file)
+                self._validate(headers[i], segs[i][1:], r.size, size, digests[i])
             except BlockCorrupt as exc:
                 return exc
             return None
@@ -646,7 +651,7 @@ class PrefixCache:
             if bad is not None:
                 return (loaded, nread, *self._stop(StopReason.CORRUPT, path, bad))
             loaded += 1
-            nread += res
+            nread += res.size
         return loaded, nread, StopReason.COMPLETE, ""
 
     def _buffer(self, shape: tuple[int, ...]) -> torch.Tensor:
@@ -708,6 +713,8 @@ class PrefixCache:
             os.close(fd)
 
     def _validate(self, header: bytearray, segs: list[memoryview], got: int, size: int, digest: bytes) -> None:
+        """Raise :class:`BlockCorrupt` unless the block read is whole, of this namespace's
+        layout, under its own name, and its payload matches the header's checksum."""
         if got != size:
             raise BlockCorrupt(f"short read: {got} of {size} bytes")
         h = decode_header(header)

@@ -314,6 +314,14 @@ def test_on_a_kvfs_mount_the_batch_client_carries_the_blocks(kvfs_mount, fp32):
     other = tokens(16, seed=4)
     files.store(other, prefill(fp32.model, other).cache)  # written as files, read by the client
     assert pc.load(other, fp32.model).tokens == 16
+    # a program rewrote block 1 with bad KV (a valid kvfs block: its own checksum matches),
+    # and it went down to the disk tier: the client reads it straight from its file
+    flip_bytes(pc.path(pc.digests(prompt)[1]), HEADER_LENGTH + 64)
+    with Client(mp) as c:
+        c.evict([names[1]], tier="dram")
+        assert c.stat(names[1]).tiers == ("disk",)
+    hit = pc.load(prompt, fp32.model)
+    assert (hit.tokens, hit.stop) == (8, StopReason.CORRUPT) and "payload checksum mismatch" in hit.detail
     pc.close()
     files.close()
     with pytest.raises(KvfsError, match="not on a kvfs mount"):

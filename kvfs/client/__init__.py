@@ -5,7 +5,19 @@
 torch tensors are just buffers to it.
 """
 
-from .client import BatchError, Client, Hold, LookupResult, Presence, PutBuffer, View
+from .client import BatchError, BufferTooSmall, Client, Hold, LookupResult, Presence, PutBuffer, Read, View
 from .connection import Connection, Stream
 
-__all__ = ["BatchError", "Client", "Connection", "Hold", "LookupResult", "Presence", "PutBuffer", "Stream", "View"]
+__all__ = [
+    "BatchError",
+    "BufferTooSmall",
+    "Client",
+    "Connection",
+    "Hold",
+    "LookupResult",
+    "Presence",
+    "PutBuffer",
+    "Read",
+    "Stream",
+    "View",
+]

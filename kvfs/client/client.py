@@ -37,7 +37,7 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Self, TypeVar
+from typing import Any, NamedTuple, Self, TypeVar
 
 from kvfs.catalog import BlockStat
 from kvfs.errors import BlockCorrupt, KvfsError
@@ -76,7 +76,7 @@ from kvfs.runtime import control_socket_path, find_mount
 from . import buffers
 from .connection import Connection
 
-__all__ = ["BatchError", "BufferTooSmall", "Client", "Hold", "LookupResult", "Presence", "PutBuffer", "View"]
+__all__ = ["BatchError", "BufferTooSmall", "Client", "Hold", "LookupResult", "Presence", "PutBuffer", "Read", "View"]
 
 R = TypeVar("R", bound=Message)
 
@@ -99,6 +99,17 @@ class BatchError(KvfsError):
         first = next(iter(self.errors.values()))
         more = f" (and {len(self.errors) - 1} more)" if len(self.errors) > 1 else ""
         super().__init__(f"{what}: {len(self.errors)} of {len(results)} blocks failed; first: {first}{more}")
+
+
+class Read(NamedTuple):
+    """One block :meth:`Client.read_into` read: *size* bytes from *tier*, out of the
+    arena or a block file (*kind*), *verified* against its checksum or not (arena copies
+    only with ``verify=True``; files always)."""
+
+    size: int
+    tier: str
+    kind: str
+    verified: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -417,6 +428,16 @@ class Client:
         each block's size. Copies from a disk tier are always verified against the
         block's checksum; *verify* checks DRAM copies too. Raises :class:`BatchError` when
         some names failed (their buffers hold nothing to use)."""
+        try:
+            return [r.size for r in self.read_into(names, buffers_, verify=verify, promote=promote)]
+        except BatchError as exc:
+            raise BatchError("get_into", [r.size if isinstance(r, Read) else r for r in exc.results]) from None
+
+    def read_into(
+        self, names: Sequence[str], buffers_: Sequence[Any], *, verify: bool = False, promote: str | None = None
+    ) -> list[Read]:
+        """:meth:`get_into`, saying per block where its bytes came from and whether they
+        were checked against its checksum (:class:`Read`)."""
         names = list(names)
         if len(buffers_) != len(names):
             raise ValueError(f"{len(names)} names but {len(buffers_)} buffers")
@@ -428,7 +449,7 @@ class Client:
             for i, r in zip(retry, again, strict=True):
                 results[i] = r.error if isinstance(r, _Retry) else r
         if any(isinstance(r, KvfsError) for r in results):
-            raise BatchError("get_into", results)
+            raise BatchError("read_into", results)
         return results
 
     def _read(self, names: list[str], dests: list[buffers.Segments], verify: bool, promote: str) -> list[Any]:
@@ -488,7 +509,7 @@ class Client:
                 return _Retry(BlockCorrupt(f"{name!r}: short read of its block file ({got} of {n} bytes)"))
             if buffers.checksum(segs, n) != grant.checksum:
                 return _Retry(BlockCorrupt(f"{name!r}: its block file does not match the block's checksum"))
-            return n
+            return Read(n, grant.tier, grant.kind, True)
         arena = self._arena_view()
         if time.monotonic() >= expires:
             return LeaseEnded(f"the lease on {name!r} ended before it was read")
@@ -496,7 +517,7 @@ class Client:
         buffers.scatter(src, segs)
         if verify and buffers.checksum(segs, n) != grant.checksum:
             return _Retry(BlockCorrupt(f"{name!r}: its DRAM copy does not match the block's checksum"))
-        return n
+        return Read(n, grant.tier, grant.kind, verify)
 
     def _suspect(self, grant: Grant, error: KvfsError) -> None:
         """Tell the daemon a leased copy failed its check; the lease ends, and the daemon
@@ -528,7 +549,7 @@ class Client:
                     continue
                 files.append(grant.id)
                 out.append(
-                    View(None, name, memoryview(buf).toreadonly(), None, float("inf")) if isinstance(res, int) else res
+                    View(None, name, memoryview(buf).toreadonly(), None, float("inf")) if isinstance(res, Read) else res
                 )
                 continue
             data = self._arena_view()[grant.offset : grant.offset + grant.length].toreadonly()
