@@ -617,27 +617,22 @@ class PrefixCache:
             [memoryview(h), *(_bytes_view(buf[l, kv, i * T : (i + 1) * T]) for l in range(L) for kv in (0, 1))]
             for i, h in enumerate(headers)
         ]
-        try:
-            got: list[Read | KvfsError] = list(client.read_into(self._names(digests), segs))
-        except BatchError as exc:
-            got = exc.results
-        read = next((i for i, r in enumerate(got) if not isinstance(r, Read)), len(got))
+        checks: list[BlockCorrupt | None] = [None] * len(digests)
 
-        def check(i: int) -> BlockCorrupt | None:
-            r = got[i]
-            assert isinstance(r, Read)
+        def check(i: int, r: Read) -> None:
+            # kvfs's checksum (verified on block files) says the bytes are the ones sealed
+            # under this name; only the payload's own checksum says they are the KV its
+            # header describes (a program may have rewritten the file). Checked by the
+            # copying thread, beside the next copies.
             try:
-                # kvfs's checksum (verified on block files) says the bytes are the ones
-                # sealed under this name; only the payload's own checksum says they are
-                # the KV its header describes (a program may have rewritten the file)
                 self._validate(headers[i], segs[i][1:], r.size, size, digests[i])
             except BlockCorrupt as exc:
-                return exc
-            return None
+                checks[i] = exc
 
-        # the blocks read are checked by the read threads at once (xxh3 releases the GIL)
-        pool = self._executor() if self.io_threads > 1 and read > 1 else None
-        checks = list(pool.map(check, range(read)) if pool is not None else map(check, range(read)))
+        try:
+            got: list[Read | KvfsError] = list(client.read_into(self._names(digests), segs, then=check))
+        except BatchError as exc:
+            got = exc.results
         loaded = nread = 0
         for i, (d, res) in enumerate(zip(digests, got, strict=True)):
             path = self.path(d)

@@ -33,7 +33,7 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -285,7 +285,7 @@ class Client:
     (:class:`~kvfs.protocol.Promote`: ``"policy"``, ``"always"``, ``"never"``).
     *populate*: map the whole arena into this process now (one pass of page-table setup
     at connect, instead of a fault on every page of every block's first copy).
-    *io_threads*: block files read at once by one call."""
+    *io_threads*: blocks copied at once by one call."""
 
     def __init__(
         self,
@@ -434,45 +434,68 @@ class Client:
             raise BatchError("get_into", [r.size if isinstance(r, Read) else r for r in exc.results]) from None
 
     def read_into(
-        self, names: Sequence[str], buffers_: Sequence[Any], *, verify: bool = False, promote: str | None = None
+        self,
+        names: Sequence[str],
+        buffers_: Sequence[Any],
+        *,
+        verify: bool = False,
+        promote: str | None = None,
+        then: Callable[[int, Read], object] | None = None,
     ) -> list[Read]:
         """:meth:`get_into`, saying per block where its bytes came from and whether they
-        were checked against its checksum (:class:`Read`)."""
+        were checked against its checksum (:class:`Read`). *then(position, read)* is
+        called for each block as soon as it is in its buffer, in the thread that copied
+        it (to check or use it while the next blocks are copied)."""
         names = list(names)
         if len(buffers_) != len(names):
             raise ValueError(f"{len(names)} names but {len(buffers_)} buffers")
         dests = [buffers.segments(b, writable=True) for b in buffers_]
-        results: list[Any] = self._read(names, dests, verify, promote or self.promote)
+        results: list[Any] = self._read(names, dests, verify, promote or self.promote, then)
         retry = [i for i, r in enumerate(results) if isinstance(r, _Retry)]
         if retry:  # a bad copy was reported and dropped: read the block from where it is now
-            again = self._read([names[i] for i in retry], [dests[i] for i in retry], verify, promote or self.promote)
+            again = self._read(
+                [names[i] for i in retry], [dests[i] for i in retry], verify, promote or self.promote, then, retry
+            )
             for i, r in zip(retry, again, strict=True):
                 results[i] = r.error if isinstance(r, _Retry) else r
         if any(isinstance(r, KvfsError) for r in results):
             raise BatchError("read_into", results)
         return results
 
-    def _read(self, names: list[str], dests: list[buffers.Segments], verify: bool, promote: str) -> list[Any]:
-        """Lease, copy and release one batch; per name its size, an error, or a
-        :class:`_Retry` (the copy failed its check and was reported). Block files are
-        read by up to ``io_threads`` threads at once (a device serves several reads at a
-        time better than one); arena copies are made in this thread."""
+    def _read(
+        self,
+        names: list[str],
+        dests: list[buffers.Segments],
+        verify: bool,
+        promote: str,
+        then: Callable[[int, Read], object] | None = None,
+        positions: Sequence[int] | None = None,
+    ) -> list[Any]:
+        """Lease, copy and release one batch; per name a :class:`Read`, an error, or a
+        :class:`_Retry` (the copy failed its check and was reported). When block files
+        are among them, up to ``io_threads`` threads copy at once (and *then* runs beside
+        the next copies)."""
         leased = self._lease(names, promote)
         out: list[Any] = [err for _, err, _ in leased]
-        files = [i for i, (g, _, _) in enumerate(leased) if g is not None and g.kind == _FILE_GRANT]
+        todo = [i for i, (g, _, _) in enumerate(leased) if g is not None]
+        files = sum(g is not None and g.kind == _FILE_GRANT for g, _, _ in leased)
+        where = positions if positions is not None else range(len(names))
         reported: set[int] = set()  # leases a Suspect ended
+
+        def copy(i: int) -> Any:
+            grant, _, expires = leased[i]
+            assert grant is not None
+            res = self._copy(names[i], grant, dests[i], verify, expires)
+            if then is not None and isinstance(res, Read):
+                then(where[i], res)
+            return res
+
         try:
-            if len(files) > 1 and self.io_threads > 1:
-                for i, res in zip(
-                    files, self._pool().map(lambda i: self._copy_leased(names, dests, leased, i, verify), files)
-                ):
-                    out[i] = res
-            else:
-                for i in files:
-                    out[i] = self._copy_leased(names, dests, leased, i, verify)
-            for i, (g, _, _) in enumerate(leased):
-                if g is not None and g.kind != _FILE_GRANT:
-                    out[i] = self._copy_leased(names, dests, leased, i, verify)
+            # threads for block files (a device serves several reads at once); arena
+            # copies are memory-bound and gain nothing from them
+            pool = self._pool() if files > 1 and self.io_threads > 1 else None
+            for i, res in zip(todo, pool.map(copy, todo) if pool is not None else map(copy, todo), strict=True):
+                out[i] = res
             for i, (g, _, _) in enumerate(leased):
                 if g is not None and isinstance(out[i], _Retry):
                     self._suspect(g, out[i].error)
@@ -480,12 +503,6 @@ class Client:
         finally:
             self._release_ids([g.id for g, _, _ in leased if g is not None and g.id not in reported])
         return out
-
-    def _copy_leased(
-        self, names: list[str], dests: list[buffers.Segments], leased: list[Any], i: int, verify: bool
-    ) -> Any:
-        grant, _, expires = leased[i]
-        return self._copy(names[i], grant, dests[i], verify, expires)
 
     def _pool(self) -> ThreadPoolExecutor:
         with self._lock:
