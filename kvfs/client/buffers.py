@@ -8,6 +8,7 @@ tuple of them, filled or read in order), as ``readv``/``writev`` take them.
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -17,6 +18,8 @@ import xxhash
 __all__ = ["Segments", "checksum", "copy_hashed", "gather", "read_file", "scatter", "segments"]
 
 Segments = list[memoryview]
+
+_NOWAIT = getattr(os, "RWF_NOWAIT", 8)
 
 
 def _tensor_view(t: Any, writable: bool) -> memoryview:
@@ -124,9 +127,11 @@ def _advance(segs: Segments, n: int) -> Segments:
     return [segs[0][n:], *segs[1:]] if n else segs
 
 
-def read_file(path: str, offset: int, length: int, segs: Sequence[memoryview]) -> int:
+def read_file(path: str, offset: int, length: int, segs: Sequence[memoryview], *, nowait: bool = False) -> int:
     """``preadv`` *length* bytes at *offset* of *path* into *segs*; returns the bytes read
-    (fewer when the file is shorter). ``OSError`` passes through."""
+    (fewer when the file is shorter). ``OSError`` passes through. *nowait*: only if the
+    bytes are in the page cache (``RWF_NOWAIT``); else :class:`BlockingIOError` at once,
+    so that the caller can read it where waiting is cheap (a thread of its own)."""
     todo: Segments = []
     left = length
     for s in segs:
@@ -137,6 +142,14 @@ def read_file(path: str, offset: int, length: int, segs: Sequence[memoryview]) -
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         got = 0
+        if nowait and todo:
+            try:
+                got = os.preadv(fd, todo, offset, _NOWAIT)
+            except OSError as exc:
+                if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):  # a filesystem that cannot say
+                    raise BlockingIOError(errno.EAGAIN, "the file cannot be read without waiting") from exc
+                raise
+            todo = _advance(todo, got)
         while todo:
             n = os.preadv(fd, todo, offset + got)
             if n == 0:

@@ -472,29 +472,32 @@ class Client:
         positions: Sequence[int] | None = None,
     ) -> list[Any]:
         """Lease, copy and release one batch; per name a :class:`Read`, an error, or a
-        :class:`_Retry` (the copy failed its check and was reported). When block files
-        are among them, up to ``io_threads`` threads copy at once (and *then* runs beside
-        the next copies)."""
+        :class:`_Retry` (the copy failed its check and was reported)."""
         leased = self._lease(names, promote)
         out: list[Any] = [err for _, err, _ in leased]
         todo = [i for i, (g, _, _) in enumerate(leased) if g is not None]
-        files = sum(g is not None and g.kind == _FILE_GRANT for g, _, _ in leased)
         where = positions if positions is not None else range(len(names))
         reported: set[int] = set()  # leases a Suspect ended
 
-        def copy(i: int) -> Any:
+        def copy(i: int, nowait: bool = False) -> Any:
             grant, _, expires = leased[i]
             assert grant is not None
-            res = self._copy(names[i], grant, dests[i], verify, expires)
+            res = self._copy(names[i], grant, dests[i], verify, expires, nowait=nowait)
             if then is not None and isinstance(res, Read):
                 then(where[i], res)
             return res
 
         try:
-            # threads for block files (a device serves several reads at once); arena
-            # copies are memory-bound and gain nothing from them
-            pool = self._pool() if files > 1 and self.io_threads > 1 else None
-            for i, res in zip(todo, pool.map(copy, todo) if pool is not None else map(copy, todo), strict=True):
+            # Arena copies and block files in the page cache are made here, at memory
+            # speed; files that would wait for the device go to io_threads threads, which
+            # a device serves better than one reader (and *then* runs beside them).
+            later = []
+            for i in todo:
+                out[i] = copy(i, nowait=True)
+                if out[i] is _LATER:
+                    later.append(i)
+            pool = self._pool() if len(later) > 1 and self.io_threads > 1 else None
+            for i, res in zip(later, pool.map(copy, later) if pool is not None else map(copy, later), strict=True):
                 out[i] = res
             for i, (g, _, _) in enumerate(leased):
                 if g is not None and isinstance(out[i], _Retry):
@@ -510,14 +513,21 @@ class Client:
                 self._io = ThreadPoolExecutor(self.io_threads, thread_name_prefix="kvfs-client-read")
             return self._io
 
-    def _copy(self, name: str, grant: Grant, segs: buffers.Segments, verify: bool, expires: float) -> Any:
+    def _copy(
+        self, name: str, grant: Grant, segs: buffers.Segments, verify: bool, expires: float, *, nowait: bool = False
+    ) -> Any:
+        """Copy one leased block into *segs*: a :class:`Read`, an error, a :class:`_Retry`
+        (it failed its check), or, with *nowait*, ``_LATER`` for a block file that is not
+        in the page cache."""
         n = grant.length
         room = buffers.total(segs)
         if room < n:
             return BufferTooSmall(f"the buffer of {room} bytes is too small for {name!r} ({n} bytes)")
         if grant.kind == _FILE_GRANT:
             try:
-                got = buffers.read_file(grant.path, grant.offset, n, segs)
+                got = buffers.read_file(grant.path, grant.offset, n, segs, nowait=nowait)
+            except BlockingIOError:
+                return _LATER
             except PermissionError:
                 return _Retry(KvfsError(f"{name!r}: cannot read its block file {grant.path} (permission denied)"))
             except OSError as exc:
@@ -750,6 +760,9 @@ def _populate(mm: mmap.mmap, write: bool) -> None:
         mm.madvise(advice)
     except OSError:
         pass
+
+
+_LATER = object()  # a block file to read where waiting for the device is cheap
 
 
 class _Retry:
