@@ -22,8 +22,11 @@ A session's leases and reservations are given back the moment its connection end
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import trio
 
@@ -69,7 +72,11 @@ __all__ = ["ClientOps"]
 
 log = logging.getLogger("kvfs.mount.client")
 
+T = TypeVar("T")
+
 _RESERVE_TTL = 30.0  # seconds a reservation may wait for its commit
+_MAX_NAMES = 65536  # names one lease or reserve may carry (a batch, not a scan)
+_ON_LOOP = 4096  # names a lookup or lease answers on the loop; more go to a worker thread
 
 
 def _wire(exc: BaseException) -> WireError:
@@ -142,8 +149,20 @@ class ClientOps:
 
     # -- reads ---------------------------------------------------------------------------
 
+    async def _batch(self, fn: Callable[..., T], names: list[str], **kwargs: Any) -> T:
+        """*fn(names)* on the loop when the batch is small enough to hold the store's lock
+        briefly, else in a worker thread (the FUSE loop never waits behind a big batch)."""
+        if len(names) > _ON_LOOP:
+            return await trio.to_thread.run_sync(functools.partial(fn, names, **kwargs))
+        return await call_store(self.store, fn, names, **kwargs)
+
+    @staticmethod
+    def _capped(what: str, names: list[str]) -> None:
+        if len(names) > _MAX_NAMES:
+            raise ProtocolError(f"{what}: {len(names)} names in one request, at most {_MAX_NAMES}; split the batch")
+
     async def op_lookup(self, conn: Connection, req: Lookup) -> LookupResult:
-        p = await call_store(self.store, self.store.probe, req.names)
+        p = await self._batch(self.store.probe, req.names)
         return LookupResult(sizes=p.sizes, tiers=p.tiers, pinned=p.pinned, prefix=p.prefix)
 
     def _ttl(self, ttl: float) -> float:
@@ -154,16 +173,12 @@ class ClientOps:
     async def op_lease(self, conn: Connection, req: Lease) -> Leased:
         if req.promote not in Promote.ALL:
             raise ProtocolError(f"lease.promote: {req.promote!r} is not one of {', '.join(Promote.ALL)}")
+        self._capped("lease", req.names)
         promote = req.promote
         if not conn.session.owner:
             promote = Promote.ALWAYS  # another user cannot open the tier's files: read them from DRAM
-        results = await call_store(
-            self.store,
-            self.store.lease_many,
-            req.names,
-            ttl=self._ttl(req.ttl),
-            promote=promote,
-            count_hits=req.count_hits,
+        results = await self._batch(
+            self.store.lease_many, req.names, ttl=self._ttl(req.ttl), promote=promote, count_hits=req.count_hits
         )
         now = self.store.leases.clock()
         grants: list[Grant | None] = []
@@ -235,6 +250,7 @@ class ClientOps:
 
     async def op_reserve(self, conn: Connection, req: Reserve) -> Reserved:
         s = self._writer(conn)
+        self._capped("reserve", req.names)
         n = len(req.names)
         if len(req.sizes) != n or (req.parents and len(req.parents) != n):
             raise ProtocolError("reserve: names, sizes and parents must be lists of the same length")

@@ -36,7 +36,7 @@ import pytest
 from kvfs.client import BatchError, Client
 from kvfs.client.connection import Connection
 from kvfs.errors import BlockNotFound, KvfsError, NoSpace
-from kvfs.protocol import Commit, Hello, PermissionDenied, Reserve, Statistics
+from kvfs.protocol import Commit, Hello, PermissionDenied, ProtocolError, Reserve, Statistics
 from kvfs.runtime import control_socket_path
 
 from conftest import wait_for
@@ -285,6 +285,10 @@ def test_bad_requests_get_clear_errors_and_change_nothing(mount):
                 c.get_into(["nope/y"], [bytearray(0)])
             except BatchError as exc:
                 raise exc.errors[0] from None
+        many = [f"many/{i}" for i in range(70_000)]
+        assert c.lookup(many[:5000]).prefix == 0  # a big lookup runs off the FUSE loop
+        with pytest.raises(ProtocolError, match="lease: 70000 names in one request, at most 65536; split the batch"):
+            c.lease(many)
     with Client(mp) as ro:
         with pytest.raises(KvfsError, match="this client is read-only"):
             ro.put(["x"], [b"x"])
