@@ -353,7 +353,10 @@ class PrefixCache:
         """Tokens of *tokens* whose blocks exist (one batch lookup on a kvfs mount, else
         ``os.path.exists``; not validated)."""
         if self._use_client():
-            return self._client().lookup(self._names(self.digests(tokens))).prefix * self.tokens_per_block
+            try:
+                return self._client().lookup(self._names(self.digests(tokens))).prefix * self.tokens_per_block
+            except KvfsError as exc:
+                log.warning("prefix cache: the batch client failed (%s); looking the files up", exc)
         n = 0
         for d in self.digests(tokens):
             if not os.path.exists(self.path(d)):
@@ -608,7 +611,10 @@ class PrefixCache:
         """Read the blocks with the batch client (one lease round trip; bytes from the
         DRAM arena or read straight from a disk tier's files), then check them in order
         as the file path does."""
-        client = self._client()
+        try:
+            client = self._client()
+        except KvfsError as exc:  # the daemon is gone: as a file read of a dead mount, unreadable
+            return (0, 0, *self._stop(StopReason.UNREADABLE, self.path(digests[0]), exc))
         L = buf.shape[0]
         T = self.namespace.tokens_per_block
         size = HEADER_LENGTH + self._payload
@@ -633,6 +639,8 @@ class PrefixCache:
             got: list[Read | KvfsError] = list(client.read_into(self._names(digests), segs, then=check))
         except BatchError as exc:
             got = exc.results
+        except KvfsError as exc:  # the whole call failed (the daemon stopped answering)
+            return (0, 0, *self._stop(StopReason.UNREADABLE, self.path(digests[0]), exc))
         loaded = nread = 0
         for i, (d, res) in enumerate(zip(digests, got, strict=True)):
             path = self.path(d)

@@ -540,6 +540,11 @@ async def serve(server: Server, path: Path, *, task_status: Any = trio.TASK_STAT
     listeners = [await _bind(paths[0], 0o600, None)]
     cfg = server.config
     if cfg.socket is not None:
+        if not Path(cfg.socket).parent.is_dir():
+            raise ControlError(
+                f"client.socket: the directory {Path(cfg.socket).parent} does not exist; create it, open to the "
+                "group the socket is for"
+            )
         gid = group_id(cfg.group) if cfg.group is not None else None
         paths.append(Path(cfg.socket))
         listeners.append(await _bind(paths[1], 0o660 if gid is not None else 0o600, gid))

@@ -326,3 +326,20 @@ def test_on_a_kvfs_mount_the_batch_client_carries_the_blocks(kvfs_mount, fp32):
     files.close()
     with pytest.raises(KvfsError, match="not on a kvfs mount"):
         PrefixCache.for_model("/tmp", fp32.model, fp32.name, tokens_per_block=T, client=True)
+
+
+def test_a_daemon_that_dies_makes_blocks_unreadable_not_an_exception(kvfs_mount, fp32):
+    import signal
+
+    from kvfs.runtime import pid_path
+
+    mp = kvfs_mount(dram="16MiB", disk="64MiB")
+    prompt = tokens(24, seed=5)
+    pc = PrefixCache.for_model(mp / "kv", fp32.model, fp32.name, tokens_per_block=T)
+    pc.store(prompt, prefill(fp32.model, prompt).cache)
+    assert pc.load(prompt, fp32.model).tokens == 24
+    os.kill(int(pid_path(mp).read_text()), signal.SIGKILL)
+    hit = pc.load(prompt, fp32.model)
+    assert (hit.tokens, hit.stop) == (0, StopReason.UNREADABLE) and "not answering" in hit.detail
+    assert pc.lookup(prompt) == 0
+    pc.close()
