@@ -27,7 +27,6 @@ import stat
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -192,11 +191,9 @@ def test_a_killed_client_loses_its_leases_at_once_and_eviction_proceeds(mount):
         in_dram = sum("dram" in c.stat(f"n/{i}").tiers for i in range(6))
         assert in_dram <= 1  # 16 MiB - 12 leased - 1 reserved: no room for more
         holder.kill()
-        t0 = time.monotonic()
-        wait_for(lambda: statistics(mp).leases == 0 and statistics(mp).reserved == 0, timeout=5)
-        reclaimed = time.monotonic() - t0
-        wait_for(lambda: not os.path.exists(where["path"]), timeout=5)
-        assert reclaimed < 2.0  # at once: the socket closed, nothing waited for a ttl
+        # given back when the socket closed: long before any lease's ttl (60 s) could end it
+        wait_for(lambda: statistics(mp).leases == 0 and statistics(mp).reserved == 0, timeout=20)
+        wait_for(lambda: not os.path.exists(where["path"]), timeout=20)
         c.put([f"m/{i}" for i in range(6)], [blob(40 + i, 2 * MiB) for i in range(6)])
         assert all("dram" in c.stat(f"m/{i}").tiers for i in range(6))  # the extents are free again
         assert not c.lookup(["k/pending"]).present(0)  # the reservation was never published

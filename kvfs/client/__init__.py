@@ -5,7 +5,7 @@
 torch tensors are just buffers to it.
 """
 
-from .client import BatchError, BufferTooSmall, Client, Hold, LookupResult, Presence, PutBuffer, Read, View
+from .client import BatchError, BufferTooSmall, Client, EventStream, Hold, LookupResult, Presence, PutBuffer, Read, View
 from .connection import Connection, Stream
 
 __all__ = [
@@ -13,6 +13,7 @@ __all__ = [
     "BufferTooSmall",
     "Client",
     "Connection",
+    "EventStream",
     "Hold",
     "LookupResult",
     "Presence",

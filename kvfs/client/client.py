@@ -33,7 +33,7 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,6 +66,7 @@ from kvfs.protocol import (
     Reserve,
     Slot,
     Stat,
+    Subscribed,
     Suspect,
     Welcome,
     WireError,
@@ -76,7 +77,18 @@ from kvfs.runtime import control_socket_path, find_mount
 from . import buffers
 from .connection import Connection
 
-__all__ = ["BatchError", "BufferTooSmall", "Client", "Hold", "LookupResult", "Presence", "PutBuffer", "Read", "View"]
+__all__ = [
+    "BatchError",
+    "BufferTooSmall",
+    "Client",
+    "EventStream",
+    "Hold",
+    "LookupResult",
+    "Presence",
+    "PutBuffer",
+    "Read",
+    "View",
+]
 
 R = TypeVar("R", bound=Message)
 
@@ -740,16 +752,46 @@ class Client:
         res: EvictResult = self._request(Evict(paths=list(names), tier=tier, force=force))
         return res
 
-    def events(self) -> Iterator[Event]:
-        """Every block event from now on (stored, promoted, demoted, evicted, removed,
-        corrupt, renamed), on a connection of its own; close the iterator to stop."""
-        conn = Connection(self.socket, where=self.mountpoint)
+    def events(self) -> EventStream:
+        """Every block event from the moment this returns (stored, promoted, demoted,
+        evicted, removed, corrupt, renamed), on a connection of its own: iterate it; close
+        it (or use ``with``) to stop. The subscription is made before it returns, so no
+        event of a call made after it is missed."""
+        return EventStream(Connection(self.socket, where=self.mountpoint))
+
+
+class EventStream:
+    """The block events of one subscription (:meth:`Client.events`), in order."""
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+        self._items = iter(conn.stream(Events()))
         try:
-            for item in conn.stream(Events()):
-                if isinstance(item, EventItem):
-                    yield item.event
-        finally:
+            first = next(self._items)
+        except BaseException:
             conn.close()
+            raise
+        if not isinstance(first, Subscribed):
+            conn.close()
+            raise KvfsError(f"the daemon answered an events subscription with {first.kind!r}")
+
+    def __iter__(self) -> Self:
+        return self
+
+    def __next__(self) -> Event:
+        for item in self._items:
+            if isinstance(item, EventItem):
+                return item.event
+        raise StopIteration
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def _populate(mm: mmap.mmap, write: bool) -> None:
