@@ -53,13 +53,13 @@ from enum import Enum
 import numpy as np
 import xxhash
 
-from kvfs.client import BatchError, Client, Read
-from kvfs.client.client import BufferTooSmall
+from kvfs.client import BufferTooSmall, Client, Read
 from kvfs.errors import BlockCorrupt, BlockNotFound, KvfsError
 from kvfs.hashing import HashFn, Namespace, block_path, chain_hashes, xxh3_128
 from kvfs.runtime import find_mount
 
 from .kv_block_file import HEADER_LENGTH, KVBlockHeader, decode_header, encode_header
+from .mount_blocks import MountBlocks
 
 try:
     import torch
@@ -278,15 +278,15 @@ class PrefixCache:
             raise ValueError("io_threads must be at least 1")
         self.io_threads = io_threads
         self._io_pool: ThreadPoolExecutor | None = None
-        self._batch: Client | None = client if isinstance(client, Client) else None
-        self._own_client = False
-        self._mount: tuple[str, str] | None = None  # (mountpoint, the directory's name inside it)
-        if client is None or client is True:
+        self._mount: MountBlocks | None = None  # the batch client's path, on a kvfs mount
+        if isinstance(client, Client):
+            self._mount = MountBlocks(namespace, hash_fn, client=client, path_of=self.path, io_threads=io_threads)
+        elif client is None or client is True:
             found = find_mount(self.directory)
             if found is None and client is True:
                 raise KvfsError(f"{self.directory} is not on a kvfs mount: the batch client cannot serve it")
-            self._mount = found
-        self._client_puts = True
+            if found is not None:
+                self._mount = MountBlocks(namespace, hash_fn, mountpoint=found[0], base=found[1], io_threads=io_threads)
         self.dtype = _TORCH_DTYPES[namespace.dtype]
         self._itemsize = torch.empty((), dtype=self.dtype).element_size()
         self._payload = KVBlockHeader.payload_length_of(
@@ -320,41 +320,12 @@ class PrefixCache:
         """The file of the block with *digest*."""
         return os.path.join(self.directory, block_path(self.namespace, digest, self.hash_fn))
 
-    # -- the batch client ----------------------------------------------------------------
-
-    def _use_client(self) -> bool:
-        return self._batch is not None or self._mount is not None
-
-    def _client(self) -> Client:
-        """The batch client, connected on first use: for writing when the mount has an
-        arena (else read-only; blocks are then written as files)."""
-        with self._pool_lock:
-            if self._batch is None:
-                assert self._mount is not None
-                kw = {"name": "kvfs prefix cache", "io_threads": self.io_threads}
-                try:
-                    self._batch = Client(self._mount[0], write=True, **kw)
-                except KvfsError:  # no DRAM tier, or puts not allowed here
-                    self._batch = Client(self._mount[0], **kw)
-                    self._client_puts = False
-                self._own_client = True
-            return self._batch
-
-    def _names(self, digests: Sequence[bytes]) -> list[str]:
-        """The block names (paths inside the mount) of *digests*."""
-        if self._mount is None:
-            assert self._batch is not None
-            return [self._batch.name_of(self.path(d)) for d in digests]
-        base = self._mount[1]
-        rel = [block_path(self.namespace, d, self.hash_fn) for d in digests]
-        return [f"{base}/{r}" if base else r for r in rel]
-
     def lookup(self, tokens: Sequence[int]) -> int:
         """Tokens of *tokens* whose blocks exist (one batch lookup on a kvfs mount, else
         ``os.path.exists``; not validated)."""
-        if self._use_client():
+        if self._mount is not None:
             try:
-                return self._client().lookup(self._names(self.digests(tokens))).prefix * self.tokens_per_block
+                return self._mount.prefix(self.digests(tokens)) * self.tokens_per_block
             except KvfsError as exc:
                 log.warning("prefix cache: the batch client failed (%s); looking the files up", exc)
         n = 0
@@ -382,9 +353,9 @@ class PrefixCache:
             raise UnsupportedModel(f"cache has {len(layers)} layers, namespace says {ns.num_layers}")
         seq = cache.get_seq_length()
         digests = self.digests(list(tokens)[: min(len(tokens), seq)])
-        if self._use_client():
-            found = self._client().lookup(self._names(digests))
-            todo = [(i, d) for i, d in enumerate(digests) if not found.present(i)]
+        if self._mount is not None:
+            present = self._mount.present(digests)
+            todo = [(i, d) for i, d in enumerate(digests) if not present[i]]
         else:
             todo = [(i, d) for i, d in enumerate(digests) if not os.path.exists(self.path(d))]
         if not todo:
@@ -427,10 +398,10 @@ class PrefixCache:
             )
             blocks.append((i, digest, [memoryview(header), *segs]))
         written = nbytes = 0
-        if self._use_client():
-            self._client()  # connected: whether this mount takes client puts is known now
-            if self._client_puts:
-                blocks, written, nbytes = self._put_via_client(blocks, digests)
+        if self._mount is not None:
+            self._mount.client()  # connected: whether this mount takes client puts is known now
+            if self._mount.puts:
+                blocks, written, nbytes = self._mount.put(blocks, digests)
         for _, digest, segments in blocks:  # the file path, or what the client could not put
             nbytes += self._publish(self.path(digest), segments)
             written += 1
@@ -439,30 +410,6 @@ class PrefixCache:
             present=len(digests) - written,
             bytes_written=nbytes,
             seconds=time.perf_counter() - t0,
-        )
-
-    def _put_via_client(
-        self, blocks: list[tuple[int, bytes, list[memoryview]]], digests: list[bytes]
-    ) -> tuple[list[tuple[int, bytes, list[memoryview]]], int, int]:
-        """Put *blocks* with the batch client (straight into the arena), each with its
-        chain parent; returns the blocks it could not put (to write as files), and the
-        count and bytes it wrote."""
-        names = self._names(digests)
-        todo = [names[i] for i, _, _ in blocks]
-        parents = [names[i - 1] if i else None for i, _, _ in blocks]
-        try:
-            self._client().put(todo, [segs for _, _, segs in blocks], parents=parents)
-            failed: set[int] = set()
-        except BatchError as exc:
-            failed = set(exc.errors)
-        except KvfsError as exc:  # no room in the arena for the batch: write them as files
-            log.info("prefix cache: the batch client could not put %d blocks (%s); writing files", len(blocks), exc)
-            return blocks, 0, 0
-        put = [b for k, b in enumerate(blocks) if k not in failed]
-        return (
-            [b for k, b in enumerate(blocks) if k in failed],
-            len(put),
-            sum(sum(len(s) for s in segs) for _, _, segs in put),
         )
 
     def _publish(self, path: str, segments: list[memoryview]) -> int:
@@ -522,8 +469,8 @@ class PrefixCache:
         # [layer, K/V, token, head, dim]: a block fills one contiguous [T, H, D] run per
         # layer and K/V, and the cache's [1, H, tokens, D] tensors are views of it.
         buf = self._buffer((L, 2, len(digests) * T, H, D))
-        if self._use_client():
-            loaded, nread, stop, detail = self._load_via_client(digests, buf)
+        if self._mount is not None:
+            loaded, nread, stop, detail = self._load_via_client(self._mount, digests, buf)
         else:
             loaded, nread, stop, detail = self._load_via_files(digests, buf)
         ntok = min(loaded * T, limit)
@@ -607,14 +554,12 @@ class PrefixCache:
             log.warning("prefix cache: unreadable block, prefix stops here: %s", detail)
         return why, detail
 
-    def _load_via_client(self, digests: list[bytes], buf: torch.Tensor) -> tuple[int, int, StopReason, str]:
+    def _load_via_client(
+        self, mount: MountBlocks, digests: list[bytes], buf: torch.Tensor
+    ) -> tuple[int, int, StopReason, str]:
         """Read the blocks with the batch client (one lease round trip; bytes from the
-        DRAM arena or read straight from a disk tier's files), then check them in order
-        as the file path does."""
-        try:
-            client = self._client()
-        except KvfsError as exc:  # the daemon is gone: as a file read of a dead mount, unreadable
-            return (0, 0, *self._stop(StopReason.UNREADABLE, self.path(digests[0]), exc))
+        DRAM arena or read straight from a disk tier's files), checking each as the
+        file path does."""
         L = buf.shape[0]
         T = self.namespace.tokens_per_block
         size = HEADER_LENGTH + self._payload
@@ -636,10 +581,8 @@ class PrefixCache:
                 checks[i] = exc
 
         try:
-            got: list[Read | KvfsError] = list(client.read_into(self._names(digests), segs, then=check))
-        except BatchError as exc:
-            got = exc.results
-        except KvfsError as exc:  # the whole call failed (the daemon stopped answering)
+            got = mount.read(digests, segs, check)
+        except KvfsError as exc:  # the daemon is gone: as a file read of a dead mount, unreadable
             return (0, 0, *self._stop(StopReason.UNREADABLE, self.path(digests[0]), exc))
         loaded = nread = 0
         for i, (d, res) in enumerate(zip(digests, got, strict=True)):
@@ -697,12 +640,10 @@ class PrefixCache:
         (a later call starts them again)."""
         with self._pool_lock:
             pool, self._io_pool = self._io_pool, None
-            client, self._batch = (self._batch, None) if self._own_client else (None, self._batch)
-            self._own_client = False
         if pool is not None:
             pool.shutdown(wait=True)
-        if client is not None:
-            client.close()
+        if self._mount is not None:
+            self._mount.close()
 
     @staticmethod
     def _read_block(path: str, header: bytearray, segs: list[memoryview], size: int) -> int:
