@@ -9,8 +9,12 @@ For a new request, :meth:`PrefixCache.load` reads the blocks of the longest cach
 into a ``DynamicCache`` and :func:`prefill` / :func:`generate` compute only the rest.
 
 The directory is any directory: a kvfs mount (where the blocks get tiers, eviction and
-sharing) or a plain one. Only plain file I/O is used: ``open``/``readv`` into preallocated
-tensors, a temporary name in the same directory and ``os.replace``, ``os.path.exists``.
+sharing) or a plain one. On a kvfs mount the batch client (:mod:`kvfs.client`) looks the
+blocks up, reads them into the preallocated tensors and writes them, through the mount's
+shared-memory arena (one round trip per batch, no FUSE request); elsewhere only plain
+file I/O is used: ``open``/``readv`` into preallocated tensors, a temporary name in the
+same directory and ``os.replace``, ``os.path.exists``. Both paths write the same files
+and check them the same way.
 
 Decisions (also in docs/engines.md):
 
@@ -49,10 +53,13 @@ from enum import Enum
 import numpy as np
 import xxhash
 
-from kvfs.errors import BlockCorrupt, KvfsError
+from kvfs.client import BufferTooSmall, Client, Read
+from kvfs.errors import BlockCorrupt, BlockNotFound, KvfsError
 from kvfs.hashing import HashFn, Namespace, block_path, chain_hashes, xxh3_128
+from kvfs.runtime import find_mount
 
 from .kv_block_file import HEADER_LENGTH, KVBlockHeader, decode_header, encode_header
+from .mount_blocks import MountBlocks
 
 try:
     import torch
@@ -238,6 +245,13 @@ class PrefixCache:
 
     *io_threads* blocks are read concurrently (reads release the GIL; a disk or a FUSE
     daemon serves several requests at once better than one); 1 reads them one by one.
+
+    *client*: on a kvfs mount (``None``, the default, finds out; ``True`` insists) the
+    blocks are looked up, read and written with the batch client (:mod:`kvfs.client`):
+    one round trip per batch, the bytes through the mount's shared-memory arena or
+    straight from its disk tier's files, each chain's parent given with its block; the
+    same files and the same checks as the file path, which ``False`` forces and which
+    any other directory uses. A :class:`~kvfs.client.Client` may be passed in.
     """
 
     def __init__(
@@ -250,6 +264,7 @@ class PrefixCache:
         drop_invalid: bool = True,
         reuse_buffers: bool = True,
         io_threads: int = 4,
+        client: Client | bool | None = None,
     ) -> None:
         self.directory = os.fspath(directory)
         self.namespace = namespace
@@ -263,6 +278,15 @@ class PrefixCache:
             raise ValueError("io_threads must be at least 1")
         self.io_threads = io_threads
         self._io_pool: ThreadPoolExecutor | None = None
+        self._mount: MountBlocks | None = None  # the batch client's path, on a kvfs mount
+        if isinstance(client, Client):
+            self._mount = MountBlocks(namespace, hash_fn, client=client, path_of=self.path, io_threads=io_threads)
+        elif client is None or client is True:
+            found = find_mount(self.directory)
+            if found is None and client is True:
+                raise KvfsError(f"{self.directory} is not on a kvfs mount: the batch client cannot serve it")
+            if found is not None:
+                self._mount = MountBlocks(namespace, hash_fn, mountpoint=found[0], base=found[1], io_threads=io_threads)
         self.dtype = _TORCH_DTYPES[namespace.dtype]
         self._itemsize = torch.empty((), dtype=self.dtype).element_size()
         self._payload = KVBlockHeader.payload_length_of(
@@ -297,7 +321,13 @@ class PrefixCache:
         return os.path.join(self.directory, block_path(self.namespace, digest, self.hash_fn))
 
     def lookup(self, tokens: Sequence[int]) -> int:
-        """Tokens of *tokens* whose blocks exist (by ``os.path.exists``; not validated)."""
+        """Tokens of *tokens* whose blocks exist (one batch lookup on a kvfs mount, else
+        ``os.path.exists``; not validated)."""
+        if self._mount is not None:
+            try:
+                return self._mount.prefix(self.digests(tokens)) * self.tokens_per_block
+            except KvfsError as exc:
+                log.warning("prefix cache: the batch client failed (%s); looking the files up", exc)
         n = 0
         for d in self.digests(tokens):
             if not os.path.exists(self.path(d)):
@@ -323,7 +353,11 @@ class PrefixCache:
             raise UnsupportedModel(f"cache has {len(layers)} layers, namespace says {ns.num_layers}")
         seq = cache.get_seq_length()
         digests = self.digests(list(tokens)[: min(len(tokens), seq)])
-        todo = [(i, d) for i, d in enumerate(digests) if not os.path.exists(self.path(d))]
+        if self._mount is not None:
+            present = self._mount.present(digests)
+            todo = [(i, d) for i, d in enumerate(digests) if not present[i]]
+        else:
+            todo = [(i, d) for i, d in enumerate(digests) if not os.path.exists(self.path(d))]
         if not todo:
             return StoreResult(written=0, present=len(digests), bytes_written=0, seconds=time.perf_counter() - t0)
         first = todo[0][0] * T
@@ -343,7 +377,7 @@ class PrefixCache:
                         f"({ns.num_kv_heads} heads of {ns.head_size}, {ns.dtype})"
                     )
                 rows.append(t.detach()[0, :, first:end].transpose(0, 1).to("cpu").contiguous())
-        written = nbytes = 0
+        blocks: list[tuple[int, bytes, list[memoryview]]] = []
         for i, digest in todo:
             lo = i * T - first
             segs = [_bytes_view(r[lo : lo + T]) for r in rows]
@@ -362,7 +396,14 @@ class PrefixCache:
                     digest=digest[:16],
                 )
             )
-            nbytes += self._publish(self.path(digest), [memoryview(header), *segs])
+            blocks.append((i, digest, [memoryview(header), *segs]))
+        written = nbytes = 0
+        if self._mount is not None:
+            self._mount.client()  # connected: whether this mount takes client puts is known now
+            if self._mount.puts:
+                blocks, written, nbytes = self._mount.put(blocks, digests)
+        for _, digest, segments in blocks:  # the file path, or what the client could not put
+            nbytes += self._publish(self.path(digest), segments)
             written += 1
         return StoreResult(
             written=written,
@@ -428,6 +469,33 @@ class PrefixCache:
         # [layer, K/V, token, head, dim]: a block fills one contiguous [T, H, D] run per
         # layer and K/V, and the cache's [1, H, tokens, D] tensors are views of it.
         buf = self._buffer((L, 2, len(digests) * T, H, D))
+        if self._mount is not None:
+            loaded, nread, stop, detail = self._load_via_client(self._mount, digests, buf)
+        else:
+            loaded, nread, stop, detail = self._load_via_files(digests, buf)
+        ntok = min(loaded * T, limit)
+        if ntok:
+            if device is not None and torch.device(device) != buf.device:
+                buf = buf[:, :, :ntok].to(device)
+            for l, layer in enumerate(cache.layers):
+                k = buf[l, 0, :ntok].permute(1, 0, 2).unsqueeze(0)
+                v = buf[l, 1, :ntok].permute(1, 0, 2).unsqueeze(0)
+                layer.lazy_initialization(k, v)
+                layer.keys, layer.values = k, v
+        return PrefixHit(
+            cache=cache,
+            tokens=ntok,
+            blocks=loaded,
+            wanted=len(digests),
+            stop=stop,
+            detail=detail,
+            bytes_read=nread,
+            seconds=time.perf_counter() - t0,
+        )
+
+    def _load_via_files(self, digests: list[bytes], buf: torch.Tensor) -> tuple[int, int, StopReason, str]:
+        """Read the blocks' files into *buf* in order, stopping at the first bad one:
+        ``(blocks accepted, bytes read, why it stopped, detail)``."""
         loaded = nread = 0
         stop, detail = StopReason.COMPLETE, ""
         # Blocks are read ahead by up to io_threads workers and accepted strictly in order;
@@ -457,17 +525,13 @@ class PrefixCache:
                         raise res
                     got = res.result() if isinstance(res, Future) else res
                 except FileNotFoundError:
-                    stop, detail = StopReason.MISSING, f"{path}: no such block"
+                    stop, detail = self._stop(StopReason.MISSING, path, "no such block")
                     break
                 except BlockCorrupt as exc:
-                    stop, detail = StopReason.CORRUPT, f"{path}: {exc}"
-                    log.warning("prefix cache: invalid block, prefix stops here: %s", detail)
-                    if self.drop_invalid:
-                        self._drop(path)
+                    stop, detail = self._stop(StopReason.CORRUPT, path, exc)
                     break
                 except OSError as exc:
-                    stop, detail = StopReason.UNREADABLE, f"{path}: {exc}"
-                    log.warning("prefix cache: unreadable block, prefix stops here: %s", detail)
+                    stop, detail = self._stop(StopReason.UNREADABLE, path, exc)
                     break
                 loaded += 1
                 nread += got
@@ -476,25 +540,65 @@ class PrefixCache:
             for f in futures:
                 f.cancel()
             wait(futures)
-        ntok = min(loaded * T, limit)
-        if ntok:
-            if device is not None and torch.device(device) != buf.device:
-                buf = buf[:, :, :ntok].to(device)
-            for l, layer in enumerate(cache.layers):
-                k = buf[l, 0, :ntok].permute(1, 0, 2).unsqueeze(0)
-                v = buf[l, 1, :ntok].permute(1, 0, 2).unsqueeze(0)
-                layer.lazy_initialization(k, v)
-                layer.keys, layer.values = k, v
-        return PrefixHit(
-            cache=cache,
-            tokens=ntok,
-            blocks=loaded,
-            wanted=len(digests),
-            stop=stop,
-            detail=detail,
-            bytes_read=nread,
-            seconds=time.perf_counter() - t0,
-        )
+        return loaded, nread, stop, detail
+
+    def _stop(self, why: StopReason, path: str, what: object) -> tuple[StopReason, str]:
+        """Where a load stops at the block *path*: logged; an invalid block is removed so
+        that the next store writes a good one."""
+        detail = f"{path}: {what}"
+        if why is StopReason.CORRUPT:
+            log.warning("prefix cache: invalid block, prefix stops here: %s", detail)
+            if self.drop_invalid:
+                self._drop(path)
+        elif why is StopReason.UNREADABLE:
+            log.warning("prefix cache: unreadable block, prefix stops here: %s", detail)
+        return why, detail
+
+    def _load_via_client(
+        self, mount: MountBlocks, digests: list[bytes], buf: torch.Tensor
+    ) -> tuple[int, int, StopReason, str]:
+        """Read the blocks with the batch client (one lease round trip; bytes from the
+        DRAM arena or read straight from a disk tier's files), checking each as the
+        file path does."""
+        L = buf.shape[0]
+        T = self.namespace.tokens_per_block
+        size = HEADER_LENGTH + self._payload
+        headers = [bytearray(HEADER_LENGTH) for _ in digests]
+        segs = [
+            [memoryview(h), *(_bytes_view(buf[l, kv, i * T : (i + 1) * T]) for l in range(L) for kv in (0, 1))]
+            for i, h in enumerate(headers)
+        ]
+        checks: list[BlockCorrupt | None] = [None] * len(digests)
+
+        def check(i: int, r: Read) -> None:
+            # kvfs's checksum (verified on block files) says the bytes are the ones sealed
+            # under this name; only the payload's own checksum says they are the KV its
+            # header describes (a program may have rewritten the file). Checked by the
+            # copying thread, beside the next copies.
+            try:
+                self._validate(headers[i], segs[i][1:], r.size, size, digests[i])
+            except BlockCorrupt as exc:
+                checks[i] = exc
+
+        try:
+            got = mount.read(digests, segs, check)
+        except KvfsError as exc:  # the daemon is gone: as a file read of a dead mount, unreadable
+            return (0, 0, *self._stop(StopReason.UNREADABLE, self.path(digests[0]), exc))
+        loaded = nread = 0
+        for i, (d, res) in enumerate(zip(digests, got, strict=True)):
+            path = self.path(d)
+            if isinstance(res, BlockNotFound):
+                return (loaded, nread, *self._stop(StopReason.MISSING, path, "no such block"))
+            if isinstance(res, (BlockCorrupt, BufferTooSmall)):
+                return (loaded, nread, *self._stop(StopReason.CORRUPT, path, res))
+            if isinstance(res, KvfsError):
+                return (loaded, nread, *self._stop(StopReason.UNREADABLE, path, res))
+            bad = checks[i]
+            if bad is not None:
+                return (loaded, nread, *self._stop(StopReason.CORRUPT, path, bad))
+            loaded += 1
+            nread += res.size
+        return loaded, nread, StopReason.COMPLETE, ""
 
     def _buffer(self, shape: tuple[int, ...]) -> torch.Tensor:
         """An uninitialized host tensor of *shape*, reusing the pooled buffer when free.
@@ -532,11 +636,14 @@ class PrefixCache:
             return self._io_pool
 
     def close(self) -> None:
-        """Stop the read threads (a later load starts them again)."""
+        """Stop the read threads and end the batch client's session if it opened one
+        (a later call starts them again)."""
         with self._pool_lock:
             pool, self._io_pool = self._io_pool, None
         if pool is not None:
             pool.shutdown(wait=True)
+        if self._mount is not None:
+            self._mount.close()
 
     @staticmethod
     def _read_block(path: str, header: bytearray, segs: list[memoryview], size: int) -> int:
@@ -550,6 +657,8 @@ class PrefixCache:
             os.close(fd)
 
     def _validate(self, header: bytearray, segs: list[memoryview], got: int, size: int, digest: bytes) -> None:
+        """Raise :class:`BlockCorrupt` unless the block read is whole, of this namespace's
+        layout, under its own name, and its payload matches the header's checksum."""
         if got != size:
             raise BlockCorrupt(f"short read: {got} of {size} bytes")
         h = decode_header(header)

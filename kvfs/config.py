@@ -52,6 +52,7 @@ from .policies import DEFAULT_POLICY, POLICIES, PolicyContext
 from .units import parse_duration, parse_size
 
 __all__ = [
+    "ClientConfig",
     "Config",
     "DiskConfig",
     "DramConfig",
@@ -235,11 +236,28 @@ class NamespaceConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ClientConfig:
+    """The batch client's socket (docs/client.md). The daemon always serves its owner on
+    the mount's control socket (owner-only). ``socket`` adds a socket for clients of other
+    users, given to ``group`` (a group name or number; mode 0660); they may read and, with
+    ``group_writes``, put, but not run operator commands. ``lease_ttl``: a lease's default
+    lifetime (seconds, at most 600); ``max_reserved``: bytes of the arena one session may
+    hold reserved for puts at once (default: half the DRAM tier)."""
+
+    socket: Path | None = None
+    group: str | None = None
+    group_writes: bool = False
+    lease_ttl: float = 60.0
+    max_reserved: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class Config:
     tiers: tuple[TierConfig, ...]
     policy: PolicyConfig = PolicyConfig()
     mount: MountConfig = MountConfig()
     namespaces: tuple[NamespaceConfig, ...] = ()
+    client: ClientConfig = ClientConfig()
 
     def tier(self, name: str) -> TierConfig:
         for t in self.tiers:
@@ -273,23 +291,23 @@ def _convert(where: str, f: dataclasses.Field[Any], value: Any) -> Any:
             if n < _MIN_WRITE_BUFFER:
                 raise ValueError(f'must be at least {_MIN_WRITE_BUFFER >> 20}MiB (or "auto")')
             return n
-        if name in ("timeout", "negative_ttl", "listing_ttl", "hint_ttl"):
+        if name in ("timeout", "negative_ttl", "listing_ttl", "hint_ttl", "lease_ttl"):
             return parse_duration(value)
         if name == "admit_threshold":
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1:
                 raise ValueError("expected a share from 0 (admit every block) up to, not including, 1")
             return float(value)
-        if name == "multipart_threshold":
+        if name in ("multipart_threshold", "max_reserved"):
             return parse_size(value)
         if name == "write":
             return WriteMode(value)
         if name == "promote":
             return PromoteMode(value)
-        if name == "path":
+        if name in ("path", "socket"):
             if not isinstance(value, str) or not value:
                 raise ValueError("expected a non-empty path string")
             return Path(os.path.abspath(os.path.expanduser(value)))  # the daemon runs in /
-        if name in ("mlock", "prefault", "allow_other", "direct_io", "fsync"):
+        if name in ("mlock", "prefault", "allow_other", "direct_io", "fsync", "group_writes"):
             if not isinstance(value, bool):
                 raise ValueError("expected true or false")
             return value
@@ -297,7 +315,7 @@ def _convert(where: str, f: dataclasses.Field[Any], value: Any) -> Any:
             if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "metrics_port" else 1):
                 raise ValueError("expected a positive whole number")
             return value
-        if name in ("name", "bucket", "prefix", "endpoint_url", "region", "eviction"):
+        if name in ("name", "bucket", "prefix", "endpoint_url", "region", "eviction", "group"):
             if not isinstance(value, str):
                 raise ValueError("expected a string")
             return value
@@ -337,9 +355,11 @@ def _build(cls: type, where: str, table: Any, skip: tuple[str, ...] = ()) -> Any
 
 def parse_config(data: dict[str, Any]) -> Config:
     """Build a :class:`Config` from a parsed TOML document; raises :class:`ConfigError`."""
-    unknown = sorted(set(data) - {"tiers", "policy", "mount", "namespaces"})
+    unknown = sorted(set(data) - {"tiers", "policy", "mount", "client", "namespaces"})
     if unknown:
-        raise ConfigError(unknown[0], "unknown top-level key; expected [[tiers]], [policy], [mount] and [[namespaces]]")
+        raise ConfigError(
+            unknown[0], "unknown top-level key; expected [[tiers]], [policy], [mount], [client] and [[namespaces]]"
+        )
     raw_tiers = data.get("tiers")
     if not raw_tiers:
         raise ConfigError("tiers", "at least one [[tiers]] entry is required")
@@ -384,8 +404,13 @@ def parse_config(data: dict[str, Any]) -> Config:
     mount = _build(MountConfig, "mount", data.get("mount", {}))
     if mount.metrics_port is not None and not 0 <= mount.metrics_port <= 65535:
         raise ConfigError("mount.metrics_port", "must be a TCP port number (0-65535)")
+    client = _build(ClientConfig, "client", data.get("client", {}))
+    if client.group is not None and client.socket is None:
+        raise ConfigError("client.group", "a group needs client.socket: the path of the socket to give it")
+    if not 0 < client.lease_ttl <= 600:
+        raise ConfigError("client.lease_ttl", "must be more than 0 and at most 600 seconds")
     namespaces = _parse_namespaces(data.get("namespaces", []), [t.name for t in tiers])
-    return Config(tiers=tuple(tiers), policy=policy, mount=mount, namespaces=namespaces)
+    return Config(tiers=tuple(tiers), policy=policy, mount=mount, client=client, namespaces=namespaces)
 
 
 _NAMESPACE_KEYS = ("path", "quota", "owner", "group", "mode", "retention", "retired", "model")

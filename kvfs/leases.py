@@ -105,10 +105,12 @@ class Leases:
                 if not local:
                     raise KvfsError(f"{name!r} has no local copy to lease (only shared tiers hold it)")
                 slot = p.slots[(local & -local).bit_length() - 1]
+            expires = self.deadline(ttl)
             ref = None
             if not slot.persistent:
                 ref = slot.tier.open(name)  # holds the extent
-            else:
+            location = slot.tier.locate(name, rec.size)  # from the record: no I/O under the lock
+            if slot.persistent:
                 slot.hold(name)
             lease = Lease(
                 id=next(self._ids),
@@ -116,8 +118,8 @@ class Leases:
                 tier=slot.name,
                 size=rec.size,
                 checksum=rec.checksum,
-                location=slot.tier.locate(name),
-                expires=self.deadline(ttl),
+                location=location,
+                expires=expires,
                 slot=slot,
                 ref=ref,
             )
@@ -133,6 +135,35 @@ class Leases:
             return False
         self._end(held)
         return True
+
+    def get(self, lease_id: int) -> Lease | None:
+        """The lease with *lease_id* if it is still held."""
+        with self._lock:
+            return self._leases.get(lease_id)
+
+    def renew(self, lease_id: int, ttl: float) -> float | None:
+        """Move a held lease's deadline to *ttl* seconds from now (at most :data:`MAX_TTL`);
+        returns the new deadline, or None if it had already ended."""
+        expires = self.deadline(ttl)
+        with self._lock:
+            lease = self._leases.get(lease_id)
+            if lease is None:
+                return None
+            lease.expires = expires
+            return expires
+
+    def release_many(self, ids: list[int]) -> int:
+        """End the leases with these ids; returns how many were still held. Inside
+        ``Store.nowait`` it raises :class:`~kvfs.errors.StoreBusy` first, ending none, when
+        ending one would delete a file (a delete that waited for the lease)."""
+        p = self.placement
+        if p.waiting_forbidden:
+            with p.locked(), self._lock:
+                for i in ids:
+                    lease = self._leases.get(i)
+                    if lease is not None and lease.ref is None and lease.name in lease.slot.doomed:
+                        p.require_io(lease.slot.index, "deleting a file a lease held")
+        return sum(self.release(i) for i in ids)
 
     def _end(self, lease: Lease) -> None:
         if lease.ref is not None:

@@ -31,6 +31,16 @@ def normalize(path: str) -> BlockName:
     Raises :class:`InvalidName` for ``.``/``..`` components, NUL bytes, components longer
     than 255 bytes or paths longer than 3800 bytes.
     """
+    if (
+        len(path) <= _MAX_COMPONENT
+        and path.isascii()
+        and path[:1] not in ("/", ".", "")
+        and path[-1:] != "/"
+        and "//" not in path
+        and "/." not in path
+        and "\0" not in path
+    ):
+        return BlockName(path)  # already normalized (the common case: names a program computed)
     if "\0" in path:
         raise InvalidName(f"{path!r}: names cannot contain NUL bytes")
     parts = [p for p in path.split("/") if p]

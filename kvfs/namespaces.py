@@ -82,12 +82,28 @@ class NamespaceState:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class NamespaceTierUse:
+    """A namespace in one tier: bytes *used* against its *quota* (None: none there), the
+    *blocks* it holds there and the *evictions* its quota caused. Unpacks as a tuple in
+    that order."""
+
+    name: str
+    used: int
+    quota: int | None
+    blocks: int
+    evictions: int
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter((self.name, self.used, self.quota, self.blocks, self.evictions))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class NamespaceStatistics:
-    """A snapshot of one namespace: per tier ``(name, used, quota or None, copies,
-    quota evictions)``, its blocks and payload bytes, and its rules."""
+    """A snapshot of one namespace: its use per tier (:class:`NamespaceTierUse`), its
+    blocks and payload bytes, and its rules."""
 
     path: str
-    tiers: tuple[tuple[str, int, int | None, int, int], ...]
+    tiers: tuple[NamespaceTierUse, ...]
     blocks: int
     size: int
     refused: int

@@ -509,6 +509,11 @@ class Placement:
                 return False
         elif not self._put_persistent(slot, rec, data, fp, ns, new=new, lossless=lossless):
             return False
+        self._added(slot, rec, kind, detail)
+        return True
+
+    def _added(self, slot: TierSlot, rec: BlockRecord, kind: EventKind, detail: str = "") -> None:
+        """Record *slot*'s new copy of *rec*: the catalog, the counters, the event."""
         self.add_copy(slot, rec)
         if slot.shared:
             rec.checked = self.clock()  # just written there: no need to ask again soon
@@ -521,7 +526,49 @@ class Placement:
         elif kind is EventKind.DEMOTED:
             c.demotions += 1
         self.emit(kind, rec, slot, detail)
-        return True
+
+    # -- extents a client writes (kvfs.ingest) ------------------------------------------
+
+    def reserve_extent(self, slot: TierSlot, name: str, size: int) -> int | None:
+        """Room for a block of *size* bytes that a client writes itself into *slot* (a
+        reservable volatile tier): evict by policy until it fits (within its namespace's
+        quota there, as any placement), then take a free extent no reader sees. Its
+        footprint counts in ``slot.reserved`` (and the namespace's) until
+        :meth:`commit_extent` or :meth:`abort_extent`. Returns the extent's offset, or
+        None when it cannot fit (full of pinned or busy blocks). Under the lock, which
+        demotions let go of."""
+        fp = slot.footprint(name, size)
+        ns = self.namespaces.of(name) if self.namespaces else None
+        for _ in range(_TIER_FULL_RETRIES):
+            if not slot.usable() or not self.make_room(slot, fp, ns=ns):
+                return None
+            try:
+                offset = slot.tier.reserve(size)
+            except TierFull:  # fragmented: evict more
+                if not self._evict_one(slot, False):
+                    return None
+                continue
+            self._hold_reserved(slot, name, fp, +1)
+            return offset
+        return None
+
+    def _hold_reserved(self, slot: TierSlot, name: str, fp: int, sign: int) -> None:
+        slot.reserved += sign * fp
+        ns = self.namespaces.of(name) if self.namespaces else None
+        if ns is not None:
+            ns.reserved[slot.index] += sign * fp
+
+    def commit_extent(self, slot: TierSlot, rec: BlockRecord, offset: int) -> None:
+        """Publish the extent reserved at *offset* as the new block *rec*'s copy in *slot*
+        (under the lock; the caller verified the bytes against ``rec.checksum``)."""
+        self._hold_reserved(slot, rec.name, slot.footprint(rec.name, rec.size), -1)
+        slot.tier.commit(rec.name, offset, rec.size, rec.checksum)
+        self._added(slot, rec, EventKind.STORED, "written by a client")
+
+    def abort_extent(self, slot: TierSlot, name: str, size: int, offset: int) -> None:
+        """Give back an extent reserved at *offset* that will not be published (under the lock)."""
+        self._hold_reserved(slot, name, slot.footprint(name, size), -1)
+        slot.tier.abort(offset, size)
 
     def _put_volatile(self, slot: TierSlot, rec: BlockRecord, data: Any, lossless: bool) -> bool:
         for _ in range(_TIER_FULL_RETRIES):

@@ -54,6 +54,10 @@ class StoreStatistics:
     misses: int
     pending_writes: int
     tiers: tuple[TierStatistics, ...]
+    leases: int = 0
+    """Copies held for readers outside the store (batch clients, the GPU agent)."""
+    reserved: int = 0
+    """Extents reserved for blocks clients are writing (two-phase puts)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -62,4 +66,6 @@ class StoreStatistics:
             "misses": self.misses,
             "pending_writes": self.pending_writes,
             "tiers": [t.to_json() for t in self.tiers],
+            "leases": self.leases,
+            "reserved": self.reserved,
         }

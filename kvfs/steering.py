@@ -19,6 +19,8 @@ from .events import EventKind
 from .names import normalize
 
 if TYPE_CHECKING:
+    from .catalog import BlockRecord
+    from .slot import TierSlot
     from .store import Store
 
 __all__ = ["LastCopy", "OperatorCommands", "Usage"]
@@ -167,22 +169,11 @@ class OperatorCommands:
         out: dict[str, str | None] = {}
         for i in order:
             slot = self.slots[i]
-            why: str | None = None
             try:
-                ref = slot.tier.open(rec.name)
-            except BlockNotFound:
-                why = "the copy is missing"
-            except BlockCorrupt as exc:
-                why = str(exc) or "the copy is corrupt"
+                why = self._check(slot, rec)
             except TierUnavailable as exc:
                 out[slot.name] = f"tier unavailable: {exc}"
                 continue
-            else:
-                with ref:
-                    if len(ref.data) != rec.size:
-                        why = f"the copy has {len(ref.data)} bytes, the block {rec.size}"
-                    elif compute_checksum(ref.data) != rec.checksum:
-                        why = "the copy does not match the block's checksum"
             with p.locked():
                 if not p.is_current(rec) or not rec.tiers & slot.bit or slot.is_busy(rec.name):
                     continue  # moved or replaced meanwhile: not this copy's fault
@@ -193,3 +184,41 @@ class OperatorCommands:
             with p.locked():
                 p.lose_if_empty(rec, "no good copy left")
         return out
+
+    def check_copy(self, name: str, tier: str) -> str | None:
+        """Re-check the copy of *name* in *tier* that a reader outside the store found bad
+        (a leased disk file that failed its checksum in the batch client): why it is bad,
+        dropped, counted and announced like a bad copy found by a read (a file still
+        leased by others is deleted when they release it); None when it checked good, or
+        is no longer the block's copy. Raises :class:`BlockNotFound` if absent."""
+        name = normalize(name)
+        p = self.placement
+        slot = self.slots[self.store.tier_index(tier)]
+        with p.locked():
+            rec = self.catalog.require(name)
+            if not rec.tiers & slot.bit:
+                return None
+        why = self._check(slot, rec)
+        with p.locked():
+            if why is None or not p.is_current(rec) or not rec.tiers & slot.bit or rec.moving & slot.bit:
+                return None
+            p.corrupt(slot, rec, why)
+            p.lose_if_empty(rec, "no good copy left")
+        return why
+
+    @staticmethod
+    def _check(slot: TierSlot, rec: BlockRecord) -> str | None:
+        """Read the copy of *rec* in *slot* (outside the lock): why it is bad, or None.
+        :class:`TierUnavailable` passes through."""
+        try:
+            ref = slot.tier.open(rec.name)
+        except BlockNotFound:
+            return "the copy is missing"
+        except BlockCorrupt as exc:
+            return str(exc) or "the copy is corrupt"
+        with ref:
+            if len(ref.data) != rec.size:
+                return f"the copy has {len(ref.data)} bytes, the block {rec.size}"
+            if compute_checksum(ref.data) != rec.checksum:
+                return "the copy does not match the block's checksum"
+        return None

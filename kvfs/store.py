@@ -43,6 +43,7 @@ from typing import Any, TypeVar
 
 from .access import Operation, Peer, check, may_map_arena
 from .backlog import WriteThroughQueue
+from .batch import BatchReads, Probe
 from .blockfile import checksum as compute_checksum
 from .catalog import BlockRecord, BlockStat, Catalog
 from .config import NamespaceConfig, PolicyConfig, PromoteMode, WriteMode
@@ -57,10 +58,18 @@ from .errors import (
     TierUnavailable,
 )
 from .events import EventKind, EventLog
+from .ingest import Ingest, Reservation
 from .leases import Lease, Leases
 from .lifetimes import Lifetimes, SweepReport
 from .names import normalize, parent_of, split
-from .namespaces import CrossNamespace, NamespaceRetired, Namespaces, NamespaceState, NamespaceStatistics
+from .namespaces import (
+    CrossNamespace,
+    NamespaceRetired,
+    Namespaces,
+    NamespaceState,
+    NamespaceStatistics,
+    NamespaceTierUse,
+)
 from .placement import Placement
 from .policies import EvictionPolicy, Hint, make_policy
 from .revalidation import SharedRecords
@@ -71,7 +80,7 @@ from .steering import LastCopy, OperatorCommands, Usage
 from .tier import BlockRef, Tier
 from .writeback import FlushReport, WriteBack
 
-__all__ = ["BlockStat", "FlushReport", "LastCopy", "Lease", "Store", "StoreBusy", "SweepReport", "Usage"]
+__all__ = ["BlockStat", "FlushReport", "LastCopy", "Lease", "Reservation", "Store", "StoreBusy", "SweepReport", "Usage"]
 
 log = logging.getLogger("kvfs.store")
 
@@ -148,6 +157,8 @@ class Store:
         self.operator = OperatorCommands(self)
         self.leases = Leases(self.placement, clock=lease_clock)
         self.lifetimes = Lifetimes(self)
+        self.ingest = Ingest(self, clock=lease_clock)
+        self.batch = BatchReads(self)
         self._through = [s for s in self.slots if s.index > 0 and s.tier.config.write is WriteMode.THROUGH]
         self._lookups = 0
         self._misses = 0
@@ -212,32 +223,21 @@ class Store:
         take it, :class:`IsADirectory` when *name* is a directory.
         """
         name = normalize(name)
+        self.check_writable(name)
         ns = self.namespaces.of(name)
-        if ns is not None and ns.retired:
-            raise NamespaceRetired(
-                f"{name!r}: namespace {ns.path!r} is retired (its model's KV is stale); write to its successor"
-            )
         mv = memoryview(data).cast("B")
         csum = compute_checksum(mv)
         now = self.clock()
         p = self.placement
         with p.locked():
-            if self.catalog.is_dir(name):
-                raise IsADirectory(f"{name!r} is a directory")
-            old = self.catalog.get(name)
-            if old is None:
-                self.catalog.ensure_dir(parent_of(name))
-            elif p.waiting_forbidden:  # dropping the old version's files needs I/O
-                for i in old.tier_indexes():
-                    if self.slots[i].persistent and not self.slots[i].shared:
-                        p.require_io(i, "replacing a block")
+            old = self.seal_begin(name)
             rec = BlockRecord(name, len(mv), csum, created=now, accessed=now, parent=parent)
             if old is not None:
                 for j in old.tier_indexes():
                     self.slots[j].policy.remove(name)
             placed = p.place(rec, mv)
-            old = self.catalog.get(name)  # again: the lock may have been let go meanwhile
             if placed is None:
+                old = self.catalog.get(name)  # again: the lock may have been let go meanwhile
                 if old is not None and not old.pinned:
                     for j in old.tier_indexes():
                         p.policy_insert(self.slots[j], old)
@@ -252,20 +252,68 @@ class Store:
                     f"no tier can take {name!r} ({len(mv)} bytes): every tier is full of pinned blocks "
                     "or too small; unpin blocks or add capacity"
                 )
-            if old is not None:
-                for j in list(old.tier_indexes()):
-                    slot = self.slots[j]
-                    if j == placed.index:
-                        p.forget_copy(slot, old, policy=False)  # overwritten in place by the new copy
-                    else:
-                        p.drop_copy(slot, old)
-                self.catalog.discard(old)
-            self.catalog.add(rec)
-            self.shared.forget_missing(name)
-            for slot in self._through:
-                if slot.index > placed.index:
-                    self.queue.copy(rec, slot.index)
-            return self._stat(rec)
+            return self.seal_end(rec, placed)
+
+    def check_writable(self, name: str) -> None:
+        """Raise :class:`NamespaceRetired` when *name* lies in a retired namespace (its
+        model's KV is stale): every way of writing a block asks this first."""
+        ns = self.namespaces.of(name)
+        if ns is not None and ns.retired:
+            raise NamespaceRetired(
+                f"{name!r}: namespace {ns.path!r} is retired (its model's KV is stale); write to its successor"
+            )
+
+    def seal_begin(self, name: str) -> BlockRecord | None:
+        """Under the lock, before a new version of *name* is placed: the current record
+        (None for a new name, whose directories are made). Raises :class:`IsADirectory`,
+        and :class:`StoreBusy` inside :meth:`nowait` when the old version's files must go."""
+        p = self.placement
+        if self.catalog.is_dir(name):
+            raise IsADirectory(f"{name!r} is a directory")
+        old = self.catalog.get(name)
+        if old is None:
+            self.catalog.ensure_dir(parent_of(name))
+        elif p.waiting_forbidden:  # dropping the old version's files needs I/O
+            for i in old.tier_indexes():
+                if self.slots[i].persistent and not self.slots[i].shared:
+                    p.require_io(i, "replacing a block")
+        return old
+
+    def seal_end(self, rec: BlockRecord, placed: TierSlot) -> BlockStat:
+        """Under the lock, once the new block *rec* has its first copy in *placed*: it
+        replaces the old version (whose other copies are dropped) and is queued for the
+        write-through tiers below."""
+        p = self.placement
+        name = rec.name
+        old = self.catalog.get(name)  # again: the lock may have been let go meanwhile
+        if old is not None:
+            for j in list(old.tier_indexes()):
+                slot = self.slots[j]
+                if j == placed.index:
+                    p.forget_copy(slot, old, policy=False)  # overwritten in place by the new copy
+                else:
+                    p.drop_copy(slot, old)
+            self.catalog.discard(old)
+        self.catalog.add(rec)
+        self.shared.forget_missing(name)
+        for slot in self._through:
+            if slot.index > placed.index:
+                self.queue.copy(rec, slot.index)
+        return self._stat(rec)
+
+    def reserve(self, name: str, size: int, *, parent: str | None = None, ttl: float = 30.0) -> Reservation:
+        """Reserve an extent of the DRAM arena for a block a client writes itself (see
+        :mod:`kvfs.ingest`); then :meth:`commit` or :meth:`abort` it."""
+        return self.ingest.reserve(name, size, parent=parent, ttl=ttl)
+
+    def commit(self, reservation: Reservation, checksum: int) -> BlockStat:
+        """Seal a reserved extent as its block once its bytes match *checksum* (else it is
+        aborted and :class:`BlockCorrupt` raised); see :meth:`Ingest.commit`."""
+        return self.ingest.commit(reservation, checksum)
+
+    def abort(self, reservation: Reservation) -> bool:
+        """Give a reserved extent back unpublished; False if it was no longer open."""
+        return self.ingest.abort(reservation)
 
     # -- reading -------------------------------------------------------------------------
 
@@ -368,14 +416,16 @@ class Store:
             c = slot.counters
             c.hits += 1
             c.bytes_read += rec.size
-            if i > 0 and count_hit and self._should_promote(rec):
+            if i > 0 and count_hit and self.should_promote(rec):
                 p.promote(rec, unpack(result)[0], i)
             return result
         return None
 
-    def _should_promote(self, rec: BlockRecord) -> bool:
+    def should_promote(self, rec: BlockRecord, *, extra_hit: bool = False) -> bool:
+        """Whether ``[policy] promote`` copies *rec* up on this read (*extra_hit*: the read
+        is not counted in ``rec.hits`` yet)."""
         mode = self.policy.promote
-        return mode is PromoteMode.ALWAYS or (mode is PromoteMode.SECOND_HIT and rec.hits >= 2)
+        return mode is PromoteMode.ALWAYS or (mode is PromoteMode.SECOND_HIT and rec.hits + extra_hit >= 2)
 
     def open_hot(self, name: str) -> BlockRef | None:
         """A view of the block if its hottest copy is in a volatile tier (DRAM) and the
@@ -396,18 +446,24 @@ class Store:
                 ref = slot.tier.open(name)
             except BlockNotFound:
                 return None
-            self._lookups += 1
-            rec.hits += 1
-            rec.accessed = self.clock()
-            slot.policy.touch(name)
-            c = slot.counters
-            c.hits += 1
-            c.bytes_read += rec.size
-            if self.shared and self.records.due(rec):
-                self.records.revalidate_later(rec)
+            self.count_read(rec, slot)
             return ref
         finally:
             p.lock.release()
+
+    def count_read(self, rec: BlockRecord, slot: TierSlot) -> None:
+        """Under the lock: a read of *rec* served from *slot* by someone outside the
+        store (a DRAM view, a leased copy): a hit for the record, the policy and the tier.
+        A revalidation that is due starts in the background."""
+        self._lookups += 1
+        rec.hits += 1
+        rec.accessed = self.clock()
+        slot.policy.touch(rec.name)
+        c = slot.counters
+        c.hits += 1
+        c.bytes_read += rec.size
+        if self.shared and self.records.due(rec):
+            self.records.revalidate_later(rec)
 
     # -- lookups ---------------------------------------------------------------------------
 
@@ -692,6 +748,10 @@ class Store:
         """Bytes and blocks per tier at or under *directory*."""
         return self.operator.usage(directory)
 
+    def check_copy(self, name: str, tier: str) -> str | None:
+        """Re-check one copy a reader found bad (see :meth:`OperatorCommands.check_copy`)."""
+        return self.operator.check_copy(name, tier)
+
     def verify(self, name: str, *, repair: bool = False) -> dict[str, str | None]:
         """Check every copy of *name* (see :meth:`OperatorCommands.verify`)."""
         return self.operator.verify(name, repair=repair)
@@ -755,12 +815,12 @@ class Store:
                     NamespaceStatistics(
                         path=ns.path,
                         tiers=tuple(
-                            (
-                                s.name,
-                                t.used[s.index] if t else 0,
-                                ns.quota[s.index],
-                                t.copies[s.index] if t else 0,
-                                ns.evictions[s.index],
+                            NamespaceTierUse(
+                                name=s.name,
+                                used=t.used[s.index] if t else 0,
+                                quota=ns.quota[s.index],
+                                blocks=t.copies[s.index] if t else 0,
+                                evictions=ns.evictions[s.index],
                             )
                             for s in self.slots
                         ),
@@ -806,6 +866,16 @@ class Store:
     def release(self, lease: Lease | int) -> bool:
         """End a lease (by object or id); False if it had already ended."""
         return self.leases.release(lease)
+
+    def probe(self, names: Sequence[str]) -> Probe:
+        """Which of *names* are present, under one lock (see :meth:`BatchReads.probe`)."""
+        return self.batch.probe(names)
+
+    def lease_many(
+        self, names: Sequence[str], *, ttl: float = 30.0, promote: str = "policy", count_hits: bool = True
+    ) -> list[Lease | KvfsError]:
+        """A lease per name, promoting first per *promote* (see :meth:`BatchReads.lease`)."""
+        return self.batch.lease(names, ttl=ttl, promote=promote, count_hits=count_hits)
 
     def expire_leases(self) -> int:
         """End every lease past its deadline; returns how many (the daemon calls this)."""
@@ -890,6 +960,8 @@ class Store:
                 misses=self._misses,
                 pending_writes=len(self.queue),
                 tiers=tiers,
+                leases=len(self.leases),
+                reserved=len(self.ingest),
             )
 
     def __len__(self) -> int:
@@ -903,6 +975,7 @@ class Store:
         """End every lease and close every tier. Call :meth:`flush` first to keep blocks
         that are only in DRAM. Threads stuck in a hung tier are left behind, never waited for."""
         self.leases.close()
+        self.ingest.close()
         self.shared.close()
         for slot in self.slots:
             slot.close()

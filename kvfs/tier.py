@@ -207,10 +207,39 @@ class Tier(abc.ABC):
         *cutoff*; True if it was removed."""
         raise NotImplementedError(f"{self.kind.value} tier {self.name!r} has no leftovers (shared tiers do)")
 
-    def locate(self, name: str) -> Location | None:
+    def locate(self, name: str, size: int | None = None) -> Location | None:
         """Where the copy's payload lies for a reader in another process (zero-copy
-        clients), or None when this tier has no such place (objects in S3)."""
+        clients), or None when this tier has no such place (objects in S3). *size*, the
+        block's payload length when the caller knows it, spares file tiers a header read."""
         return None
+
+    # Volatile shared-memory tiers (DRAM) also let a client write a block's bytes straight
+    # into a reserved extent (kvfs.ingest): ``reservable`` is True and they implement
+    # reserve / reserved_view / reserved_location / commit / abort, and share the file.
+    reservable: ClassVar[bool] = False
+
+    def reserve(self, size: int) -> int:
+        """A free extent of *size* bytes no reader sees; returns its offset."""
+        raise NotImplementedError(f"tier {self.name!r} does not take client-written extents")
+
+    def reserved_view(self, offset: int, size: int) -> memoryview:
+        raise NotImplementedError(f"tier {self.name!r} does not take client-written extents")
+
+    def reserved_location(self, offset: int, size: int) -> Location:
+        raise NotImplementedError(f"tier {self.name!r} does not take client-written extents")
+
+    def commit(self, name: str, offset: int, size: int, checksum: int) -> None:
+        """Publish the reserved extent at *offset* as block *name* (replacing atomically)."""
+        raise NotImplementedError(f"tier {self.name!r} does not take client-written extents")
+
+    def abort(self, offset: int, size: int) -> None:
+        """Return a reserved extent that will not be published."""
+        raise NotImplementedError(f"tier {self.name!r} does not take client-written extents")
+
+    def share(self, writable: bool) -> int:
+        """A new descriptor of the tier's memory file for a client to map: read-only
+        unless *writable* (the caller passes it on and closes it)."""
+        raise NotImplementedError(f"tier {self.name!r} has no memory file to share")
 
     def close(self) -> None:
         """Release resources; the tier is unusable afterwards."""

@@ -1,66 +1,104 @@
-"""The daemon's control socket: JSON lines over a Unix socket, owner-only.
+"""The daemon's socket: the typed protocol (:mod:`kvfs.protocol`) over Unix sockets.
 
-A request is one JSON object per line, ``{"op": NAME, "args": {...}}``; the reply is one
-line, ``{"ok": true, "result": ...}`` or ``{"ok": false, "error": MESSAGE, "type":
-ERROR CLASS}``. Store calls run in worker threads, never on the FUSE loop.
+One :class:`Server` answers every request a peer makes, on the mount's owner-only control
+socket and, with ``[client] socket``, on a socket given to a group: the operator commands
+of the ``kvfs`` tools (:class:`ControlHandler`) and the batch client's ops
+(:class:`~kvfs.mount.clientserver.ClientOps`). Each connection is read frame by frame; a
+request is decoded (a bad frame gets an :class:`~kvfs.protocol.Error` naming what is
+wrong, and the connection keeps serving), authorized (:meth:`Server.authorize`, the one
+place: :class:`~kvfs.mount.session.AccessPolicy`), and handed to the op of its kind
+(``op_<kind>``); what the op returns is the reply. Store calls run in worker threads or,
+when they finish at memory speed, on the loop (``Store.nowait``); never blocking it.
 
-Streaming ops (methods marked ``streaming = True``: prefetch, evict, fsck, events) first
-send any number of item lines, objects without an ``"ok"`` key, then the usual final
-reply: ``{"progress": {"done": N, "total": M}}`` while working through many blocks,
-``{"event": {...}}`` for each block event. ``events`` never ends on its own: the client
-hangs up when it has seen enough.
-
-Ops are methods ``op_<name>`` of :class:`ControlHandler`; adding an op is adding a method.
-The ops, their arguments and results are listed in ``docs/tools.md``.
+Streaming ops (prefetch, evict, fsck, events) send items before their reply:
+:class:`~kvfs.protocol.Progress` while working through many blocks, one
+:class:`~kvfs.protocol.EventItem` per block event. ``events`` never ends on its own: the
+client hangs up when it has seen enough. The ops, their arguments and results are listed
+in ``docs/tools.md``; the client's in ``docs/client.md``.
 
 Events: the store queues them (``store.events``); :func:`serve` starts
 :meth:`ControlHandler.pump_events`, the one task that drains that queue, and hands every
-event to every subscriber of :attr:`ControlHandler.hub` (``kvfs events`` clients, and any
-other consumer in the daemon that calls ``hub.subscribe()``), each in order.
+event to every subscriber of :attr:`ControlHandler.hub` (``kvfs events`` clients, batch
+clients' event subscriptions, and any other consumer in the daemon that calls
+``hub.subscribe()``), each in order.
 """
 
 from __future__ import annotations
 
-import json
+import grp
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import trio
 
+from kvfs.config import ClientConfig
 from kvfs.errors import BlockNotFound, KvfsError
 from kvfs.events import Event
 from kvfs.names import normalize
+from kvfs.protocol import (
+    ControlError,
+    CopyProblem,
+    Df,
+    DfResult,
+    Du,
+    DuResult,
+    DuTotal,
+    EventItem,
+    Events,
+    Evict,
+    EvictResult,
+    Failure,
+    Fsck,
+    FsckResult,
+    InternalError,
+    Ls,
+    LsEntry,
+    LsResult,
+    Message,
+    OpCount,
+    Pin,
+    Ping,
+    PinResult,
+    Pong,
+    Prefetch,
+    PrefetchResult,
+    Progress,
+    ProtocolError,
+    QuotaResult,
+    QuotaSet,
+    QuotaShow,
+    Request,
+    Shutdown,
+    ShuttingDown,
+    Stat,
+    Statistics,
+    StatisticsResult,
+    StatResult,
+    Subscribed,
+    SubscriberTooSlow,
+    TierUse,
+    Top,
+    TopResult,
+    decode,
+    error_type,
+)
 from kvfs.store import LastCopy, Store
 
-__all__ = ["ControlError", "ControlHandler", "EventHub", "SubscriberTooSlow", "serve"]
+from .clientserver import ClientOps, MountSide
+from .session import AccessPolicy, Connection, Peer, Session, is_request
+
+__all__ = ["ControlError", "ControlHandler", "EventHub", "Server", "SubscriberTooSlow", "serve"]
 
 log = logging.getLogger("kvfs.mount.control")
 
 _BATCH = 64  # blocks handled per worker-thread call in multi-block ops
-_PROGRESS_EVERY = 0.1  # seconds between progress lines
+_PROGRESS_EVERY = 0.1  # seconds between progress items
 _EVENT_POLL = 0.02  # seconds between drains of the store's event queue
-
-
-class ControlError(KvfsError):
-    """Raised by an op for a request that cannot be served as asked (an unknown tier)."""
-
-
-class SubscriberTooSlow(KvfsError):
-    """Raised to an ``events`` subscriber whose backlog passed the hub's buffer: it was
-    cut off rather than let one slow reader hold events back from the others."""
-
-
-def _streaming(fn):
-    fn.streaming = True
-    return fn
-
-
-async def _send(stream: trio.SocketStream, obj: dict) -> None:
-    await stream.send_all(json.dumps(obj).encode() + b"\n")
 
 
 class EventHub:
@@ -74,7 +112,7 @@ class EventHub:
 
     def __init__(self, buffer: int = 10_000) -> None:
         self.buffer = buffer
-        self._subs: dict[trio.MemorySendChannel, bool] = {}  # channel -> cut off
+        self._subs: dict[trio.MemorySendChannel[Event], bool] = {}  # channel -> cut off
 
     @property
     def subscribers(self) -> int:
@@ -82,7 +120,7 @@ class EventHub:
         return sum(1 for cut in self._subs.values() if not cut)
 
     @contextmanager
-    def subscribe(self) -> Iterator[trio.MemoryReceiveChannel]:
+    def subscribe(self) -> Iterator[trio.MemoryReceiveChannel[Event]]:
         """A channel receiving every event published while the ``with`` block is open."""
         send, receive = trio.open_memory_channel[Event](self.buffer)
         self._subs[send] = False
@@ -110,10 +148,10 @@ class EventHub:
 
 
 class _Progress:
-    """Sends ``{"progress": {"done", "total"}}`` lines, at most every 0.1 s, and the last."""
+    """Sends :class:`Progress` items, at most every 0.1 s, and the last."""
 
-    def __init__(self, stream: trio.SocketStream, total: int) -> None:
-        self.stream = stream
+    def __init__(self, conn: Connection, total: int) -> None:
+        self.conn = conn
         self.total = total
         self._last = 0.0
 
@@ -121,18 +159,20 @@ class _Progress:
         now = time.monotonic()
         if done == self.total or now - self._last >= _PROGRESS_EVERY:
             self._last = now
-            await _send(self.stream, {"progress": {"done": done, "total": self.total}})
+            await self.conn.send(Progress(done=done, total=self.total))
 
 
 class ControlHandler:
-    """Maps control ops onto the store. *mountpoint* is reported by ``ping``; *opstats*
-    (a :class:`~kvfs.mount.opstats.OpStats`, optional) adds FUSE op counts to ``top``."""
+    """The operator commands on the store. *mountpoint* is reported by ``ping``;
+    *opstats* (a :class:`~kvfs.mount.opstats.OpStats`, optional) adds FUSE op counts to
+    ``top``. ``request_shutdown`` is set by the daemon that serves it."""
 
-    def __init__(self, store: Store, mountpoint: str, opstats=None) -> None:
+    def __init__(self, store: Store, mountpoint: str, opstats: Any = None) -> None:
         self.store = store
         self.mountpoint = mountpoint
         self.opstats = opstats
         self.hub = EventHub()
+        self.request_shutdown: Callable[[], None] | None = None
 
     # -- helpers -------------------------------------------------------------------
 
@@ -160,13 +200,13 @@ class ControlHandler:
         return names
 
     async def _each(
-        self, stream: trio.SocketStream, names: list[str], fn: Callable[[str], object]
-    ) -> list[tuple[str, object, KvfsError | None]]:
+        self, conn: Connection, names: list[str], fn: Callable[[str], Any]
+    ) -> list[tuple[str, Any, KvfsError | None]]:
         """Run *fn* on every name in worker threads, in batches, streaming progress.
         Returns ``(name, result, error)`` per name; a :class:`KvfsError` is kept, not raised."""
 
-        def batch(chunk: list[str]) -> list[tuple[str, object, KvfsError | None]]:
-            out = []
+        def batch(chunk: list[str]) -> list[tuple[str, Any, KvfsError | None]]:
+            out: list[tuple[str, Any, KvfsError | None]] = []
             for n in chunk:
                 try:
                     out.append((n, fn(n), None))
@@ -174,8 +214,8 @@ class ControlHandler:
                     out.append((n, None, exc))
             return out
 
-        progress = _Progress(stream, len(names))
-        results: list[tuple[str, object, KvfsError | None]] = []
+        progress = _Progress(conn, len(names))
+        results: list[tuple[str, Any, KvfsError | None]] = []
         await progress.update(0)
         for i in range(0, len(names), _BATCH):
             results += await trio.to_thread.run_sync(batch, names[i : i + _BATCH])
@@ -183,207 +223,195 @@ class ControlHandler:
         return results
 
     @staticmethod
-    def _failures(results) -> list[dict]:
-        return [{"name": n, "error": str(e), "type": type(e).__name__} for n, _, e in results if e is not None]
+    def _failures(results: list[tuple[str, Any, KvfsError | None]]) -> list[Failure]:
+        return [Failure(name=n, error=str(e), type=error_type(e)) for n, _, e in results if e is not None]
 
     # -- ops -----------------------------------------------------------------------
 
-    async def op_ping(self) -> dict:
-        return {"mountpoint": self.mountpoint, "pid": os.getpid()}
+    async def op_ping(self, conn: Connection, req: Ping) -> Pong:
+        return Pong(mountpoint=self.mountpoint, pid=os.getpid())
 
-    async def op_shutdown(self) -> dict:
+    async def op_shutdown(self, conn: Connection, req: Shutdown) -> ShuttingDown:
         """Flush every block that is only in DRAM down and unmount. Replies at once; the
         daemon exits when both are done (``kvfs umount`` waits for that)."""
-        request = getattr(self, "request_shutdown", None)  # set by the daemon that serves
-        if request is None:
+        if self.request_shutdown is None:
             raise KvfsError("this control server cannot shut its daemon down")
-        request()
-        return {"pid": os.getpid()}
+        self.request_shutdown()
+        return ShuttingDown(pid=os.getpid())
 
-    async def op_stat(self, name: str) -> dict:
-        st = await trio.to_thread.run_sync(self.store.stat, name)
-        return st.to_json()
+    async def op_stat(self, conn: Connection, req: Stat) -> StatResult:
+        return StatResult(block=await trio.to_thread.run_sync(self.store.stat, req.name))
 
-    async def op_statistics(self) -> dict:
-        return (await trio.to_thread.run_sync(self.store.statistics)).to_json()
+    async def op_statistics(self, conn: Connection, req: Statistics) -> StatisticsResult:
+        return StatisticsResult(statistics=await trio.to_thread.run_sync(self.store.statistics))
 
-    async def op_ls(self, name: str = "") -> dict:
-        """``{"path", "type": "dir"|"block", "entries": [...]}``: a directory's children
-        (directories as ``{"name", "type": "dir"}``, blocks with their stat fields and
-        ``"type": "block"``, ``name`` the basename), or the block itself."""
+    async def op_ls(self, conn: Connection, req: Ls) -> LsResult:
+        """A directory's children (directories, then blocks with their records, by
+        name), or the block itself."""
 
-        def ls() -> dict:
-            path = normalize(name)
+        def ls() -> LsResult:
+            path = normalize(req.name)
             if not self.store.is_dir(path):
                 st = self.store.stat(path)
-                return {"path": path, "type": "block", "entries": [{**st.to_json(), "type": "block"}]}
+                return LsResult(path=path, type="block", entries=[LsEntry(name=st.name, type="block", block=st)])
             entries = []
             for base, is_dir in sorted(self.store.listdir(path).items()):
                 if is_dir:
-                    entries.append({"name": base, "type": "dir"})
+                    entries.append(LsEntry(name=base, type="dir"))
                     continue
                 st = self.store.lookup(f"{path}/{base}" if path else base)
                 if st is not None:  # removed since the listing
-                    entries.append({**st.to_json(), "name": base, "type": "block"})
-            return {"path": path, "type": "dir", "entries": entries}
+                    entries.append(LsEntry(name=base, type="block", block=st))
+            return LsResult(path=path, type="dir", entries=entries)
 
         return await trio.to_thread.run_sync(ls)
 
-    async def op_du(self, name: str = "") -> dict:
-        """``{"path", "tiers": {tier: {"used", "blocks"}}, "total": {"used", "blocks",
-        "size"}, "quota": {tier: bytes or null} or null}``; ``used`` is bytes against the
-        tier's capacity, ``size`` payload bytes; ``quota`` when *name* is a namespace."""
-        path = normalize(name)
-        u = await trio.to_thread.run_sync(self.store.usage, name)
+    async def op_du(self, conn: Connection, req: Du) -> DuResult:
+        """``used`` is bytes against the tier's capacity, ``size`` payload bytes;
+        ``quota`` when the path is a namespace."""
+        path = normalize(req.name)
+        u = await trio.to_thread.run_sync(self.store.usage, req.name)
         ns = self.store.namespaces.get(path)
-        return {
-            "path": path,
-            "tiers": {t: {"used": used, "blocks": blocks} for t, used, blocks in u.tiers},
-            "total": {"used": sum(t[1] for t in u.tiers), "blocks": u.blocks, "size": u.size},
-            "quota": None if ns is None else dict(zip(self.store.namespaces.tier_names, ns.quota, strict=True)),
-        }
+        return DuResult(
+            path=path,
+            tiers={t: TierUse(used=used, blocks=blocks) for t, used, blocks in u.tiers},
+            total=DuTotal(used=sum(t[1] for t in u.tiers), blocks=u.blocks, size=u.size),
+            quota=None if ns is None else dict(zip(self.store.namespaces.tier_names, ns.quota, strict=True)),
+        )
 
-    async def op_df(self) -> dict:
+    async def op_df(self, conn: Connection, req: Df) -> DfResult:
         """The mount's tiers: statistics plus ``mountpoint`` (capacity, used, health) and
-        ``namespaces`` (each namespace's use against its quotas, as ``quota_show``)."""
-        st = (await trio.to_thread.run_sync(self.store.statistics)).to_json()
+        each namespace's use against its quotas."""
+        st = await trio.to_thread.run_sync(self.store.statistics)
         spaces = await trio.to_thread.run_sync(self.store.namespace_statistics)
-        return {"mountpoint": self.mountpoint, **st, "namespaces": [n.to_json() for n in spaces]}
+        return DfResult(mountpoint=self.mountpoint, statistics=st, namespaces=spaces)
 
-    async def op_quota_show(self, name: str | None = None) -> dict:
-        """``{"namespaces": [NamespaceStatistics.to_json()]}``: every namespace, or the one
-        at *name*, with use, quota, copies and quota evictions per tier."""
+    async def op_quota_show(self, conn: Connection, req: QuotaShow) -> QuotaResult:
+        """Every namespace, or the one at ``req.name``, with use, quota, copies and quota
+        evictions per tier."""
 
-        def show() -> dict:
+        def show() -> QuotaResult:
             try:
-                spaces = self.store.namespace_statistics(name)
+                return QuotaResult(namespaces=self.store.namespace_statistics(req.name))
             except KeyError as exc:
-                raise ControlError(f"{name or '/'}: not a namespace; kvfs quota set makes one") from exc
-            return {"namespaces": [n.to_json() for n in spaces]}
+                raise ControlError(f"{req.name or '/'}: not a namespace; kvfs quota set makes one") from exc
 
         return await trio.to_thread.run_sync(show)
 
-    async def op_quota_set(
-        self, name: str, quotas: dict[str, int | None] | None = None, retention: float | None = None
-    ) -> dict:
-        """Set namespace *name*'s *quotas* (tier -> bytes, null to drop one) and, when
-        given, its *retention* (seconds; 0 drops it). Lowering a quota evicts down to it
-        now. Returns the namespace as ``quota_show`` does."""
-        quotas = quotas or {}
-        for tier in quotas:
+    async def op_quota_set(self, conn: Connection, req: QuotaSet) -> QuotaResult:
+        """Set a namespace's quotas (tier -> bytes, None to drop one) and, when given, its
+        retention (seconds; 0 drops it). Lowering a quota evicts down to it now."""
+        for tier in req.quotas:
             self._check_tier(tier)
 
-        def apply() -> dict:
-            for tier, q in quotas.items():
-                self.store.set_quota(name, tier, q)
-            if retention is not None:
-                self.store.set_retention(name, retention or None)
-            return self.store.namespace_statistics(normalize(name))[0].to_json()
+        def apply() -> QuotaResult:
+            for tier, q in req.quotas.items():
+                self.store.set_quota(req.name, tier, q)
+            if req.retention is not None:
+                self.store.set_retention(req.name, req.retention or None)
+            return QuotaResult(namespaces=self.store.namespace_statistics(normalize(req.name)))
 
         try:
             return await trio.to_thread.run_sync(apply)
         except ValueError as exc:
             raise ControlError(str(exc)) from exc
 
-    async def op_top(self) -> dict:
+    async def op_top(self, conn: Connection, req: Top) -> TopResult:
         """A snapshot for ``kvfs top``: wall time, store statistics, events lost by the
         store's queue, subscribers, and FUSE op counts when the mount records them."""
         st = await trio.to_thread.run_sync(self.store.statistics)
         ops = []
         if self.opstats is not None:
             ops = [
-                {"op": s.op, "count": s.count, "errors": s.errors, "seconds": s.total_seconds}
+                OpCount(op=s.op, count=s.count, errors=s.errors, seconds=s.total_seconds)
                 for s in self.opstats.snapshot()
             ]
-        return {
-            "time": time.time(),
-            "mountpoint": self.mountpoint,
-            "statistics": st.to_json(),
-            "events_dropped": self.store.events.dropped,
-            "subscribers": self.hub.subscribers,
-            "ops": ops,
-        }
+        return TopResult(
+            time=time.time(),
+            mountpoint=self.mountpoint,
+            statistics=st,
+            events_dropped=self.store.events.dropped,
+            subscribers=self.hub.subscribers,
+            ops=ops,
+        )
 
-    async def op_pin(self, paths: list[str], pinned: bool = True, ttl: float | None = None) -> dict:
-        """Pin (or unpin) blocks; a directory means every block under it; *ttl*: a soft
-        pin that ends after *ttl* seconds. ``{"blocks": N, "changed": M}``."""
+    async def op_pin(self, conn: Connection, req: Pin) -> PinResult:
+        """Pin (or unpin) blocks; a directory means every block under it; ``req.ttl``: a soft
+        pin that ends by itself after that many seconds."""
 
-        def pin() -> dict:
-            names = self._expand(paths)
+        def pin() -> PinResult:
+            names = self._expand(req.paths)
             changed = 0
             for n in names:
                 try:
                     before = self.store.stat(n).pinned
-                    self.store.pin(n, pinned, ttl=ttl)
+                    self.store.pin(n, req.pinned, ttl=req.ttl)
                 except BlockNotFound:
                     continue  # removed since the expansion
-                changed += before != pinned
-            return {"blocks": len(names), "changed": changed}
+                changed += before != req.pinned
+            return PinResult(blocks=len(names), changed=changed)
 
         return await trio.to_thread.run_sync(pin)
 
-    @_streaming
-    async def op_prefetch(self, stream: trio.SocketStream, paths: list[str], tier: str | None = None) -> dict:
-        """Copy blocks into *tier* (the hottest by default). ``{"blocks", "fetched"
-        (copied now), "already" (were there), "failed": [{"name", "error", "type"}]}``."""
-        self._check_tier(tier)
-        target = tier or self.store.tiers[0].name
-        names = await trio.to_thread.run_sync(self._expand, paths)
+    async def op_prefetch(self, conn: Connection, req: Prefetch) -> PrefetchResult:
+        """Copy blocks into *tier* (the hottest by default)."""
+        self._check_tier(req.tier)
+        target = req.tier or self.store.tiers[0].name
+        names = await trio.to_thread.run_sync(self._expand, req.paths)
 
         def fetch(n: str) -> bool:
             before = self.store.stat(n)
-            self.store.prefetch(n, tier)
+            self.store.prefetch(n, req.tier)
             return target not in before.tiers
 
-        results = await self._each(stream, names, fetch)
-        return {
-            "blocks": len(names),
-            "tier": target,
-            "fetched": sum(1 for _, r, e in results if e is None and r),
-            "already": sum(1 for _, r, e in results if e is None and not r),
-            "failed": self._failures(results),
-        }
+        results = await self._each(conn, names, fetch)
+        return PrefetchResult(
+            blocks=len(names),
+            tier=target,
+            fetched=sum(1 for _, r, e in results if e is None and r),
+            already=sum(1 for _, r, e in results if e is None and not r),
+            failed=self._failures(results),
+        )
 
-    @_streaming
-    async def op_evict(
-        self, stream: trio.SocketStream, paths: list[str], tier: str | None = None, force: bool = False
-    ) -> dict:
+    async def op_evict(self, conn: Connection, req: Evict) -> EvictResult:
         """Drop copies from *tier* (default: every local tier), never a last copy unless
-        *force*. ``{"blocks", "evicted", "removed" (blocks gone entirely), "failed"}``."""
-        self._check_tier(tier)
-        names = await trio.to_thread.run_sync(self._expand, paths)
+        *force*."""
+        self._check_tier(req.tier)
+        names = await trio.to_thread.run_sync(self._expand, req.paths)
 
         def evict(n: str) -> tuple[bool, bool]:
             before = self.store.stat(n)
-            after = self.store.evict(n, tier, force=force)
+            after = self.store.evict(n, req.tier, force=req.force)
             return after is None, after is None or after.tiers != before.tiers
 
-        results = await self._each(stream, names, evict)
-        failed = self._failures(results)
-        for f in failed:
-            if f["type"] == LastCopy.__name__:
-                f["error"] = f["error"].replace("use --force", "use kvfs evict --force")
+        results = await self._each(conn, names, evict)
+        failed = [
+            Failure(name=f.name, error=f.error.replace("use --force", "use kvfs evict --force"), type=f.type)
+            if f.type == LastCopy.__name__
+            else f
+            for f in self._failures(results)
+        ]
         ok = [r for _, r, e in results if e is None]
-        return {
-            "blocks": len(names),
-            "evicted": sum(1 for gone, moved in ok if moved),
-            "removed": sum(1 for gone, _ in ok if gone),
-            "failed": failed,
-        }
+        return EvictResult(
+            blocks=len(names),
+            evicted=sum(1 for gone, moved in ok if moved),
+            removed=sum(1 for gone, _ in ok if gone),
+            failed=failed,
+        )
 
-    @_streaming
-    async def op_fsck(self, stream: trio.SocketStream, name: str = "", repair: bool = False) -> dict:
+    async def op_fsck(self, conn: Connection, req: Fsck) -> FsckResult:
         """Read every copy of every block (under *name*) on every tier and check its
-        checksum; with *repair* drop bad copies. ``{"blocks", "copies", "bad": [{"name",
-        "tier", "error"}], "unavailable": [...], "removed": [names left with no copy],
-        "repaired": bool}``."""
-        names = await trio.to_thread.run_sync(self._expand, [name])
+        checksum; with *repair* drop bad copies."""
+        names = await trio.to_thread.run_sync(self._expand, [req.name])
 
         def verify(n: str) -> dict[str, str | None]:
-            return self.store.verify(n, repair=repair)
+            return self.store.verify(n, repair=req.repair)
 
-        results = await self._each(stream, names, verify)
-        bad, unavailable, removed, copies = [], [], [], 0
+        results = await self._each(conn, names, verify)
+        bad: list[CopyProblem] = []
+        unavailable: list[CopyProblem] = []
+        removed: list[str] = []
+        copies = 0
         for n, checks, err in results:
             if err is not None:
                 continue  # removed since the expansion
@@ -391,44 +419,34 @@ class ControlHandler:
             for tier, why in checks.items():
                 if why is None:
                     continue
-                entry = {"name": n, "tier": tier, "error": why.removeprefix(f"{n}: ")}
+                entry = CopyProblem(name=n, tier=tier, error=why.removeprefix(f"{n}: "))
                 (unavailable if why.startswith("tier unavailable") else bad).append(entry)
-            if repair and checks and all(why for why in checks.values()) and not self.store.exists(n):
+            if req.repair and checks and all(why for why in checks.values()) and not self.store.exists(n):
                 removed.append(n)
-        return {
-            "blocks": len(names),
-            "copies": copies,
-            "bad": bad,
-            "unavailable": unavailable,
-            "removed": removed,
-            "repaired": repair,
-        }
+        return FsckResult(
+            blocks=len(names), copies=copies, bad=bad, unavailable=unavailable, removed=removed, repaired=req.repair
+        )
 
-    @_streaming
-    async def op_events(self, stream: trio.SocketStream) -> None:
-        """Stream ``{"event": Event.to_json()}`` lines for every block event from now on,
-        until the client hangs up (noticed at once, even with no events flowing). A client
-        that falls too far behind gets a :class:`SubscriberTooSlow` error."""
+    async def op_events(self, conn: Connection, req: Events) -> None:
+        """Stream an :class:`EventItem` for every block event from now on, until the
+        client hangs up (noticed at once, even with no events flowing). A client that
+        falls too far behind gets a :class:`SubscriberTooSlow` error."""
         hung_up = False
 
         async def until_hangup(cancel: trio.CancelScope) -> None:
             # The client sends nothing more; EOF means it is gone. Noticing that now,
             # not at the next event, keeps idle subscriptions from piling up.
             nonlocal hung_up
-            try:
-                while await stream.receive_some(4096):
-                    pass
-            except trio.BrokenResourceError:
-                pass
+            await conn.receive()
             hung_up = True
             cancel.cancel()
 
         with self.hub.subscribe() as events:
-            await _send(stream, {"subscribed": True})
+            await conn.send(Subscribed())
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(until_hangup, nursery.cancel_scope)
                 async for ev in events:
-                    await _send(stream, {"event": ev.to_json()})
+                    await conn.send(EventItem(event=ev))
                 nursery.cancel_scope.cancel()  # the hub cut us off: stop watching
         if hung_up:
             return
@@ -436,7 +454,7 @@ class ControlHandler:
             f"this subscriber fell more than {self.hub.buffer} events behind and was cut off; events were lost"
         )
 
-    async def pump_events(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def pump_events(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Drain the store's event queue forever and publish to :attr:`hub`. :func:`serve`
         runs it; only one task may drain a store's events."""
         task_status.started()
@@ -446,63 +464,98 @@ class ControlHandler:
                 self.hub.publish(events)
             await trio.sleep(_EVENT_POLL)
 
-    # -- dispatch ------------------------------------------------------------------
 
-    async def handle(self, request: dict, stream: trio.SocketStream) -> dict | None:
-        if not isinstance(request, dict):
-            return {"ok": False, "error": "a request is a JSON object", "type": "BadRequest"}
-        op = request.get("op")
-        fn = getattr(self, f"op_{op}", None) if isinstance(op, str) else None
-        if fn is None:
-            return {"ok": False, "error": f"unknown op {op!r}", "type": "UnknownOp"}
-        args = request.get("args") or {}
+_Op = Callable[[Connection, Any], Awaitable[Message | None]]
+
+
+class Server:
+    """Every request on the daemon's sockets: decode, authorize, dispatch (see the module
+    doc). *client* configures the batch client's side (group socket, leases, puts)."""
+
+    def __init__(
+        self,
+        store: Store,
+        mountpoint: str,
+        *,
+        opstats: Any = None,
+        client: ClientConfig = ClientConfig(),
+        access: AccessPolicy | None = None,
+        mount: MountSide | None = None,
+    ) -> None:
+        self.store = store
+        self.config = client
+        self.access = access or AccessPolicy(group_writes=client.group_writes)
+        self.control = ControlHandler(store, mountpoint, opstats)
+        self.clients = ClientOps(store, mountpoint, client, self.access, mount)
+        self._ops: dict[str, _Op] = {}
+        for handler in (self.control, self.clients):
+            for attr in dir(handler):
+                if attr.startswith("op_"):
+                    self._ops[attr[3:]] = getattr(handler, attr)
+
+    @property
+    def hub(self) -> EventHub:
+        return self.control.hub
+
+    def authorize(self, conn: Connection, request: Request) -> None:
+        """The one place a request is authorized: raise to refuse it."""
+        self.access.authorize(conn.peer, request)
+
+    async def _answer(self, conn: Connection, frame: bytes) -> None:
         try:
-            if getattr(fn, "streaming", False):
-                return {"ok": True, "result": await fn(stream, **args)}
-            return {"ok": True, "result": await fn(**args)}
+            request = is_request(decode(frame))
+            self.authorize(conn, request)
+            op = self._ops[request.kind]
+            reply = await op(conn, request)
         except KvfsError as exc:
-            return {"ok": False, "error": str(exc), "type": type(exc).__name__}
-        except TypeError as exc:
-            return {"ok": False, "error": f"bad arguments for {op}: {exc}", "type": "BadRequest"}
+            await conn.send_error(exc)
+            return
         except (trio.BrokenResourceError, trio.ClosedResourceError):
-            return None  # the client hung up mid-stream (how ``events`` normally ends)
-        except Exception as exc:  # a bug must not take the control server down: report it
-            log.exception("control op %s failed", op)
-            return {"ok": False, "error": f"internal error in {op}: {exc!r}", "type": "InternalError"}
+            raise
+        except Exception as exc:  # a bug must not take the server down: report it
+            log.exception("request %r failed", frame[:200])
+            await conn.send_error(InternalError(f"internal error: {exc!r}"))
+            return
+        if reply is not None:
+            await conn.send(reply)
 
-
-async def _serve_client(handler: ControlHandler, stream: trio.SocketStream) -> None:
-    buf = b""
-    async with stream:
-        while True:
-            try:
-                chunk = await stream.receive_some(65536)
-            except trio.BrokenResourceError:
-                return
-            if not chunk:
-                return
-            buf += chunk
-            while b"\n" in buf:
-                line, buf = buf.split(b"\n", 1)
-                try:
-                    request = json.loads(line)
-                except ValueError:
-                    reply = {"ok": False, "error": "request is not JSON", "type": "BadRequest"}
-                else:
-                    reply = await handler.handle(request, stream)
-                if reply is not None:
+    async def serve_connection(self, stream: trio.SocketStream) -> None:
+        """Serve one accepted connection until the peer hangs up; then give back what its
+        session holds (leases, reservations)."""
+        peer = Peer.of(stream.socket)
+        conn = Connection(stream, Session(peer=peer, owner=self.access.is_owner(peer)))
+        try:
+            async with stream:
+                while True:
                     try:
-                        await stream.send_all(json.dumps(reply).encode() + b"\n")
-                    except (trio.BrokenResourceError, trio.ClosedResourceError):
+                        frame = await conn.receive()
+                    except ProtocolError as exc:  # a frame over the limit: the stream is lost
+                        await conn.send_error(exc)
                         return
+                    if frame is None:
+                        return
+                    await self._answer(conn, frame)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the client hung up mid-reply (how ``events`` normally ends)
+        finally:
+            if conn.session.leases or conn.session.reservations:
+                with trio.CancelScope(shield=True):
+                    await trio.to_thread.run_sync(conn.session.close, self.store)
 
 
-async def serve(handler: ControlHandler, path: Path, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-    """Listen on *path* (replacing a stale socket) until cancelled; removes it on exit.
+def group_id(group: str) -> int:
+    """The gid of *group* (a name or a number); :class:`ControlError` if unknown."""
+    if group.isdigit():
+        return int(group)
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise ControlError(f"client.group: no group named {group!r} on this machine") from None
 
-    Also runs ``handler.pump_events`` (the fan-out of the store's events) for as long as
-    it listens."""
-    path = Path(path)
+
+async def _bind(path: Path, mode: int, gid: int | None) -> trio.SocketListener:
+    """Listen on *path* (replacing a stale socket) with *mode* and group *gid*; the socket
+    is created closed to everyone and opened only once its owner and mode are set."""
     try:
         path.unlink()
     except FileNotFoundError:
@@ -513,16 +566,37 @@ async def serve(handler: ControlHandler, path: Path, *, task_status=trio.TASK_ST
         await sock.bind(str(path))
     finally:
         os.umask(old_umask)
-    os.chmod(path, 0o600)
+    if gid is not None:
+        os.chown(path, -1, gid)
+    os.chmod(path, mode)
     sock.listen(64)
-    listener = trio.SocketListener(sock)
+    return trio.SocketListener(sock)
+
+
+async def serve(server: Server, path: Path, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    """Listen on *path* (owner-only) and, with ``[client] socket``, on that path for its
+    group (0660), until cancelled; the sockets are removed on exit. Also runs
+    ``server.control.pump_events`` (the fan-out of the store's events) meanwhile."""
+    paths = [Path(path)]
+    listeners = [await _bind(paths[0], 0o600, None)]
+    cfg = server.config
+    if cfg.socket is not None:
+        if not Path(cfg.socket).parent.is_dir():
+            raise ControlError(
+                f"client.socket: the directory {Path(cfg.socket).parent} does not exist; create it, open to the "
+                "group the socket is for"
+            )
+        gid = group_id(cfg.group) if cfg.group is not None else None
+        paths.append(Path(cfg.socket))
+        listeners.append(await _bind(paths[1], 0o660 if gid is not None else 0o600, gid))
     try:
         async with trio.open_nursery() as nursery:
-            await nursery.start(handler.pump_events)
+            await nursery.start(server.control.pump_events)
             task_status.started()
-            await trio.serve_listeners(lambda s: _serve_client(handler, s), [listener], handler_nursery=nursery)
+            await trio.serve_listeners(server.serve_connection, listeners, handler_nursery=nursery)
     finally:
-        try:
-            path.unlink()
-        except FileNotFoundError:
-            pass
+        for p in paths:
+            try:
+                p.unlink()
+            except FileNotFoundError:
+                pass

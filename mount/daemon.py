@@ -1,4 +1,5 @@
-"""The mount daemon: a store, a FUSE loop and the control socket in one trio nursery.
+"""The mount daemon: a store, a FUSE loop and its socket (the ``kvfs`` tools' control
+commands and the batch client, :mod:`kvfs.mount.control`) in one trio nursery.
 
 ``run(mountpoint, config, foreground)`` is what ``kvfs mount`` calls.
 
@@ -160,19 +161,19 @@ async def _on_shutdown(requested, cancel_scope) -> None:
     cancel_scope.cancel()
 
 
-async def _serve(ops, store, mountpoint: str, sock: Path, on_ready) -> None:
+async def _serve(ops, store, mountpoint: str, sock: Path, on_ready, config: Config) -> None:
     import pyfuse3
     import trio
 
-    from .control import ControlHandler, serve
+    from .control import Server, serve
 
-    handler = ControlHandler(store, mountpoint, opstats=ops.opstats)
+    server = Server(store, mountpoint, opstats=ops.opstats, client=config.client, mount=ops)
     async with trio.open_nursery() as nursery:
         ops.attach_nursery(nursery)
         shutdown = trio.Event()
-        handler.request_shutdown = shutdown.set
+        server.control.request_shutdown = shutdown.set
         nursery.start_soon(_on_shutdown, shutdown, nursery.cancel_scope)
-        await nursery.start(serve, handler, sock)
+        await nursery.start(serve, server, sock)
         nursery.start_soon(_write_through, store)
         nursery.start_soon(_on_signals, nursery.cancel_scope)
         on_ready()
@@ -253,7 +254,7 @@ def serve_foreground(mountpoint: str, config: Config, on_ready: Any = lambda: No
             ", ".join(f"{t.name}:{t.kind.value}" for t in store.tiers),
         )
         try:
-            trio.run(_serve, ops, store, mountpoint, sock, on_ready)
+            trio.run(_serve, ops, store, mountpoint, sock, on_ready, config)
         finally:
             still = mount_type(mountpoint) == FSTYPE
             pyfuse3.close(unmount=still)

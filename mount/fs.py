@@ -110,6 +110,26 @@ class KvfsOperations(pyfuse3.Operations):
         """Where kernel cache invalidations run (they must not run inside a handler)."""
         self.notices.attach(nursery)
 
+    async def settle_outside(self, names: list[str]) -> None:
+        """Before a read of *names* from outside the mount (the batch client): wait for the
+        seals of files closed on the mount (the kernel's release comes after ``close``
+        returned), so close-to-open holds between a program writing through the mount and
+        an engine reading through the client."""
+        pending = [n for n in names if self.writes.has(n)]
+        if pending:
+            await self._settle(*pending)
+
+    async def published_outside(self, names: list[str]) -> None:
+        """Blocks *names* were published or replaced outside the mount (the batch client's
+        puts): the names' inodes showing older versions are detached and the kernel drops
+        what it cached of them (a miss, an older version's inode and size) before this
+        returns, so a program that looks after the put returned sees the new block."""
+        for name in names:
+            node = self.inodes.bound(name)
+            if node is not None and not node.is_dir and node.version is None:
+                self.inodes.detach(name)  # handles open on it keep their version
+        await self.notices.entries_now(names)
+
     # -- dispatch of store calls -----------------------------------------------------
 
     async def _slow(self, tier: int, fn, *args):

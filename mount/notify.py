@@ -47,6 +47,38 @@ class KernelNotices:
 
         self._nursery.start_soon(trio.to_thread.run_sync, notify)
 
+    async def entries_now(self, names: list[str]) -> None:
+        """Make the kernel drop its dentries of *names* and of the directories leading to
+        them (a miss it cached — of the block, or of a directory the change created — or
+        an older version's inode) and return once it has: for changes made outside the
+        mount, whose maker answers only after this. Components under a directory the
+        kernel never looked up have nothing to drop and cost nothing."""
+        todo = []
+        seen: set[str] = set()
+        for name in names:
+            path = ""
+            for base in name.split("/"):
+                parent, path = path, f"{path}/{base}" if path else base
+                if path in seen:
+                    continue
+                seen.add(path)
+                pnode = self.inodes.bound(parent)
+                if pnode is None:
+                    break  # the kernel knows nothing below an unknown directory
+                if self.inodes.bound(path) is None or path == name:
+                    todo.append((pnode.ino, base.encode(), path))
+        if not todo:
+            return
+
+        def notify() -> None:
+            for pino, base, name in todo:
+                try:
+                    pyfuse3.invalidate_entry(pino, base)
+                except OSError as exc:  # the kernel may have dropped it already
+                    log.debug("invalidate_entry(%s) failed: %s", name, exc)
+
+        await trio.to_thread.run_sync(notify)
+
     def attrs(self, ino: int) -> None:
         """Make the kernel ask for *ino*'s attributes again."""
         if self._nursery is None:

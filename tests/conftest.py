@@ -38,6 +38,15 @@ allow_other = {allow_other}
 """
 
 
+def wait_for(cond, timeout: float = 10.0, interval: float = 0.02) -> None:
+    """Poll *cond* until it is true; AssertionError after *timeout* seconds."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out")
+        time.sleep(interval)
+
+
 def fuse_missing() -> str | None:
     """Why a real mount cannot run here, or None."""
     if not os.path.exists("/dev/fuse"):

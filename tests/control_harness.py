@@ -1,8 +1,8 @@
 """A real store (DRAM + disk tiers in temporary directories) behind a real control server.
 
 The server runs ``kvfs.mount.control.serve`` under ``trio.run`` in a background thread,
-exactly as the daemon runs it in its nursery, minus FUSE: the ``kvfs`` tools are driven
-against its socket with ``--socket`` / ``$KVFS_CONTROL_SOCKET``.
+exactly as the daemon runs it in its nursery, minus FUSE: the ``kvfs`` tools (and batch
+clients) are driven against its socket with ``--socket`` / ``$KVFS_CONTROL_SOCKET``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import trio
 
 from kvfs.config import Config, DiskConfig, DramConfig, PolicyConfig
 from kvfs.mount.assembly import open_store
-from kvfs.mount.control import ControlHandler, serve
+from kvfs.mount.control import Server, serve
 
 __all__ = ["ControlServer", "make_store"]
 
@@ -39,9 +39,13 @@ class ControlServer:
     manager. The socket lives in a short temporary directory (Unix socket paths are
     limited to 107 bytes; pytest's tmp_path can be longer)."""
 
-    def __init__(self, store, mountpoint: str = "/mnt/kvfs", opstats=None, socket: Path | None = None) -> None:
+    def __init__(
+        self, store, mountpoint: str = "/mnt/kvfs", opstats=None, socket: Path | None = None, client=None
+    ) -> None:
         self.store = store
-        self.handler = ControlHandler(store, mountpoint, opstats)
+        kwargs = {} if client is None else {"client": client}
+        self.server = Server(store, mountpoint, opstats=opstats, **kwargs)
+        self.handler = self.server.control
         self._dir = tempfile.mkdtemp(prefix="kvfs-ctl-")
         self.socket = Path(socket) if socket is not None else Path(self._dir) / "control.sock"
         self._token = None
@@ -56,7 +60,7 @@ class ControlServer:
             self._token = trio.lowlevel.current_trio_token()
             async with trio.open_nursery() as nursery:
                 self._cancel = nursery.cancel_scope
-                await nursery.start(serve, self.handler, self.socket)
+                await nursery.start(serve, self.server, self.socket)
                 ready.set()
 
         def thread() -> None:

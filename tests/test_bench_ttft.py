@@ -69,3 +69,18 @@ def test_bench_ttft_rejects_bad_dirs(tmp_path, capsys):
     assert "--model" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["bench", "ttft", "--dir", "no-label"])
+
+
+def test_bench_ttft_with_the_batch_client(tmp_path, capsys):
+    from conftest import fuse_missing
+
+    if fuse_missing():
+        pytest.skip(fuse_missing())
+    argv = ["bench", "ttft", "--model", "tiny", "--dtype", "fp32", "--lengths", "40", "--suffix", "8"]
+    argv += ["--block-tokens", "8", "--repeat", "1", "--turns", "0", "--kvfs", "dram,disk", "--client"]
+    assert main([*argv, "--dir", f"plain={tmp_path}", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    [row] = res["prompts"]
+    assert set(row["warm"]) == {"plain", "kvfs-dram", "kvfs-disk", "kvfs-dram+client", "kvfs-disk+client"}
+    for label, w in row["warm"].items():
+        assert w["cached_tokens"] == row["cached_tokens"] == 32, label

@@ -14,7 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from kvfs.errors import BlockCorrupt
+from kvfs.errors import BlockCorrupt, KvfsError
 from kvfs.gpu.kv_block_file import HEADER_LENGTH, KVBlockHeader, decode_header, encode_header
 from kvfs.gpu.prefix_cache import (
     PrefixCache,
@@ -290,3 +290,56 @@ def test_the_block_format_and_the_core_do_not_import_torch():
 
     code = "import sys, kvfs, kvfs.gpu.kv_block_file; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_on_a_kvfs_mount_the_batch_client_carries_the_blocks(kvfs_mount, fp32):
+    """On a mount the blocks go through the batch client: each carries its chain parent
+    (prefix-aware eviction), which the file path cannot give; ``client=False`` forces the
+    file path, and both read each other's blocks."""
+    from kvfs.client import Client
+
+    mp = kvfs_mount(dram="16MiB", disk="64MiB")
+    prompt = tokens(32, seed=3)
+    pc = PrefixCache.for_model(mp / "kv", fp32.model, fp32.name, tokens_per_block=T)
+    files = PrefixCache.for_model(mp / "kv", fp32.model, fp32.name, tokens_per_block=T, client=False)
+    assert pc.store(prompt, prefill(fp32.model, prompt).cache).written == 4
+    names = [os.path.relpath(pc.path(d), mp) for d in pc.digests(prompt)]
+    with Client(mp) as c:
+        assert [c.stat(n).parent for n in names] == [None, *names[:-1]]
+    assert files.lookup(prompt) == pc.lookup(prompt) == 32
+    hit, hit_files = pc.load(prompt, fp32.model), files.load(prompt, fp32.model)
+    assert (hit.tokens, hit.stop) == (hit_files.tokens, hit_files.stop) == (32, StopReason.COMPLETE)
+    for a, b in zip(hit.cache.layers, hit_files.cache.layers, strict=True):
+        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+    other = tokens(16, seed=4)
+    files.store(other, prefill(fp32.model, other).cache)  # written as files, read by the client
+    assert pc.load(other, fp32.model).tokens == 16
+    # a program rewrote block 1 with bad KV (a valid kvfs block: its own checksum matches),
+    # and it went down to the disk tier: the client reads it straight from its file
+    flip_bytes(pc.path(pc.digests(prompt)[1]), HEADER_LENGTH + 64)
+    with Client(mp) as c:
+        c.evict([names[1]], tier="dram")
+        assert c.stat(names[1]).tiers == ("disk",)
+    hit = pc.load(prompt, fp32.model)
+    assert (hit.tokens, hit.stop) == (8, StopReason.CORRUPT) and "payload checksum mismatch" in hit.detail
+    pc.close()
+    files.close()
+    with pytest.raises(KvfsError, match="not on a kvfs mount"):
+        PrefixCache.for_model("/tmp", fp32.model, fp32.name, tokens_per_block=T, client=True)
+
+
+def test_a_daemon_that_dies_makes_blocks_unreadable_not_an_exception(kvfs_mount, fp32):
+    import signal
+
+    from kvfs.runtime import pid_path
+
+    mp = kvfs_mount(dram="16MiB", disk="64MiB")
+    prompt = tokens(24, seed=5)
+    pc = PrefixCache.for_model(mp / "kv", fp32.model, fp32.name, tokens_per_block=T)
+    pc.store(prompt, prefill(fp32.model, prompt).cache)
+    assert pc.load(prompt, fp32.model).tokens == 24
+    os.kill(int(pid_path(mp).read_text()), signal.SIGKILL)
+    hit = pc.load(prompt, fp32.model)
+    assert (hit.tokens, hit.stop) == (0, StopReason.UNREADABLE) and "not answering" in hit.detail
+    assert pc.lookup(prompt) == 0
+    pc.close()

@@ -21,6 +21,7 @@ import pytest
 
 from kvfs.blockfile import header_length
 from kvfs.mount.control import ControlHandler
+from kvfs.protocol import Du, Events, Subscribed
 from kvfs.tools.cli import COMMANDS, main
 from kvfs.tools.control_client import ENV_SOCKET, ControlClient
 
@@ -468,14 +469,14 @@ def test_events_reach_every_subscriber_and_a_slow_one_is_cut_off(tmp_path):
             hub = srv.handler.hub
             hub.buffer = buffer
             with ControlClient(srv.socket) as fast, ControlClient(srv.socket) as slow:
-                fast_items = iter(fast.stream("events"))
-                slow_items = iter(slow.stream("events"))
-                assert next(fast_items) == {"subscribed": True} and next(slow_items) == {"subscribed": True}
+                fast_items = iter(fast.stream(Events()))
+                slow_items = iter(slow.stream(Events()))
+                assert isinstance(next(fast_items), Subscribed) and isinstance(next(slow_items), Subscribed)
                 got: list[str] = []
 
                 def read_fast():
                     for item in fast_items:
-                        got.append(item["event"]["name"])
+                        got.append(item.event.name)
                         if len(got) == n:
                             return
 
@@ -491,7 +492,7 @@ def test_events_reach_every_subscriber_and_a_slow_one_is_cut_off(tmp_path):
                 names = []
                 with pytest.raises(Exception, match=f"fell more than {buffer} events behind"):
                     for item in slow_items:
-                        names.append(item["event"]["name"])
+                        names.append(item.event.name)
                 assert names == [f"fan/{i}" for i in range(len(names))] and len(names) < n
     finally:
         st.close()
@@ -573,12 +574,27 @@ def test_bad_requests_get_errors_and_the_server_keeps_serving(server):
     with socket.socket(socket.AF_UNIX) as s:
         s.connect(str(server.socket))
         f = s.makefile("rb")
-        for line in [b"not json", b"[1, 2]", b'{"op": "nope"}', b'{"op": "stat", "args": {"bogus": 1}}']:
+        for line, kind, message in [
+            (b"not json", "ProtocolError", "a frame is not JSON; each message is one JSON object per line"),
+            (b"[1, 2]", "ProtocolError", "a frame is a JSON object, not list"),
+            (b'{"v": 1, "kind": "nope"}', "UnknownKind", "unknown message kind 'nope'"),
+            (b'{"v": 1, "kind": "stat", "bogus": 1}', "ProtocolError", "stat: unknown field 'bogus'; fields are name"),
+            (b'{"v": 1, "kind": "stat", "name": 3}', "ProtocolError", "stat.name: expected a string, got int"),
+            (b'{"v": 1, "kind": "pong", "mountpoint": "x", "pid": 1}', "ProtocolError", "'pong' is not a request"),
+            (
+                b'{"v": 7, "kind": "ping"}',
+                "VersionMismatch",
+                (
+                    "protocol version 7 is not spoken here (this side speaks version 1); use the same kvfs release on "
+                    "both sides (remount after upgrading)"
+                ),
+            ),
+        ]:
             s.sendall(line + b"\n")
             reply = json.loads(f.readline())
-            assert reply["ok"] is False and reply["type"] in ("BadRequest", "UnknownOp")
-        s.sendall(b'{"op": "ping"}\n')
-        assert json.loads(f.readline())["result"]["mountpoint"] == "/mnt/kvfs"
+            assert reply == {"v": 1, "kind": "error", "type": kind, "message": message}
+        s.sendall(b'{"v": 1, "kind": "ping"}\n')
+        assert json.loads(f.readline())["mountpoint"] == "/mnt/kvfs"
         f.close()
 
 
@@ -592,9 +608,9 @@ def test_du_on_a_large_namespace_is_fast(tmp_path):
             st.put(f"big/{i % 64:02x}/{i:032x}", b"x")
         handler = ControlHandler(st, "/mnt/kvfs")
         t = time.perf_counter()
-        res = trio.run(handler.op_du, "big")
+        res = trio.run(handler.op_du, None, Du(name="big"))
         took = time.perf_counter() - t
-        assert res["total"]["blocks"] == 20_000
+        assert res.total.blocks == 20_000
         assert took < 1.0
     finally:
         st.close()
@@ -668,8 +684,8 @@ def test_a_mount_whose_daemon_is_gone(stub_mount, capsys):
 
 def test_an_idle_events_subscriber_that_hangs_up_is_dropped_at_once(server):
     client = ControlClient(server.socket)
-    items = iter(client.stream("events"))
-    assert next(items) == {"subscribed": True}
+    items = iter(client.stream(Events()))
+    assert isinstance(next(items), Subscribed)
     assert server.handler.hub.subscribers == 1
     client.close()
     _wait_for(lambda: server.handler.hub.subscribers == 0, timeout=5)

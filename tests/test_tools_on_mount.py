@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from kvfs.mount.paths import control_socket_path
+from kvfs.protocol import Events, Subscribed
 from kvfs.tools.cli import main
 from kvfs.tools.control_client import ENV_SOCKET, ControlClient
 
@@ -66,16 +67,16 @@ def test_prefetch_after_evict_on_a_mount(mp, capsys):
 
 def test_events_of_a_write_through_the_mount(mp):
     with ControlClient(control_socket_path(mp)) as client:
-        items = iter(client.stream("events"))
-        assert next(items) == {"subscribed": True}
+        items = iter(client.stream(Events()))
+        assert isinstance(next(items), Subscribed)
         write(mp / "tools" / "ev", b"e" * 100)
         os.unlink(mp / "tools" / "ev")
         kinds = []
         for item in items:
-            ev = item["event"]
-            if ev["name"] == "tools/ev":
-                kinds.append(ev["kind"])
-            if ev["kind"] == "removed":
+            ev = item.event
+            if ev.name == "tools/ev":
+                kinds.append(ev.kind.value)
+            if ev.kind.value == "removed":
                 break
     assert kinds[0] == "stored" and kinds[-1] == "removed"
 

@@ -45,8 +45,9 @@ def test_a_corrupt_local_copy_after_restart_reads_from_a_shared_copy(two_mounts,
     assert (mp / name).read_bytes() == data  # the first read: never ENOENT, never the bad bytes
     tiers = os.getxattr(mp / name, "user.kvfs.tiers").decode().split(",")
     assert "posix" in tiers and "disk" not in tiers  # the bad copy was dropped, and counted:
+    from kvfs.protocol import Statistics
     from kvfs.tools.control_client import ControlClient, resolve
 
     with ControlClient(resolve(str(mp)).socket) as client:
-        st = client.request("statistics")
-    assert {t["name"]: t["corrupt"] for t in st["tiers"]}["disk"] == 1  # type: ignore[index]
+        st = client.request(Statistics()).statistics
+    assert {t.name: t.corrupt for t in st.tiers}["disk"] == 1

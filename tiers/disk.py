@@ -111,12 +111,15 @@ class DiskTier(Tier):
     def scan(self, prefix: str = "") -> Iterator[BlockInfo]:
         return self.dir.scan(prefix)
 
-    def locate(self, name: str) -> Location:
-        """The block file and where its payload starts (hold a lease while reading it)."""
-        info = self.stat(name)
-        if info is None:
-            raise BlockNotFound(name)
-        return Location(path=self.dir.path(name), offset=header_length(name), length=info.size)
+    def locate(self, name: str, size: int | None = None) -> Location:
+        """The block file and where its payload starts (hold a lease while reading it).
+        With *size* (the record's) nothing is read; without it the header is."""
+        if size is None:
+            info = self.stat(name)
+            if info is None:
+                raise BlockNotFound(name)
+            size = info.size
+        return Location(path=self.dir.path(name), offset=header_length(name), length=size)
 
     def close(self) -> None:
         if self._lock_fd >= 0:

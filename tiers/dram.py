@@ -172,6 +172,7 @@ class DramTier(Tier):
     kind = TierKind.DRAM
     persistent = False
     shared = False
+    reservable = True
 
     def __init__(self, config: DramConfig) -> None:
         super().__init__(config)
@@ -250,7 +251,51 @@ class DramTier(Tier):
             ext.refs += 1
         return BlockRef(self._ro[ext.offset : ext.offset + ext.length], ext.checksum, lambda: self._release(ext))
 
-    def locate(self, name: str) -> Location:
+    # -- extents written by clients (two-phase puts, kvfs.ingest) ---------------------
+
+    def reserve(self, size: int) -> int:
+        """A free extent of *size* bytes, outside the index (no reader sees it); returns its
+        arena offset. Raises :class:`TierFull` when no hole is large enough."""
+        with self._lock:
+            off = self._alloc.alloc(size)
+        if off is None:
+            raise TierFull(f"DRAM arena has no free extent of {size} bytes")
+        return off
+
+    def reserved_view(self, offset: int, size: int) -> memoryview:
+        """A read-only view of a reserved extent (to checksum what a client wrote)."""
+        return self._ro[offset : offset + size]
+
+    def reserved_location(self, offset: int, size: int) -> Location:
+        return Location(path=str(self.path), offset=HEADER + offset, length=size)
+
+    def commit(self, name: str, offset: int, size: int, checksum: int) -> None:
+        """Publish the reserved extent at *offset* as block *name*, replacing an existing
+        copy atomically (readers of the old one keep it until they release)."""
+        with self._lock:
+            old = self._index.get(name)
+            self._index[name] = _Extent(offset, size, checksum)
+            if old is not None:
+                self._retire(old)
+
+    def abort(self, offset: int, size: int) -> None:
+        """Return a reserved extent that will not be published."""
+        with self._lock:
+            self._alloc.free(offset, size)
+
+    def share(self, writable: bool) -> int:
+        """A new descriptor of the arena file for a client: opened read-only unless
+        *writable*, so a reader's mapping cannot be made writable. Reopened through
+        ``/proc/self/fd`` (the same inode: nobody can swap the file under its name)."""
+        flags = (os.O_RDWR if writable else os.O_RDONLY) | os.O_CLOEXEC
+        return os.open(f"/proc/self/fd/{self._fd}", flags)
+
+    @property
+    def arena_size(self) -> int:
+        """Bytes of the arena file (its header page included)."""
+        return len(self._mm)
+
+    def locate(self, name: str, size: int | None = None) -> Location:
         """Where the block lies in the arena file (for zero-copy clients, who must hold a
         ref or a lease on it while they read)."""
         with self._lock:

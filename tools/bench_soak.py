@@ -294,11 +294,12 @@ class Soak:
 
 def _store_figures(mp: Path) -> dict:
     from kvfs.mount.paths import control_socket_path
+    from kvfs.protocol import Top
 
     from .control_client import ControlClient
 
     with ControlClient(control_socket_path(mp)) as c:
-        top = c.request("top")
+        top = c.request(Top()).to_json()
     tiers = top["statistics"]["tiers"]
     ops = {o["op"]: o for o in top["ops"]}
     return {

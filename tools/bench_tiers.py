@@ -45,7 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
-def _best(fn, passes: int) -> float:
+def best_of(fn, passes: int) -> float:
     """Seconds of the fastest of *passes* runs of *fn* (the least disturbed by the neighbours)."""
     best = float("inf")
     for _ in range(passes):
@@ -67,8 +67,8 @@ def _store_figures(store: Store, blocks: list[np.ndarray], passes: int) -> tuple
         for n in names:
             store.read_into(n, out)
 
-    put_s = _best(put, passes)
-    get_s = _best(get, passes)
+    put_s = best_of(put, passes)
+    get_s = best_of(get, passes)
     for n, b in zip(names[:4], blocks):
         store.read_into(n, out)
         assert np.array_equal(out, b), "read back the wrong bytes"
@@ -90,7 +90,7 @@ def _memcpy(blocks: list[np.ndarray], passes: int) -> tuple[float, float]:
         for v in views:
             np.copyto(out, v)
 
-    return _best(copy_in, passes), _best(copy_out, passes)
+    return best_of(copy_in, passes), best_of(copy_out, passes)
 
 
 def _raw_file(directory: Path, blocks: list[np.ndarray], passes: int) -> tuple[float, float]:
@@ -111,7 +111,7 @@ def _raw_file(directory: Path, blocks: list[np.ndarray], passes: int) -> tuple[f
             os.preadv(fd, [out], 0)
             os.close(fd)
 
-    return _best(put, passes), _best(get, passes)
+    return best_of(put, passes), best_of(get, passes)
 
 
 def catalog_figures(n: int) -> dict:

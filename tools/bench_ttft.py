@@ -6,6 +6,9 @@ For each prompt length, in one run and with one model:
 - **ideal**: the prefix's KV is already in process memory; only the rest is computed;
 - **warm** per ``--dir LABEL=PATH``: the prefix's blocks are read from files in that
   directory with :class:`kvfs.gpu.prefix_cache.PrefixCache`; only the rest is computed.
+  With ``--client`` every kvfs mount is measured twice: through FUSE (file I/O) and with
+  the batch client (``LABEL+client``: the DRAM arena, direct reads of the disk tier's
+  block files).
 
 The request is a prompt whose first ``length - suffix`` tokens were seen before (a long
 shared context) followed by ``suffix`` new tokens. Ideal and warm use the same cached
@@ -133,6 +136,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--io-threads", type=int, default=4, help="concurrent block reads per warm load (default 4)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the model weights and prompts")
+    parser.add_argument(
+        "--client",
+        action="store_true",
+        help="also read and write each kvfs mount's blocks with the batch client (kvfs.client: shared memory, "
+        "direct block-file reads), as LABEL+client columns beside the FUSE ones",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the block files written under each directory")
     parser.add_argument("--json", action="store_true", help="print the results as JSON instead of tables")
 
@@ -143,6 +152,7 @@ class _Target:
     root: str  # the bench's own subdirectory inside the given directory
     cache: object = None
     backing: str | None = None  # a kvfs tier's own directory, whose page cache is dropped too
+    client: bool = False  # the prefix cache uses the batch client (a kvfs mount), else file I/O
 
 
 KVFS_TIERS = ("dram", "disk", "posix", "s3")
@@ -339,12 +349,15 @@ def run(args: argparse.Namespace) -> int:
         dram_bytes = max(256 << 20, 2 * total * per_token)  # every block of the run fits twice
         mounts = _KvfsMounts(kinds, dram_bytes, say)
         specs += [(label, path, False, backing) for label, path, backing in mounts.targets]
+        if args.client:
+            specs += [(f"{label}+client", path, False, backing) for label, path, backing in mounts.targets]
     targets: list[_Target] = []
     for label, path, created, backing in specs:
         # A given directory gets the bench's own subdirectory; a default one is the bench's.
-        root = path if created else os.path.join(path, f"kvfs-bench-ttft-{os.getpid()}")
+        client = label.endswith("+client")
+        root = path if created else os.path.join(path, f"kvfs-bench-ttft-{os.getpid()}{'-client' if client else ''}")
         os.makedirs(root, exist_ok=True)
-        targets.append(_Target(label=label, root=root, backing=backing))
+        targets.append(_Target(label=label, root=root, backing=backing, client=client))
 
     t0 = time.perf_counter()
     max_len = max(max(lengths), turns * (turn_tokens + args.answer_tokens) + 16)
@@ -362,7 +375,12 @@ def run(args: argparse.Namespace) -> int:
     )
     for t in targets:
         t.cache = pcm.PrefixCache.for_model(
-            t.root, model, rm.name, tokens_per_block=args.block_tokens, io_threads=args.io_threads
+            t.root,
+            model,
+            rm.name,
+            tokens_per_block=args.block_tokens,
+            io_threads=args.io_threads,
+            client=t.client,  # True: the batch client (kvfs mounts only); False: file I/O
         )
         say(f"  {t.label}: {t.root}")
     vocab = model.config.vocab_size

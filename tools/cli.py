@@ -57,6 +57,10 @@ BENCHES: dict[str, tuple[str, str]] = {
         "kvfs.tools.bench_ttft",
         "time to first token of a transformers model: cold, warm from each directory, ideal",
     ),
+    "client": (
+        "kvfs.tools.bench_client",
+        "the batch client's put/get/lookup vs memcpy, raw preadv and the FUSE path on the same blocks",
+    ),
     "faults": (
         "kvfs.tools.bench_faults",
         "DRAM and disk hits, unmount and recovery while a shared tier (posix, s3) stops answering",

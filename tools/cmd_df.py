@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from kvfs.protocol import Df
+
 from .cmd_quota import render as render_namespaces
 from .control_client import add_socket_option, clients_for
 from .render import format_size, print_json, table
@@ -33,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     [(target, client)] = clients_for([args.mountpoint], args.socket)
-    st = client.request("df")
+    st = client.request(Df()).to_json()
     tiers = []
     for t in st["tiers"]:
         cap = t["capacity"]

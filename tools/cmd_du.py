@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from kvfs.protocol import Du
+
 from .control_client import about, add_socket_option, clients_for
 from .render import format_size, print_json, table
 
@@ -31,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     results = []
     for target, client in clients_for(args.paths, args.socket):
         with about(target):
-            res = client.request("du", name=target.name)
+            res = client.request(Du(name=target.name)).to_json()
         res["path"] = target.display()
         results.append(res)
     if args.json:

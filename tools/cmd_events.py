@@ -8,6 +8,8 @@ import os
 import sys
 import time
 
+from kvfs.protocol import EventItem, Events
+
 from .control_client import add_socket_option, clients_for
 from .render import format_size
 
@@ -44,10 +46,10 @@ def run(args: argparse.Namespace) -> int:
         return 0
     seen = 0
     with client:
-        for item in client.stream("events"):
-            ev = item.get("event")
-            if ev is None:
+        for item in client.stream(Events()):
+            if not isinstance(item, EventItem):
                 continue
+            ev = item.event.to_json()
             try:
                 print(json.dumps(ev) if args.json else _line(ev, target.display), flush=True)
             except BrokenPipeError:  # `kvfs events | head`

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from kvfs.protocol import Evict
+
 from .control_client import add_socket_option, clients_for, run_with_progress
 
 
@@ -30,18 +32,15 @@ def run(args: argparse.Namespace) -> int:
         res = run_with_progress(
             client,
             target,
-            "evict",
+            Evict(paths=[target.name], tier=args.tier, force=args.force),
             f"evict {target.display()}",
             args.progress,
-            paths=[target.name],
-            tier=args.tier,
-            force=args.force,
         )
         print(
-            f"evicted {res['evicted']} of {res['blocks']} blocks under {target.display()}"
-            f" ({res['removed']} removed entirely, {len(res['failed'])} kept)"
+            f"evicted {res.evicted} of {res.blocks} blocks under {target.display()}"
+            f" ({res.removed} removed entirely, {len(res.failed)} kept)"
         )
-        for f in res["failed"]:
-            print(f"kvfs evict: {target.display(f['name'])}: {f['error']}", file=sys.stderr)
+        for f in res.failed:
+            print(f"kvfs evict: {target.display(f.name)}: {f.error}", file=sys.stderr)
             rc = 1
     return rc

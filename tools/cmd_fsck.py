@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from kvfs.protocol import Fsck
+
 from .control_client import add_socket_option, clients_for, run_with_progress
 from .render import print_json
 
@@ -39,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     [(target, client)] = clients_for([args.mountpoint], args.socket)
-    res = run_with_progress(client, target, "fsck", "fsck", args.progress, name=target.name, repair=args.repair)
+    res = run_with_progress(client, target, Fsck(name=target.name, repair=args.repair), "fsck", args.progress).to_json()
     rc = CLEAN if not res["bad"] else CORRECTED if args.repair else UNCORRECTED
     if args.json:
         print_json(res)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from kvfs.protocol import Ls
+
 from .control_client import about, add_socket_option, clients_for
 from .render import format_size, format_time, print_json, table
 
@@ -47,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     results = []
     for target, client in clients_for(args.paths, args.socket):
         with about(target):
-            res = client.request("ls", name=target.name)
+            res = client.request(Ls(name=target.name)).to_json()
         res["path"] = target.display()
         results.append(res)
     if args.json:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from kvfs.errors import ConfigError
+from kvfs.protocol import Pin
 from kvfs.units import parse_duration
 
 from .control_client import about, add_socket_option, clients_for
@@ -44,9 +45,9 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError("--for", "a soft pin lasts longer than 0s")
     for target, client in clients_for(args.paths, args.socket):
         with about(target):
-            res = client.request("pin", paths=[target.name], pinned=pinned, **({"ttl": ttl} if ttl else {}))
+            res = client.request(Pin(paths=[target.name], pinned=pinned, ttl=ttl or None))
         verb = "pinned" if pinned else "unpinned"
         print(
-            f"{verb} {res['blocks']} block{'s' if res['blocks'] != 1 else ''} under {target.display()} ({res['changed']} changed)"
+            f"{verb} {res.blocks} block{'s' if res.blocks != 1 else ''} under {target.display()} ({res.changed} changed)"
         )
     return 0

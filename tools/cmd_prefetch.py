@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from kvfs.protocol import Prefetch
+
 from .control_client import add_socket_option, clients_for, run_with_progress
 
 
@@ -25,19 +27,13 @@ def run(args: argparse.Namespace) -> int:
     rc = 0
     for target, client in clients_for(args.paths, args.socket):
         res = run_with_progress(
-            client,
-            target,
-            "prefetch",
-            f"prefetch {target.display()}",
-            args.progress,
-            paths=[target.name],
-            tier=args.tier,
+            client, target, Prefetch(paths=[target.name], tier=args.tier), f"prefetch {target.display()}", args.progress
         )
         print(
-            f"prefetched {res['fetched']} of {res['blocks']} blocks under {target.display()} into {res['tier']}"
-            f" ({res['already']} already there, {len(res['failed'])} failed)"
+            f"prefetched {res.fetched} of {res.blocks} blocks under {target.display()} into {res.tier}"
+            f" ({res.already} already there, {len(res.failed)} failed)"
         )
-        for f in res["failed"]:
-            print(f"kvfs prefetch: {target.display(f['name'])}: {f['error']}", file=sys.stderr)
+        for f in res.failed:
+            print(f"kvfs prefetch: {target.display(f.name)}: {f.error}", file=sys.stderr)
             rc = 1
     return rc

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from kvfs.errors import ConfigError
+from kvfs.protocol import QuotaSet, QuotaShow
 from kvfs.units import format_duration, format_size, parse_duration, parse_size
 
 from .control_client import add_socket_option, clients_for
@@ -83,10 +84,10 @@ def run(args: argparse.Namespace) -> int:
                 raise ConfigError("--retention", str(exc)) from None
         if not quotas and retention is None:
             raise ConfigError("--tier", "give at least one --tier TIER=SIZE (or --retention)")
-        ns = client.request("quota_set", name=target.name, quotas=quotas, retention=retention)
+        ns = client.request(QuotaSet(name=target.name, quotas=quotas, retention=retention)).to_json()["namespaces"][0]
         spaces = [ns]
     else:
-        res = client.request("quota_show", name=target.name or None)
+        res = client.request(QuotaShow(name=target.name or None)).to_json()
         spaces = res["namespaces"]
     if args.json:
         print_json({"namespaces": spaces})

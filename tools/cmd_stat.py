@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from kvfs.protocol import Stat
+
 from .control_client import about, add_socket_option, clients_for
 from .render import format_size, format_time, print_json, yes_no
 
@@ -26,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     [(target, client)] = clients_for([args.path], args.socket)
     with about(target):
-        st = client.request("stat", name=target.name)
+        st = client.request(Stat(name=target.name)).to_json()
     st["path"] = target.display()
     if args.json:
         print_json(st)

@@ -6,6 +6,8 @@ import argparse
 import sys
 import time
 
+from kvfs.protocol import Top
+
 from .control_client import add_socket_option, clients_for
 from .render import format_size, print_json, table
 
@@ -134,12 +136,12 @@ def run(args: argparse.Namespace) -> int:
     [(target, client)] = clients_for([args.mountpoint], args.socket)
     interval = max(args.interval, 0.05)
     with client:
-        prev = client.request("top")
+        prev = client.request(Top()).to_json()
         if target.mountpoint is not None:
             prev["mountpoint"] = target.mountpoint
         while True:
             time.sleep(interval)
-            cur = client.request("top")
+            cur = client.request(Top()).to_json()
             if target.mountpoint is not None:
                 cur["mountpoint"] = target.mountpoint
             f = frame(prev, cur)

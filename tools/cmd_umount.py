@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -44,21 +43,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _ask_shutdown(sock_path: str) -> int:
-    """The daemon's pid once it has accepted the shutdown; OSError if nobody answers."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(10.0)
-        s.connect(sock_path)
-        s.sendall(json.dumps({"op": "shutdown"}).encode() + b"\n")
-        buf = b""
-        while not buf.endswith(b"\n"):
-            chunk = s.recv(65536)
-            if not chunk:
-                raise ConnectionResetError("the daemon hung up")
-            buf += chunk
-    reply = json.loads(buf)
-    if not reply.get("ok"):
-        raise UnmountError(f"the daemon refused to shut down: {reply.get('error')}")
-    return int(reply["result"]["pid"])
+    """The daemon's pid once it has accepted the shutdown; :class:`DaemonNotAnswering` if
+    nobody answers."""
+    from kvfs.client.connection import Connection
+    from kvfs.protocol import DaemonNotAnswering, Shutdown
+
+    with Connection(sock_path, timeout=10.0) as conn:
+        try:
+            return conn.request(Shutdown()).pid
+        except DaemonNotAnswering:
+            raise
+        except KvfsError as exc:
+            raise UnmountError(f"the daemon refused to shut down: {exc}") from None
 
 
 def _alive(pid: int) -> bool:
@@ -122,9 +118,11 @@ def run(args: argparse.Namespace) -> int:
         raise UnmountError(f"{mp}: not mounted")
     if kind != FSTYPE:
         raise UnmountError(f"{mp}: not a kvfs mount ({kind})")
+    from kvfs.protocol import DaemonNotAnswering
+
     try:
         pid = _ask_shutdown(str(control_socket_path(mp)))
-    except (OSError, ValueError) as exc:
+    except DaemonNotAnswering as exc:
         # nobody answers: the daemon was killed; detach the stale mount
         if mount_type(mp) != FSTYPE:
             return 0  # it went away meanwhile
@@ -133,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
             pid_path(mp).unlink()
         except OSError:
             pass
-        print(f"kvfs: {mp}: the daemon did not answer ({exc}); detached the stale mount", file=sys.stderr)
+        print(f"kvfs: {mp}: the daemon did not answer ({exc.why}); detached the stale mount", file=sys.stderr)
         return 0
     deadline = time.monotonic() + args.timeout
     while _alive(pid) or mount_type(mp) == FSTYPE:

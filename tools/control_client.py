@@ -1,35 +1,36 @@
 """Talking to a mount's daemon from the ``kvfs`` command: find it, ask it, stream from it.
 
 A user path is resolved to ``(control socket, name inside the mount)``: normally through
-``/proc/self/mountinfo`` (:func:`kvfs.mount.paths.find_mount`) and the socket path derived
+``/proc/self/mountinfo`` (:func:`kvfs.runtime.find_mount`) and the socket path derived
 from the mountpoint. ``--socket PATH`` (hidden) or ``$KVFS_CONTROL_SOCKET`` names the
 socket directly; paths are then names relative to the mount root (a leading ``/`` and
 ``.`` components are dropped). That is how the tests drive a store behind a control
 server without a FUSE mount, and how an operator can reach a daemon whose mount is gone.
 
-The wire protocol is in :mod:`kvfs.mount.control`.
+Requests and replies are the typed messages of :mod:`kvfs.protocol`, over a
+:class:`kvfs.client.connection.Connection`; an error the daemon answered is raised as its
+own class (``BlockNotFound``, ...), worded with the user's path by :func:`about`.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Self
+from typing import Any
 
-from kvfs.errors import KvfsError
-from kvfs.mount.paths import control_socket_path, find_mount
+from kvfs.client.connection import Connection, Stream
+from kvfs.errors import BlockNotFound, IsADirectory, KvfsError, NotADirectory
 from kvfs.names import normalize
+from kvfs.protocol import DaemonNotAnswering, Progress, Request
+from kvfs.runtime import control_socket_path, find_mount
 
 __all__ = [
     "ENV_SOCKET",
     "ControlClient",
-    "DaemonError",
     "DaemonNotAnswering",
     "NotInMount",
     "Stream",
@@ -46,18 +47,6 @@ _TIMEOUT = 60.0  # seconds a non-streaming request may take
 
 class NotInMount(KvfsError):
     """Raised when a path given to a ``kvfs`` subcommand is in no kvfs mount."""
-
-
-class DaemonNotAnswering(KvfsError):
-    """Raised when the mount's control socket is missing, refuses, hangs up or times out."""
-
-
-class DaemonError(KvfsError):
-    """The daemon refused a request; ``type`` is its error class (``BlockNotFound``, …)."""
-
-    def __init__(self, message: str, type: str = "") -> None:
-        super().__init__(message)
-        self.type = type
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,117 +86,14 @@ def resolve(path: str, sock: str | None = None) -> Target:
     return Target(path, control_socket_path(mountpoint), mountpoint, normalize(name))
 
 
-class Stream:
-    """The items of a streaming reply (iterate), then :attr:`result` (the final reply's
-    result). Raises :class:`DaemonError` at the end if the op failed."""
+class ControlClient(Connection):
+    """One connection to a daemon's control socket (a :class:`Connection` with the
+    tools' reply timeout). *where* names the mount in messages."""
 
-    def __init__(self, lines: Iterator[dict]) -> None:
-        self._lines = lines
-        self.result = None
-        self.done = False
-
-    def __iter__(self) -> Iterator[dict]:
-        for msg in self._lines:
-            if "ok" in msg:
-                self.done = True
-                if not msg["ok"]:
-                    raise DaemonError(msg.get("error", "the daemon refused the request"), msg.get("type", ""))
-                self.result = msg.get("result")
-                return
-            yield msg
-        raise DaemonNotAnswering("the daemon closed the connection in the middle of a reply")
-
-
-class ControlClient:
-    """One connection to a daemon's control socket. *where* names the mount in messages."""
-
-    def __init__(self, socket_path: str | os.PathLike, *, where: str | None = None, timeout: float = _TIMEOUT) -> None:
-        self.socket_path = Path(socket_path)
-        self.where = where or str(socket_path)
-        self.timeout = timeout
-        self._sock: socket.socket | None = None
-        self._file = None
-
-    def _not_answering(self, why: str) -> DaemonNotAnswering:
-        return DaemonNotAnswering(
-            f"the kvfs daemon of {self.where} is not answering ({why}; socket {self.socket_path}); "
-            "is it mounted with `kvfs mount`?"
-        )
-
-    def connect(self) -> None:
-        if self._sock is not None:
-            return
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.settimeout(self.timeout)
-        try:
-            s.connect(str(self.socket_path))
-        except FileNotFoundError:
-            s.close()
-            raise self._not_answering("no control socket") from None
-        except ConnectionRefusedError:
-            s.close()
-            raise self._not_answering("connection refused") from None
-        except PermissionError:
-            s.close()
-            raise self._not_answering("permission denied: the socket belongs to another user") from None
-        except TimeoutError:
-            s.close()
-            raise self._not_answering("connect timed out") from None
-        self._sock = s
-        self._file = s.makefile("rb")
-
-    def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-        if self._sock is not None:
-            self._sock.close()
-        self._sock = self._file = None
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _send(self, op: str, args: dict) -> None:
-        self.connect()
-        try:
-            self._sock.sendall(json.dumps({"op": op, "args": args}).encode() + b"\n")
-        except OSError as exc:
-            raise self._not_answering(f"send failed: {exc.strerror or exc}") from None
-
-    def _lines(self) -> Iterator[dict]:
-        while True:
-            try:
-                line = self._file.readline()
-            except TimeoutError:
-                raise self._not_answering(f"no reply within {self.timeout:g} s") from None
-            except OSError as exc:
-                raise self._not_answering(f"receive failed: {exc.strerror or exc}") from None
-            if not line:
-                raise self._not_answering("it closed the connection")
-            try:
-                yield json.loads(line)
-            except ValueError:
-                raise DaemonError(f"the daemon sent a line that is not JSON: {line[:80]!r}") from None
-
-    def request(self, op: str, **args) -> object:
-        """Send one request and return its result; :class:`DaemonError` if refused."""
-        self._send(op, args)
-        for msg in self._lines():
-            if "ok" not in msg:
-                continue  # an item line from an op that streams: not expected here
-            if not msg["ok"]:
-                raise DaemonError(msg.get("error", "the daemon refused the request"), msg.get("type", ""))
-            return msg.get("result")
-        raise AssertionError("unreachable")  # pragma: no cover
-
-    def stream(self, op: str, **args) -> Stream:
-        """Send a streaming request; iterate the returned :class:`Stream` for its items.
-        Waits as long as the daemon keeps the connection (no reply timeout)."""
-        self._send(op, args)
-        self._sock.settimeout(None)
-        return Stream(self._lines())
+    def __init__(
+        self, socket_path: str | os.PathLike[str], *, where: str | None = None, timeout: float = _TIMEOUT
+    ) -> None:
+        super().__init__(socket_path, where=where, timeout=timeout)
 
 
 def clients_for(paths: list[str], sock: str | None) -> list[tuple[Target, ControlClient]]:
@@ -229,27 +115,25 @@ def about(target: Target) -> Iterator[None]:
     """Word the daemon's "no such block" errors with the path the user gave."""
     try:
         yield
-    except DaemonError as exc:
-        if exc.type == "BlockNotFound":
-            raise DaemonError(f"{target.display()}: no such block or directory", exc.type) from None
-        if exc.type in ("IsADirectory", "NotADirectory"):
-            what = "a directory" if exc.type == "IsADirectory" else "not a directory"
-            raise DaemonError(f"{target.display()}: is {what}", exc.type) from None
-        raise
+    except BlockNotFound:
+        raise BlockNotFound(f"{target.display()}: no such block or directory") from None
+    except (IsADirectory, NotADirectory) as exc:
+        what = "a directory" if isinstance(exc, IsADirectory) else "not a directory"
+        raise type(exc)(f"{target.display()}: is {what}") from None
 
 
-def run_with_progress(client: ControlClient, target: Target, op: str, label: str, progress: bool, **args) -> dict:
-    """Run streaming *op* with a progress bar on stderr (``--progress``, or a terminal and
-    many blocks); returns the op's final result, errors worded with *target*'s path."""
-    from .render import Progress
+def run_with_progress(client: ControlClient, target: Target, request: Request, label: str, progress: bool) -> Any:
+    """Run the streaming *request* with a progress bar on stderr (``--progress``, or a
+    terminal and many blocks); returns its final reply, errors worded with *target*'s path."""
+    from .render import Progress as Bar
 
-    bar = Progress(label, force=progress)
-    stream = client.stream(op, **args)
+    bar = Bar(label, force=progress)
+    stream = client.stream(request)
     try:
         with about(target):
             for item in stream:
-                if "progress" in item:
-                    bar.update(item["progress"]["done"], item["progress"]["total"])
+                if isinstance(item, Progress):
+                    bar.update(item.done, item.total)
     finally:
         bar.close()
     return stream.result

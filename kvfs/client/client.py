@@ -1,0 +1,594 @@
+"""The batch client: many blocks per round trip, bytes through shared memory.
+
+:class:`Client` talks to a mount's daemon over its Unix socket (found from the
+mountpoint, or given) with the typed protocol (:mod:`kvfs.protocol`). Only descriptors
+cross the socket; the bytes move through the DRAM tier's shared-memory arena, which the
+client maps (read-only unless it opened a write session), or straight from a disk tier's
+block file, which the client reads itself and verifies against the block's checksum.
+
+- :meth:`Client.lookup`: presence, size, tiers and pin state of many names, and how many
+  leading names of a chain are all cached, in one round trip.
+- :meth:`Client.get_into`: the blocks' bytes into the caller's buffers (bytes-likes,
+  numpy arrays, CPU torch tensors; a list of buffers per block scatters it), under
+  leases released at the end. :meth:`Client.get`: zero-copy read-only :class:`View` s of
+  the arena, leased until released (or the client closes).
+- :meth:`Client.put`: the bytes copied straight into reserved arena extents, then
+  committed (the daemon verifies the checksum first); :meth:`Client.reserve` and
+  :meth:`Client.commit` let a producer write a block in place.
+- :meth:`Client.prefetch`, :meth:`Client.pin`, :meth:`Client.unpin`, :meth:`Client.evict`,
+  :meth:`Client.stat`, :meth:`Client.events`.
+
+Never wrong bytes: a block read from a file is checked against its checksum before it is
+reported read; a copy that fails is reported to the daemon (which re-checks it and drops
+it if bad) and read once more from wherever the block is now, else the name fails. A
+batch in which some names failed raises :class:`BatchError` after doing the rest; its
+``results`` say, per name, what happened. Thread-safe: calls from several threads share
+the connection one round trip at a time; copies run outside that.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import stat
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Self, TypeVar
+
+from kvfs.catalog import BlockStat
+from kvfs.errors import BlockCorrupt, KvfsError
+from kvfs.protocol import (
+    Abort,
+    Commit,
+    Evict,
+    EvictResult,
+    Grant,
+    Hello,
+    Lease,
+    LeaseEnded,
+    Lookup,
+    Message,
+    Pin,
+    PinResult,
+    Prefetch,
+    PrefetchResult,
+    Promote,
+    Release,
+    Renew,
+    Request,
+    Reserve,
+    Stat,
+    Suspect,
+    Welcome,
+    WireError,
+    rebuild,
+)
+from kvfs.runtime import control_socket_path, find_mount
+
+from . import buffers
+from .connection import Connection
+from .results import BatchError, BufferTooSmall, EventStream, Hold, LookupResult, PutBuffer, Read, View
+
+__all__ = ["Client"]
+
+R = TypeVar("R", bound=Message)
+
+_FILE_GRANT = "file"
+_COMMIT_GROUP = 8 << 20  # bytes committed per request while a put's next blocks are copied
+
+
+def _socket_for(where: str | os.PathLike[str]) -> tuple[Path, str]:
+    """The daemon's socket for *where* (a socket, a mountpoint or a path inside a mount)
+    and the mountpoint to name in messages."""
+    p = Path(where)
+    try:
+        if stat.S_ISSOCK(os.stat(p).st_mode):
+            return p, str(p)
+    except PermissionError:
+        return p, str(p)  # behind a directory closed to us: connecting says so
+    except OSError:
+        pass
+    found = find_mount(p)
+    if found is None:
+        raise KvfsError(f"{where} is neither a kvfs mount (nor inside one) nor a kvfs socket")
+    return control_socket_path(found[0]), found[0]
+
+
+class Client:
+    """A session with the daemon of the mount at (or containing) *where*, or with the
+    socket *where*. *write* asks for a read-write arena (puts); *name* labels the session
+    in the daemon's log. *lease_ttl* (seconds): leases' lifetime (default: the daemon's);
+    *promote*: how reads treat blocks whose hottest copy is on disk
+    (:class:`~kvfs.protocol.Promote`: ``"policy"``, ``"always"``, ``"never"``).
+    *populate*: map the whole arena into this process now (one pass of page-table setup
+    at connect, instead of a fault on every page of every block's first copy).
+    *io_threads*: blocks copied at once by one call."""
+
+    def __init__(
+        self,
+        where: str | os.PathLike[str],
+        *,
+        write: bool = False,
+        name: str = "",
+        timeout: float = 60.0,
+        lease_ttl: float | None = None,
+        promote: str = Promote.POLICY,
+        populate: bool = True,
+        io_threads: int = 4,
+    ) -> None:
+        if promote not in Promote.ALL:
+            raise ValueError(f"promote must be one of {', '.join(Promote.ALL)} (got {promote!r})")
+        sock, mountpoint = _socket_for(where)
+        self.socket = sock
+        self.promote = promote
+        self._lock = threading.Lock()
+        self._conn = Connection(sock, where=mountpoint, timeout=timeout)
+        self._held: dict[int, Hold] = {}
+        if io_threads < 1:
+            raise ValueError("io_threads must be at least 1")
+        self.io_threads = io_threads
+        self._io: ThreadPoolExecutor | None = None
+        self._map: mmap.mmap | None = None
+        self._arena: memoryview | None = None
+        try:
+            welcome = self._request(Hello(client=name or f"pid {os.getpid()}", write=write))
+            fds = self._conn.take_fds()
+            try:
+                if welcome.arena is not None:
+                    if not fds:
+                        raise KvfsError("the daemon did not pass the arena's descriptor")
+                    prot = mmap.PROT_READ | (mmap.PROT_WRITE if write else 0)
+                    self._map = mmap.mmap(fds[0], welcome.arena.size, mmap.MAP_SHARED, prot)
+                    self._arena = memoryview(self._map)
+                    if populate:
+                        _populate(self._map, write)
+            finally:
+                for fd in fds:
+                    os.close(fd)
+        except BaseException:
+            self._conn.close()
+            raise
+        self.welcome: Welcome = welcome
+        self.mountpoint = welcome.mountpoint
+        self.tiers = [t.name for t in welcome.tiers]
+        self.lease_ttl = lease_ttl or welcome.lease_ttl
+        self.writable = write
+
+    # -- plumbing ------------------------------------------------------------------------
+
+    def _request(self, req: Request, reply: type[R] | None = None) -> Any:
+        with self._lock:
+            return self._conn.request(req, reply)
+
+    def close(self) -> None:
+        """End the session: every lease and reservation is given back by the daemon, and
+        every view ends. Idempotent."""
+        for h in list(self._held.values()):
+            h._end()
+        self._held.clear()
+        with self._lock:
+            self._conn.close()
+            io, self._io = self._io, None
+        if io is not None:
+            io.shutdown(wait=True)
+        if self._arena is not None:
+            self._arena.release()
+            self._arena = None
+        if self._map is not None:
+            try:
+                self._map.close()
+            except BufferError:  # a caller still holds a slice: unmapped when it goes
+                pass
+            self._map = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def name_of(self, path: str | os.PathLike[str]) -> str:
+        """The block name of *path*, a path inside this client's mount."""
+        rel = os.path.relpath(os.path.realpath(path), self.mountpoint)
+        if rel.startswith(".."):
+            raise KvfsError(f"{path} is not inside {self.mountpoint}")
+        return "" if rel == "." else rel
+
+    @property
+    def arena(self) -> memoryview | None:
+        """This process's mapping of the whole arena file (read-only unless the session
+        writes), e.g. to register it with CUDA once (``cudaHostRegister``) so that copies
+        from leased extents are DMA; offsets in holds and views index it. None without a
+        DRAM tier."""
+        return self._arena
+
+    def _arena_view(self) -> memoryview:
+        if self._arena is None:
+            raise KvfsError(f"{self.mountpoint} has no DRAM arena (no dram tier) to read or write")
+        return self._arena
+
+    # -- lookups -------------------------------------------------------------------------
+
+    def lookup(self, names: Sequence[str]) -> LookupResult:
+        """Presence of every name and the cached prefix length, in one round trip."""
+        names = list(names)
+        r = self._request(Lookup(names=names))
+        return LookupResult(names, r.sizes, r.tiers, r.pinned, self.tiers, r.prefix)
+
+    def stat(self, name: str) -> BlockStat:
+        """One block's record (size, checksum, tiers, pin, hits, times)."""
+        res: BlockStat = self._request(Stat(name=name)).block
+        return res
+
+    # -- reads ---------------------------------------------------------------------------
+
+    def _lease(
+        self, names: list[str], promote: str, ttl: float | None = None
+    ) -> list[tuple[Grant | None, KvfsError | None, float]]:
+        sent = time.monotonic()
+        r = self._request(Lease(names=names, ttl=ttl or self.lease_ttl, promote=promote))
+        out: list[tuple[Grant | None, KvfsError | None, float]] = []
+        for g, e in zip(r.grants, r.errors, strict=True):
+            out.append((g, None if e is None else rebuild(e.type, e.message), sent + (g.ttl if g else 0.0)))
+        return out
+
+    def _release_ids(self, ids: list[int]) -> None:
+        """End leases without waiting for the answer (it is read before the next one)."""
+        if ids and self._conn.connected:
+            with self._lock:
+                self._conn.submit(Release(ids=ids))
+
+    def get_into(
+        self, names: Sequence[str], buffers_: Sequence[Any], *, verify: bool = False, promote: str | None = None
+    ) -> list[int]:
+        """Copy each block into its buffer (or list of buffers, filled in order); returns
+        each block's size. Copies from a disk tier are always verified against the
+        block's checksum; *verify* checks DRAM copies too. Raises :class:`BatchError` when
+        some names failed (their buffers hold nothing to use)."""
+        try:
+            return [r.size for r in self.read_into(names, buffers_, verify=verify, promote=promote)]
+        except BatchError as exc:
+            raise BatchError("get_into", [r.size if isinstance(r, Read) else r for r in exc.results]) from None
+
+    def read_into(
+        self,
+        names: Sequence[str],
+        buffers_: Sequence[Any],
+        *,
+        verify: bool = False,
+        promote: str | None = None,
+        then: Callable[[int, Read], object] | None = None,
+    ) -> list[Read]:
+        """:meth:`get_into`, saying per block where its bytes came from and whether they
+        were checked against its checksum (:class:`Read`). *then(position, read)* is
+        called for each block as soon as it is in its buffer, in the thread that copied
+        it (to check or use it while the next blocks are copied)."""
+        names = list(names)
+        if len(buffers_) != len(names):
+            raise ValueError(f"{len(names)} names but {len(buffers_)} buffers")
+        dests = [buffers.segments(b, writable=True) for b in buffers_]
+        results: list[Any] = self._read(names, dests, verify, promote or self.promote, then)
+        retry = [i for i, r in enumerate(results) if isinstance(r, _Retry)]
+        if retry:  # a bad copy was reported and dropped: read the block from where it is now
+            again = self._read(
+                [names[i] for i in retry], [dests[i] for i in retry], verify, promote or self.promote, then, retry
+            )
+            for i, r in zip(retry, again, strict=True):
+                results[i] = r.error if isinstance(r, _Retry) else r
+        if any(isinstance(r, KvfsError) for r in results):
+            raise BatchError("read_into", results)
+        return results
+
+    def _read(
+        self,
+        names: list[str],
+        dests: list[buffers.Segments],
+        verify: bool,
+        promote: str,
+        then: Callable[[int, Read], object] | None = None,
+        positions: Sequence[int] | None = None,
+    ) -> list[Any]:
+        """Lease, copy and release one batch; per name a :class:`Read`, an error, or a
+        :class:`_Retry` (the copy failed its check and was reported)."""
+        leased = self._lease(names, promote)
+        out: list[Any] = [err for _, err, _ in leased]
+        todo = [i for i, (g, _, _) in enumerate(leased) if g is not None]
+        where = positions if positions is not None else range(len(names))
+        reported: set[int] = set()  # leases a Suspect ended
+
+        def copy(i: int, nowait: bool = False) -> Any:
+            grant, _, expires = leased[i]
+            assert grant is not None
+            res = self._copy(names[i], grant, dests[i], verify, expires, nowait=nowait)
+            if then is not None and isinstance(res, Read):
+                then(where[i], res)
+            return res
+
+        try:
+            # Arena copies and block files in the page cache are made here, at memory
+            # speed; files that would wait for the device go to io_threads threads, which
+            # a device serves better than one reader (and *then* runs beside them).
+            later = []
+            for i in todo:
+                out[i] = copy(i, nowait=True)
+                if out[i] is _LATER:
+                    later.append(i)
+            pool = self._pool() if len(later) > 1 and self.io_threads > 1 else None
+            for i, res in zip(later, pool.map(copy, later) if pool is not None else map(copy, later), strict=True):
+                out[i] = res
+            for i, (g, _, _) in enumerate(leased):
+                if g is not None and isinstance(out[i], _Retry):
+                    self._suspect(g, out[i].error)
+                    reported.add(g.id)
+        finally:
+            self._release_ids([g.id for g, _, _ in leased if g is not None and g.id not in reported])
+        return out
+
+    def _pool(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._io is None:
+                self._io = ThreadPoolExecutor(self.io_threads, thread_name_prefix="kvfs-client-read")
+            return self._io
+
+    def _copy(
+        self, name: str, grant: Grant, segs: buffers.Segments, verify: bool, expires: float, *, nowait: bool = False
+    ) -> Any:
+        """Copy one leased block into *segs*: a :class:`Read`, an error, a :class:`_Retry`
+        (it failed its check), or, with *nowait*, ``_LATER`` for a block file that is not
+        in the page cache."""
+        n = grant.length
+        room = buffers.total(segs)
+        if room < n:
+            return BufferTooSmall(f"the buffer of {room} bytes is too small for {name!r} ({n} bytes)")
+        if grant.kind == _FILE_GRANT:
+            try:
+                got = buffers.read_file(grant.path, grant.offset, n, segs, nowait=nowait)
+            except BlockingIOError:
+                return _LATER
+            except PermissionError:
+                return _Retry(KvfsError(f"{name!r}: cannot read its block file {grant.path} (permission denied)"))
+            except OSError as exc:
+                return _Retry(BlockCorrupt(f"{name!r}: reading its block file failed: {exc}"))
+            if got != n:
+                return _Retry(BlockCorrupt(f"{name!r}: short read of its block file ({got} of {n} bytes)"))
+            if buffers.checksum(segs, n) != grant.checksum:
+                return _Retry(BlockCorrupt(f"{name!r}: its block file does not match the block's checksum"))
+            return Read(n, grant.tier, grant.kind, True)
+        arena = self._arena_view()
+        if time.monotonic() >= expires:
+            return LeaseEnded(f"the lease on {name!r} ended before it was read")
+        src = arena[grant.offset : grant.offset + n]
+        buffers.scatter(src, segs)
+        if verify and buffers.checksum(segs, n) != grant.checksum:
+            return _Retry(BlockCorrupt(f"{name!r}: its DRAM copy does not match the block's checksum"))
+        return Read(n, grant.tier, grant.kind, verify)
+
+    def _suspect(self, grant: Grant, error: KvfsError) -> None:
+        """Tell the daemon a leased copy failed its check; the lease ends, and the daemon
+        re-checks the copy and drops it if bad."""
+        try:
+            self._request(Suspect(lease=grant.id, why=str(error)))
+        except KvfsError:
+            pass  # the lease ended meanwhile: the retry takes whatever copy is there now
+
+    def get(self, names: Sequence[str], *, ttl: float | None = None) -> list[View]:
+        """Zero-copy read-only views of the blocks in the arena, each leased until
+        released. Blocks on disk are copied into DRAM first; on a mount without a DRAM
+        tier the view holds a verified private copy. Raises :class:`BatchError` when some
+        names failed (the views made are in its ``results``: release them)."""
+        names = list(names)
+        leased = self._lease(names, Promote.ALWAYS, ttl)
+        out: list[Any] = []
+        files: list[int] = []
+        for name, (grant, err, expires) in zip(names, leased, strict=True):
+            if grant is None:
+                out.append(err)
+                continue
+            if grant.kind == _FILE_GRANT:  # no DRAM tier: a private, verified copy
+                buf = bytearray(grant.length)
+                res = self._copy(name, grant, [memoryview(buf)], True, expires)
+                if isinstance(res, _Retry):
+                    self._suspect(grant, res.error)
+                    out.append(res.error)
+                    continue
+                files.append(grant.id)
+                out.append(
+                    View(None, name, memoryview(buf).toreadonly(), None, float("inf")) if isinstance(res, Read) else res
+                )
+                continue
+            data = self._arena_view()[grant.offset : grant.offset + grant.length].toreadonly()
+            v = View(self, name, data, grant, expires)
+            self._held[grant.id] = v
+            out.append(v)
+        self._release_ids(files)
+        if any(isinstance(r, KvfsError) for r in out):
+            raise BatchError("get", out)
+        return out
+
+    def lease(self, names: Sequence[str], *, promote: str | None = None, ttl: float | None = None) -> list[Hold]:
+        """Hold one local copy of each block for a reader of your own (a GPU agent's
+        DMA, GDS reads of the file): see :class:`Hold`. *promote* as for the client.
+        Raises :class:`BatchError` when some names failed (release the holds in its
+        ``results``)."""
+        out: list[Any] = []
+        for name, (grant, err, expires) in zip(
+            names, self._lease(list(names), promote or self.promote, ttl), strict=True
+        ):
+            if grant is None:
+                out.append(err)
+                continue
+            h = Hold(self, name, grant, expires)
+            self._held[grant.id] = h
+            out.append(h)
+        if any(isinstance(r, KvfsError) for r in out):
+            raise BatchError("lease", out)
+        return out
+
+    def release(self, holds: Sequence[Hold]) -> None:
+        """End the leases of *holds* (views, holds) in one round trip."""
+        ids = []
+        for h in holds:
+            h._end()
+            if h.lease is not None and self._held.pop(h.lease, None) is not None:
+                ids.append(h.lease)
+        self._release_ids(ids)
+
+    def renew(self, holds: Sequence[Hold], ttl: float | None = None) -> None:
+        """Extend the leases of *holds* to *ttl* seconds from now (default: the client's);
+        one that had already ended is ended here too."""
+        live = [h for h in holds if h.lease is not None and not h.released]
+        if not live:
+            return
+        sent = time.monotonic()
+        r = self._request(Renew(ids=[h.lease for h in live if h.lease is not None], ttl=ttl or self.lease_ttl))
+        for h, left in zip(live, r.ttls, strict=True):
+            if left is None:
+                h._end()
+                self._held.pop(h.lease, None)  # type: ignore[arg-type]
+            else:
+                h.expires = sent + left
+
+    # -- puts ----------------------------------------------------------------------------
+
+    def reserve(
+        self, names: Sequence[str], sizes: Sequence[int], parents: Sequence[str | None] | None = None
+    ) -> list[PutBuffer]:
+        """Reserve an arena extent per block (all or none) to write in place; fill each
+        :attr:`PutBuffer.data`, then :meth:`commit` (or :meth:`abort`) them."""
+        if not self.writable:
+            raise KvfsError("this client is read-only: open it with Client(..., write=True) to put")
+        arena = self._arena_view()
+        sent = time.monotonic()
+        r = self._request(Reserve(names=list(names), sizes=list(sizes), parents=list(parents or [])))
+        return [
+            PutBuffer(n, s, arena[s.offset : s.offset + s.length], sent + s.ttl)
+            for n, s in zip(names, r.slots, strict=True)
+        ]
+
+    def commit(self, puts: Sequence[PutBuffer]) -> list[KvfsError | None]:
+        """Seal the reserved blocks (the daemon checks each checksum first); per block None
+        or why it was not sealed (a mismatch aborts it). The buffers end here."""
+        sums = [buffers.checksum([p.data]) for p in puts]
+        r = self._request(Commit(ids=[p.slot.id for p in puts], checksums=sums))
+        for p in puts:
+            p.data = memoryview(b"")
+        return [None if e is None else _from_wire(e) for e in r.errors]
+
+    def abort(self, puts: Sequence[PutBuffer]) -> None:
+        """Give reserved extents back unpublished."""
+        for p in puts:
+            p.data = memoryview(b"")
+        self._request(Abort(ids=[p.slot.id for p in puts]))
+
+    def put(
+        self, names: Sequence[str], buffers_: Sequence[Any], *, parents: Sequence[str | None] | None = None
+    ) -> None:
+        """Seal each buffer (or list of buffers, concatenated) as block *name*, replacing
+        an existing one; *parents*: each block's parent in its prefix chain (prefix-aware
+        eviction). Bytes go straight into reserved arena extents, in as many round trips
+        as the daemon's reservation cap needs. Raises :class:`BatchError` when some failed."""
+        names = list(names)
+        if len(buffers_) != len(names):
+            raise ValueError(f"{len(names)} names but {len(buffers_)} buffers")
+        srcs = [buffers.segments(b, writable=False) for b in buffers_]
+        sizes = [buffers.total(s) for s in srcs]
+        par = list(parents) if parents is not None else [None] * len(names)
+        cap = max(self.welcome.max_reserved, 1)
+        results: list[KvfsError | None] = []
+        i = 0
+        while i < len(names):
+            j, room = i, 0
+            while j < len(names) and (j == i or room + sizes[j] <= cap):
+                room += sizes[j]
+                j += 1
+            puts = self.reserve(names[i:j], sizes[i:j], par[i:j])
+            results += self._fill_and_commit(puts, srcs[i:j])
+            i = j
+        if any(r is not None for r in results):
+            raise BatchError("put", list(results))
+
+    def _fill_and_commit(self, puts: list[PutBuffer], srcs: list[buffers.Segments]) -> list[KvfsError | None]:
+        """Copy each block into its extent, hashing as it goes, and commit them in groups
+        of about :data:`_COMMIT_GROUP` bytes sent without waiting, so the daemon checks
+        one group while the next is copied."""
+        out: list[KvfsError | None] = []
+        with self._lock:
+            sent = done = 0
+            group: list[PutBuffer] = []
+            sums: list[int] = []
+            try:
+                for k, (p, segs) in enumerate(zip(puts, srcs, strict=True)):
+                    sums.append(buffers.copy_hashed(p.data, segs))
+                    group.append(p)
+                    if sum(len(g.data) for g in group) >= _COMMIT_GROUP or k == len(puts) - 1:
+                        self._conn.submit(Commit(ids=[g.slot.id for g in group], checksums=sums))
+                        sent += len(group)
+                        for g in group:
+                            g.data = memoryview(b"")
+                        group, sums = [], []
+            except BaseException:
+                if self._conn.connected:
+                    self._conn.submit(Abort(ids=[p.slot.id for p in puts[sent:]]))
+                raise
+            while done < sent:
+                r = self._conn.result()
+                out += [None if e is None else _from_wire(e) for e in r.errors]
+                done = len(out)
+        return out
+
+    # -- operator commands the client shares ---------------------------------------------
+
+    def prefetch(self, names: Sequence[str], tier: str | None = None) -> PrefetchResult:
+        """Copy blocks into *tier* (the hottest by default) now."""
+        res: PrefetchResult = self._request(Prefetch(paths=list(names), tier=tier))
+        return res
+
+    def pin(self, names: Sequence[str]) -> PinResult:
+        """Keep blocks where they are: never evicted until unpinned."""
+        res: PinResult = self._request(Pin(paths=list(names), pinned=True))
+        return res
+
+    def unpin(self, names: Sequence[str]) -> PinResult:
+        res: PinResult = self._request(Pin(paths=list(names), pinned=False))
+        return res
+
+    def evict(self, names: Sequence[str], tier: str | None = None, *, force: bool = False) -> EvictResult:
+        """Drop local copies (a last copy is written down first, or kept unless *force*)."""
+        res: EvictResult = self._request(Evict(paths=list(names), tier=tier, force=force))
+        return res
+
+    def events(self) -> EventStream:
+        """Every block event from the moment this returns (stored, promoted, demoted,
+        evicted, removed, corrupt, renamed), on a connection of its own: iterate it; close
+        it (or use ``with``) to stop. The subscription is made before it returns, so no
+        event of a call made after it is missed."""
+        return EventStream(Connection(self.socket, where=self.mountpoint))
+
+
+def _populate(mm: mmap.mmap, write: bool) -> None:
+    """Fill the page tables of the arena mapping (Linux 5.14+; elsewhere pages fault in
+    as they are first touched)."""
+    advice = getattr(mmap, "MADV_POPULATE_WRITE" if write else "MADV_POPULATE_READ", 23 if write else 22)
+    try:
+        mm.madvise(advice)
+    except OSError:
+        pass
+
+
+_LATER = object()  # a block file to read where waiting for the device is cheap
+
+
+class _Retry:
+    """A copy that failed its check: reported to the daemon, then read once more."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: KvfsError) -> None:
+        self.error = error
+
+
+def _from_wire(e: WireError) -> KvfsError:
+    return rebuild(e.type, e.message)

@@ -1,0 +1,214 @@
+"""Two-phase puts of blocks whose bytes a client writes itself into the DRAM arena.
+
+The batch client (:mod:`kvfs.client`) puts a block without sending its bytes over the
+socket: the daemon **reserves** an extent of the shared-memory arena (making room by
+policy, as any placement does), the client **copies** the bytes straight into it through
+its own mapping, and the daemon **commits** it — after checking the bytes against the
+checksum the client sent, with its own reading of the extent — or **aborts** it (a
+mismatch, a client that hung up or died before committing). Until it is committed no
+reader sees the extent and its footprint counts in the tier's reservations, so capacity
+holds at all times; once committed it is a block like any other (sealed, checksummed,
+demoted and written through as usual: ``Store.commit``).
+
+A reservation has a deadline: past it, it cannot be committed. Its extent is only given
+back by :meth:`Ingest.abort` (the daemon calls it when the client aborts or its session
+ends), never by the clock: the client may still hold a writable view of it, and an
+extent reused under a live writer would let that writer's late bytes land in another
+block. The daemon bounds what one session may hold reserved instead.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from .blockfile import checksum as compute_checksum
+from .catalog import BlockRecord, BlockStat
+from .errors import BlockCorrupt, IsADirectory, KvfsError, NoSpace, NotADirectory
+from .names import normalize
+from .slot import TierSlot
+from .tier import Location
+
+if TYPE_CHECKING:
+    from .store import Store
+
+__all__ = ["Ingest", "Reservation", "ReservationEnded"]
+
+
+class ReservationEnded(KvfsError):
+    """Raised when a reservation is committed or aborted after it ended: committed or
+    aborted already, past its deadline, or its store closed."""
+
+
+@dataclass(eq=False)
+class Reservation:
+    """An extent reserved for block *name* (*size* bytes, *parent* in its chain): the
+    client writes *location* (a file offset in the arena), then it is committed before
+    *expires* (the ingest's clock) or aborted."""
+
+    id: int
+    name: str
+    size: int
+    parent: str | None
+    location: Location
+    expires: float
+    slot: TierSlot = field(repr=False)
+    offset: int = field(repr=False)
+    """The extent's offset as the tier counts it (``location.offset`` is the file's)."""
+    state: str = "open"
+    """``open``, then ``committing``, then ``committed``; or ``aborted``."""
+
+
+class Ingest:
+    """The reservations of *store*'s hottest tier (see the module doc). *clock* is
+    monotonic seconds (deadlines). Thread-safe; every change of room is made under the
+    store's lock, no bytes are read under it."""
+
+    def __init__(self, store: Store, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.store = store
+        self.placement = store.placement
+        self.clock = clock
+        self._ids = itertools.count(1)
+        self._open: dict[int, Reservation] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def slot(self) -> TierSlot | None:
+        """The tier clients write into: the hottest, when it takes client-written extents."""
+        slot = self.placement.slots[0]
+        return slot if slot.tier.reservable else None
+
+    def reserve(self, name: str, size: int, *, parent: str | None, ttl: float) -> Reservation:
+        """Reserve an extent for block *name* of *size* bytes, to be committed within
+        *ttl* seconds. Raises :class:`NoSpace` when the tier cannot take it now or ever,
+        :class:`IsADirectory`/:class:`~kvfs.errors.NotADirectory` for a name that cannot
+        be a block, and :class:`KvfsError` when the hottest tier is no arena."""
+        name = normalize(name)
+        self.store.check_writable(name)
+        slot = self.slot
+        if slot is None:
+            raise KvfsError(
+                "this mount's hottest tier is not a shared-memory arena: client puts need a dram tier first; "
+                "write through the mount instead"
+            )
+        if size < 0:
+            raise ValueError(f"a block's size cannot be negative (got {size})")
+        cap = slot.capacity
+        if cap is not None and slot.footprint(name, size) > cap:
+            raise NoSpace(f"{name!r} ({size} bytes) is larger than the whole {slot.name} tier ({cap} bytes)")
+        p = self.placement
+        with p.locked():
+            self._check_name(name)
+            offset = p.reserve_extent(slot, name, size)
+            if offset is None:
+                raise NoSpace(
+                    f"the {slot.name} tier has no room for {name!r} ({size} bytes) now: it is full of pinned, "
+                    "leased or reserved blocks; release leases, unpin blocks, or put fewer at once"
+                )
+            res = Reservation(
+                id=next(self._ids),
+                name=name,
+                size=size,
+                parent=parent,
+                location=slot.tier.reserved_location(offset, size),
+                expires=self.clock() + ttl,
+                slot=slot,
+                offset=offset,
+            )
+            with self._lock:
+                self._open[res.id] = res
+        return res
+
+    def _check_name(self, name: str) -> None:
+        """Fail now, not at commit, for a name that cannot be a block (under the lock)."""
+        catalog = self.placement.catalog
+        if catalog.is_dir(name):
+            raise IsADirectory(f"{name!r} is a directory")
+        d = name
+        while (d := d.rpartition("/")[0]) and not catalog.is_dir(d):
+            if catalog.get(d) is not None:
+                raise NotADirectory(f"{d!r} is a block, not a directory")
+
+    def get(self, res_id: int) -> Reservation | None:
+        with self._lock:
+            return self._open.get(res_id)
+
+    def claim(self, res: Reservation) -> None:
+        """Mark *res* being committed; :class:`ReservationEnded` if it is not open or its
+        deadline passed (it stays reserved until aborted)."""
+        with self._lock:
+            if res.state != "open" or self._open.get(res.id) is not res:
+                raise ReservationEnded(f"the reservation for {res.name!r} was already {res.state}")
+            if self.clock() > res.expires:
+                raise ReservationEnded(
+                    f"the reservation for {res.name!r} passed its deadline before it was committed; put it again"
+                )
+            res.state = "committing"
+
+    def verify(self, res: Reservation, checksum: int) -> None:
+        """Check the reserved bytes (read through the daemon's own mapping) against the
+        *checksum* the writer sent; :class:`BlockCorrupt` on a mismatch. Outside the lock."""
+        actual = compute_checksum(res.slot.tier.reserved_view(res.offset, res.size))
+        if actual != checksum:
+            raise BlockCorrupt(
+                f"{res.name!r}: the bytes in its reserved extent do not match the checksum the client sent "
+                f"(xxh3-64:{checksum:016x}, found xxh3-64:{actual:016x}): the copy was torn or the extent written "
+                "by someone else; the put was aborted"
+            )
+
+    def commit(self, res: Reservation, checksum: int) -> BlockStat:
+        """Seal *res* as its block: its bytes are read and checked against *checksum*
+        outside the lock (a mismatch aborts it and raises :class:`BlockCorrupt`), then the
+        new block replaces the old version exactly as ``Store.put`` does. Raises
+        :class:`ReservationEnded` when *res* is not open or past its deadline (it stays
+        reserved until aborted)."""
+        self.claim(res)
+        try:
+            self.verify(res, checksum)
+            now = self.store.clock()
+            rec = BlockRecord(res.name, res.size, checksum, created=now, accessed=now, parent=res.parent)
+            with self.placement.locked():
+                old = self.store.seal_begin(res.name)
+                if old is not None:
+                    for i in old.tier_indexes():
+                        self.placement.slots[i].policy.remove(res.name)  # the new version's entry replaces it
+                self.placement.commit_extent(res.slot, rec, res.offset)
+                with self._lock:
+                    res.state = "committed"
+                    self._open.pop(res.id, None)
+                return self.store.seal_end(rec, res.slot)
+        finally:
+            if res.state == "committing":
+                self.fail(res)
+
+    def abort(self, res: Reservation) -> bool:
+        """Give the extent back; False if *res* was committed or aborted already, or is
+        being committed right now (that commit then publishes it or gives it back)."""
+        return self._give_back(res, "open")
+
+    def fail(self, res: Reservation) -> None:
+        """Give back the extent of a claimed reservation whose commit failed."""
+        self._give_back(res, "committing")
+
+    def _give_back(self, res: Reservation, state: str) -> bool:
+        with self._lock:
+            if res.state != state or self._open.pop(res.id, None) is None:
+                return False
+            res.state = "aborted"
+        with self.placement.locked():
+            self.placement.abort_extent(res.slot, res.name, res.size, res.offset)
+        return True
+
+    def close(self) -> None:
+        """Abort every open reservation (the store is closing)."""
+        with self._lock:
+            left = list(self._open.values())
+        for res in left:
+            self.abort(res)
+
+    def __len__(self) -> int:
+        return len(self._open)

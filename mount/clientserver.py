@@ -1,0 +1,355 @@
+"""The daemon's side of the batch client (:mod:`kvfs.client`): sessions, lookups, leases
+and two-phase puts over the mount's socket.
+
+Only descriptors cross the socket: names, extents of the shared-memory arena, block file
+paths and offsets, lease ids, checksums. The arena's file descriptor is handed over once,
+with the :class:`~kvfs.protocol.Welcome` (SCM_RIGHTS): opened read-only unless the session
+was granted writes, so a reader's mapping cannot be made writable.
+
+- ``lookup``: presence, size, tiers and pin state of many names and the cached prefix
+  length of a chain, under one acquisition of the store's lock, on the loop.
+- ``lease``: a lease per name on its hottest local copy (DRAM extent, or block file with
+  its 4 KiB-aligned payload offset), after promoting it per the request; ``release``,
+  ``renew``; ``suspect``: a leased copy failed the client's checksum, the daemon re-checks
+  it and drops it if bad.
+- ``reserve`` / ``commit`` / ``abort``: puts whose bytes the client copies straight into
+  reserved arena extents (:mod:`kvfs.ingest`); the daemon checks the checksum before it
+  commits.
+
+A session's leases and reservations are given back the moment its connection ends
+(:meth:`Session.close`): a client killed with SIGKILL loses them at once.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
+
+import trio
+
+from kvfs.config import ClientConfig
+from kvfs.errors import InvalidName, KvfsError, NoSpace
+from kvfs.ingest import Reservation
+from kvfs.leases import MAX_TTL
+from kvfs.names import normalize
+from kvfs.protocol import (
+    Abort,
+    Aborted,
+    ArenaInfo,
+    Commit,
+    Committed,
+    Grant,
+    Hello,
+    Lease,
+    Leased,
+    LeaseEnded,
+    Lookup,
+    LookupResult,
+    PermissionDenied,
+    Promote,
+    ProtocolError,
+    Release,
+    Released,
+    Renew,
+    Renewed,
+    Reserve,
+    Reserved,
+    Slot,
+    Suspect,
+    SuspectResult,
+    TierInfo,
+    Welcome,
+    WireError,
+    error_type,
+)
+from kvfs.store import Store
+
+from .session import AccessPolicy, Connection, Session, call_store
+
+__all__ = ["ClientOps"]
+
+log = logging.getLogger("kvfs.mount.client")
+
+T = TypeVar("T")
+
+_RESERVE_TTL = 30.0  # seconds a reservation may wait for its commit
+_MAX_NAMES = 65536  # names one lease or reserve may carry (a batch, not a scan)
+_ON_LOOP = 4096  # names a lookup or lease answers on the loop; more go to a worker thread
+
+
+def _wire(exc: BaseException) -> WireError:
+    return WireError(type=error_type(exc), message=str(exc))
+
+
+class MountSide(Protocol):
+    """What the FUSE mount of the same daemon must hear of the batch client's calls, so
+    that a program on the mount and an engine on the client see one namespace."""
+
+    async def settle_outside(self, names: list[str]) -> None:
+        """Before names are read: wait for seals of files just closed on the mount."""
+
+    async def published_outside(self, names: list[str]) -> None:
+        """After names were published: the kernel drops what it cached of them."""
+
+
+class ClientOps:
+    """The batch client's ops on *store* (methods ``op_<kind>``, see :class:`Server`)."""
+
+    def __init__(
+        self,
+        store: Store,
+        mountpoint: str,
+        config: ClientConfig,
+        access: AccessPolicy,
+        mount: MountSide | None = None,
+    ) -> None:
+        self.store = store
+        self.mount = mount
+        self.mountpoint = mountpoint
+        self.config = config
+        self.access = access
+        arena = store.slots[0].tier
+        self.arena = arena if arena.reservable else None
+        cap = arena.capacity or 0
+        self.max_reserved = config.max_reserved or cap // 2
+        self.max_put = min(self.max_reserved, cap) if self.arena is not None else 0
+        self.lease_ttl = min(config.lease_ttl, MAX_TTL)
+
+    # -- the session ---------------------------------------------------------------------
+
+    async def op_hello(self, conn: Connection, req: Hello) -> None:
+        """The session's terms, and the arena's descriptor (read-only unless *write*)."""
+        s = conn.session
+        if req.write and not self.access.may_write(conn.peer):
+            raise PermissionDenied(f"uid {conn.peer.uid} may not put on this mount")
+        if req.write and self.arena is None:
+            raise KvfsError(
+                f"{self.mountpoint} has no DRAM tier: client puts need the shared-memory arena; write through the mount"
+            )
+        s.hello, s.write, s.client = True, req.write, req.client
+        info = None
+        fds = []
+        if self.arena is not None:
+            fds.append(self.arena.share(writable=req.write))
+            info = ArenaInfo(
+                path=str(getattr(self.arena, "path", "")),
+                size=os.fstat(fds[0]).st_size,
+                capacity=self.arena.capacity or 0,
+            )
+        welcome = Welcome(
+            pid=os.getpid(),
+            mountpoint=self.mountpoint,
+            owner=s.owner,
+            write=req.write,
+            tiers=[
+                TierInfo(name=t.name, kind=t.kind.value, persistent=t.persistent, shared=t.shared, capacity=t.capacity)
+                for t in self.store.tiers
+            ],
+            arena=info,
+            max_put=self.max_put,
+            max_reserved=self.max_reserved,
+            lease_ttl=self.lease_ttl,
+            max_ttl=MAX_TTL,
+        )
+        try:
+            await conn.send(welcome, fds)
+        finally:
+            for fd in fds:
+                os.close(fd)
+        log.info(
+            "client session %s (pid %d, uid %d, %s)",
+            req.client or "-",
+            conn.peer.pid,
+            conn.peer.uid,
+            "read-write" if req.write else "read-only",
+        )
+
+    # -- reads ---------------------------------------------------------------------------
+
+    async def _batch(self, fn: Callable[..., T], names: list[str], **kwargs: Any) -> T:
+        """*fn(names)* on the loop when the batch is small enough to hold the store's lock
+        briefly, else in a worker thread (the FUSE loop never waits behind a big batch)."""
+        if len(names) > _ON_LOOP:
+            return await trio.to_thread.run_sync(functools.partial(fn, names, **kwargs))
+        return await call_store(self.store, fn, names, **kwargs)
+
+    @staticmethod
+    def _capped(what: str, names: list[str]) -> None:
+        if len(names) > _MAX_NAMES:
+            raise ProtocolError(f"{what}: {len(names)} names in one request, at most {_MAX_NAMES}; split the batch")
+
+    async def _settle(self, names: list[str]) -> None:
+        if self.mount is not None:
+            try:
+                await self.mount.settle_outside([normalize(n) for n in names])
+            except InvalidName:
+                pass  # the store call answers it with the name's error
+
+    async def op_lookup(self, conn: Connection, req: Lookup) -> LookupResult:
+        await self._settle(req.names)
+        p = await self._batch(self.store.probe, req.names)
+        return LookupResult(sizes=p.sizes, tiers=p.tiers, pinned=p.pinned, prefix=p.prefix)
+
+    def _ttl(self, ttl: float) -> float:
+        if ttl < 0:
+            raise ProtocolError(f"a ttl cannot be negative (got {ttl})")
+        return min(ttl or self.lease_ttl, MAX_TTL)
+
+    async def op_lease(self, conn: Connection, req: Lease) -> Leased:
+        if req.promote not in Promote.ALL:
+            raise ProtocolError(f"lease.promote: {req.promote!r} is not one of {', '.join(Promote.ALL)}")
+        self._capped("lease", req.names)
+        promote = req.promote
+        await self._settle(req.names)
+        if not conn.session.owner:
+            promote = Promote.ALWAYS  # another user cannot open the tier's files: read them from DRAM
+        results = await self._batch(
+            self.store.lease_many, req.names, ttl=self._ttl(req.ttl), promote=promote, count_hits=req.count_hits
+        )
+        now = self.store.leases.clock()
+        grants: list[Grant | None] = []
+        errors: list[WireError | None] = []
+        for r in results:
+            if isinstance(r, KvfsError):
+                grants.append(None)
+                errors.append(_wire(r))
+                continue
+            loc = r.location
+            assert loc is not None  # local copies (DRAM, disk) always have a place
+            conn.session.leases.add(r.id)
+            grants.append(
+                Grant(
+                    id=r.id,
+                    tier=r.tier,
+                    kind="file" if r.ref is None else "arena",
+                    path=loc.path,
+                    offset=loc.offset,
+                    length=loc.length,
+                    checksum=r.checksum,
+                    ttl=max(0.0, r.expires - now),
+                )
+            )
+            errors.append(None)
+        return Leased(grants=grants, errors=errors)
+
+    def _own(self, conn: Connection, ids: list[int]) -> list[int]:
+        held = conn.session.leases
+        return [i for i in ids if i in held]
+
+    async def op_release(self, conn: Connection, req: Release) -> Released:
+        ids = self._own(conn, req.ids)
+        conn.session.leases.difference_update(ids)
+        n = await call_store(self.store, self.store.leases.release_many, ids)
+        return Released(count=n)
+
+    async def op_renew(self, conn: Connection, req: Renew) -> Renewed:
+        ttl = self._ttl(req.ttl)
+        now = self.store.leases.clock()
+        held = conn.session.leases
+        out: list[float | None] = []
+        for i in req.ids:
+            expires = self.store.leases.renew(i, ttl) if i in held else None
+            out.append(None if expires is None else expires - now)
+        return Renewed(ttls=out)
+
+    async def op_suspect(self, conn: Connection, req: Suspect) -> SuspectResult:
+        if req.lease not in conn.session.leases:
+            raise LeaseEnded(f"lease {req.lease} is not held by this session")
+        lease = self.store.leases.get(req.lease)
+        conn.session.leases.discard(req.lease)
+        if lease is None:
+            raise LeaseEnded(f"lease {req.lease} ended (released or expired) before it was reported")
+        log.warning(
+            "client pid %d: copy of %s in %s failed its check: %s", conn.peer.pid, lease.name, lease.tier, req.why
+        )
+        await trio.to_thread.run_sync(self.store.release, lease)
+        why = await trio.to_thread.run_sync(self.store.check_copy, lease.name, lease.tier)
+        return SuspectResult(dropped=why is not None)
+
+    # -- puts ----------------------------------------------------------------------------
+
+    def _writer(self, conn: Connection) -> Session:
+        s = conn.session
+        if not s.write:
+            raise PermissionDenied("this session may not put: connect with write=True (Hello.write)")
+        return s
+
+    async def op_reserve(self, conn: Connection, req: Reserve) -> Reserved:
+        s = self._writer(conn)
+        self._capped("reserve", req.names)
+        n = len(req.names)
+        if len(req.sizes) != n or (req.parents and len(req.parents) != n):
+            raise ProtocolError("reserve: names, sizes and parents must be lists of the same length")
+        for name, size in zip(req.names, req.sizes):
+            if size < 0:
+                raise ProtocolError(f"reserve: {name!r} has a negative size ({size})")
+            if size > self.max_put:
+                raise NoSpace(
+                    f"a put of {name!r} ({size} bytes) is larger than this mount takes from a client "
+                    f"({self.max_put} bytes: [client] max_reserved, at most the DRAM tier); write it through the mount"
+                )
+        total = sum(req.sizes)
+        if s.reserved_bytes + total > self.max_reserved:
+            raise NoSpace(
+                f"this session would hold {s.reserved_bytes + total} bytes reserved, more than the "
+                f"{self.max_reserved} bytes one session may ([client] max_reserved); commit or abort first, or put fewer at once"
+            )
+        parents = req.parents or [None] * n
+
+        def reserve_all() -> list[Reservation]:
+            made: list[Reservation] = []
+            try:
+                for name, size, parent in zip(req.names, req.sizes, parents):
+                    made.append(self.store.reserve(name, size, parent=parent, ttl=_RESERVE_TTL))
+            except BaseException:
+                for r in made:
+                    self.store.abort(r)
+                raise
+            return made
+
+        made = await trio.to_thread.run_sync(reserve_all)
+        now = self.store.ingest.clock()
+        for r in made:
+            s.reservations[r.id] = r
+        return Reserved(
+            slots=[Slot(id=r.id, offset=r.location.offset, length=r.size, ttl=r.expires - now) for r in made]
+        )
+
+    def _reservations(self, conn: Connection, ids: list[int]) -> list[Reservation]:
+        s = self._writer(conn)
+        out = []
+        for i in ids:
+            r = s.reservations.pop(i, None)
+            if r is None:
+                raise LeaseEnded(f"reservation {i} is not held by this session (committed, aborted or never made)")
+            out.append(r)
+        return out
+
+    async def op_commit(self, conn: Connection, req: Commit) -> Committed:
+        if len(req.checksums) != len(req.ids):
+            raise ProtocolError("commit: ids and checksums must be lists of the same length")
+        todo = self._reservations(conn, req.ids)
+
+        def commit_all() -> list[WireError | None]:
+            out: list[WireError | None] = []
+            for r, csum in zip(todo, req.checksums):
+                try:
+                    self.store.commit(r, csum)
+                    out.append(None)
+                except KvfsError as exc:
+                    self.store.abort(r)  # a commit refused before it claimed the extent leaves it reserved
+                    out.append(_wire(exc))
+            return out
+
+        errors = await trio.to_thread.run_sync(commit_all)
+        if self.mount is not None:
+            await self.mount.published_outside([r.name for r, e in zip(todo, errors, strict=True) if e is None])
+        return Committed(errors=errors)
+
+    async def op_abort(self, conn: Connection, req: Abort) -> Aborted:
+        todo = self._reservations(conn, req.ids)
+        n = await trio.to_thread.run_sync(lambda: sum(self.store.abort(r) for r in todo))
+        return Aborted(count=n)

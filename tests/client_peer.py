@@ -1,0 +1,123 @@
+"""A batch-client process for the tests, driven line by line over stdin.
+
+Each line is a command; each answer one JSON line on stdout, ``{"ok": true, ...}`` or
+``{"ok": false, "type": ERROR CLASS, "error": MESSAGE}``. It holds what it takes (views,
+leases, reservations) until told to release, or until it is killed: that is the point of
+it (a client SIGKILLed while holding leases). Block contents are ``blob(seed, size)``.
+
+Commands: ``connect WHERE [write]``, ``become UID GID`` (drop root, keeping the
+interpreter: the test machine's Python is not readable by other users), ``put NAME SEED
+SIZE [PARENT]``, ``read NAME [never|always|policy]`` (get_into a fresh buffer), ``view
+NAME`` (hold a zero-copy view), ``viewhash NAME`` (hash what a held view shows now),
+``lease NAME [never|always]`` (hold a lease, answer where the copy is), ``reserve NAME
+SIZE`` (hold a reservation, written, uncommitted), ``release``, ``mapwrite`` (make the
+arena mapping writable and write it), ``raw KIND JSON`` (send any request, answer the
+reply), ``exit``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import mmap
+import os
+import random
+import sys
+import traceback
+
+from kvfs.client import BatchError, Client
+from kvfs.protocol.codec import kinds
+
+
+def blob(seed: int, size: int) -> bytes:
+    return random.Random(seed).randbytes(size)
+
+
+def sha(data) -> str:
+    return hashlib.sha256(bytes(data)).hexdigest()
+
+
+def main() -> None:
+    client: Client | None = None
+    views: dict[str, object] = {}
+    holds: list[object] = []
+    reserved: list[object] = []
+    for line in sys.stdin:
+        cmd, *args = line.split(" ", 2) if line.startswith("raw ") else line.split()
+        try:
+            out: dict = {}
+            if cmd == "connect":
+                client = Client(args[0], write=len(args) > 1 and args[1] == "write", name="test peer")
+                out = {"owner": client.welcome.owner, "write": client.welcome.write, "max_put": client.welcome.max_put}
+            elif cmd == "become":
+                os.setgroups([])
+                os.setgid(int(args[1]))
+                os.setuid(int(args[0]))
+            elif cmd == "put":
+                name, seed, size = args[0], int(args[1]), int(args[2])
+                client.put([name], [blob(seed, size)], parents=[args[3] if len(args) > 3 else None])
+            elif cmd == "read":
+                st = client.lookup([args[0]])[0]
+                buf = bytearray(st.size if st else 1)
+                [n] = client.get_into([args[0]], [buf], promote=args[1] if len(args) > 1 else None)
+                out = {"sha": sha(buf[:n]), "size": n}
+            elif cmd == "view":
+                [v] = client.get([args[0]])
+                views[args[0]] = v
+                out = {"sha": sha(v.data), "tier": v.tier}
+            elif cmd == "viewhash":
+                out = {"sha": sha(views[args[0]].data)}
+            elif cmd == "lease":
+                [h] = client.lease([args[0]], promote=args[1] if len(args) > 1 else "never")
+                holds.append(h)
+                out = {"kind": h.kind, "path": h.path, "offset": h.offset, "length": h.length, "tier": h.tier}
+            elif cmd == "reserve":
+                reserved += client.reserve([args[0]], [int(args[1])])
+                reserved[-1].data[:] = blob(1, int(args[1]))
+            elif cmd == "release":
+                client.release([*views.values(), *holds])
+                views.clear()
+                holds.clear()
+            elif cmd == "mapwrite":
+                out = _try_to_write_the_arena(client)
+            elif cmd == "raw":
+                kind, body = args[0], json.loads(args[1])
+                reply = client._request(kinds()[kind](**body))
+                out = {"reply": reply.to_json()}
+            elif cmd == "exit":
+                if client is not None:
+                    client.close()
+                return
+            else:
+                raise ValueError(f"unknown command {cmd!r}")
+            print(json.dumps({"ok": True, **out}), flush=True)
+        except BatchError as exc:
+            first = next(iter(exc.errors.values()))
+            print(json.dumps({"ok": False, "type": type(first).__name__, "error": str(first)}), flush=True)
+        except Exception as exc:
+            print(
+                json.dumps({"ok": False, "type": type(exc).__name__, "error": str(exc), "tb": traceback.format_exc()}),
+                flush=True,
+            )
+
+
+def _try_to_write_the_arena(client: Client) -> dict:
+    """Make the arena mapping writable (mprotect) and write it, as an attacker would."""
+    import ctypes
+
+    path = client.welcome.arena.path
+    with open("/proc/self/maps") as f:
+        start, end = next(
+            [int(x, 16) for x in line.split()[0].split("-")] for line in f if line.rstrip().endswith(path)
+        )
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    rc = libc.mprotect(start, end - start, mmap.PROT_READ | mmap.PROT_WRITE)
+    if rc != 0:
+        return {"wrote": False, "errno": ctypes.get_errno()}
+    ctypes.memset(start + 4096, 0x55, 1)
+    return {"wrote": True}
+
+
+if __name__ == "__main__":
+    main()

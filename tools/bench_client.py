@@ -1,0 +1,219 @@
+"""``kvfs bench client``: the batch client against the raw operation on the same bytes in
+the same run, and the same blocks through the FUSE path.
+
+It mounts kvfs (a DRAM tier over a disk tier, in a temporary directory), then measures,
+best of ``--passes``:
+
+- **put / get from DRAM** (2 MiB blocks, ``--batch`` per round trip): ``Client.put`` (bytes
+  copied straight into reserved arena extents, checksummed, committed) and
+  ``Client.get_into`` (copied out of the arena under leases) against ``memcpy`` of the same
+  bytes between the same buffers (numpy ``copyto``);
+- **get from disk, direct**: the blocks evicted to the disk tier, ``get_into`` with
+  ``promote="never"`` (the client ``preadv``s each block file at its payload offset and
+  verifies xxh3-64) against raw ``os.preadv`` of the same files plus the same checksum;
+  page cache warm for both;
+- **lookup** of ``--names`` names (1,000) in one call, against ``os.stat`` of each
+  through the mount (what a program without the client does);
+- **put / get through FUSE**: the same blocks written and read as files on the mount,
+  against the same memcpy.
+
+Every figure is a ratio against its baseline measured in the same run (``ratio``:
+client / baseline for throughput, baseline / client for lookup time: above 1 is faster).
+The load average is printed with them: the figures of a shared machine move with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import xxhash
+
+from kvfs.blockfile import header_length
+from kvfs.units import format_size, parse_size
+
+from .bench_tiers import best_of
+from .render import table
+
+__all__ = ["add_arguments", "run"]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--block-size", default="2MiB", help="block size (default 2MiB)")
+    p.add_argument("--blocks", type=int, default=64, help="blocks per pass (default 64)")
+    p.add_argument("--batch", type=int, default=32, help="blocks per client call (default 32)")
+    p.add_argument("--passes", type=int, default=5, help="passes; the best is reported (default 5)")
+    p.add_argument("--names", type=int, default=1000, help="names per lookup (default 1000)")
+    p.add_argument("--dir", type=Path, default=None, help="where to mount (default: a temp dir under /var/tmp)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+
+
+def _memcpy(blocks: list[np.ndarray], outs: list[np.ndarray], passes: int) -> tuple[float, float]:
+    """Seconds to copy every block into a buffer of its own (what a put does) and out of
+    those into *outs* (what a get does): memcpy of the same bytes, the baseline."""
+    dest = [np.empty_like(b) for b in blocks]
+    copy_in = best_of(lambda: [np.copyto(d, b) for d, b in zip(dest, blocks)], passes)
+    copy_out = best_of(lambda: [np.copyto(o, d) for o, d in zip(outs, dest)], passes)
+    return copy_in, copy_out
+
+
+def _chunks(n: int, size: int) -> list[slice]:
+    return [slice(i, min(i + size, n)) for i in range(0, n, size)]
+
+
+def _row(path: str, op: str, seconds: float, base: str, base_seconds: float, nbytes: int) -> dict:
+    gb_s, base_gb_s = nbytes / seconds / 1e9, nbytes / base_seconds / 1e9
+    return {
+        "path": path,
+        "op": op,
+        "gb_s": gb_s,
+        "baseline": base,
+        "baseline_gb_s": base_gb_s,
+        "ratio": gb_s / base_gb_s,
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvfs.client import Client
+
+    from .scratch import mount, umount
+
+    size = parse_size(args.block_size)
+    n = args.blocks
+    total = size * n
+    say = (lambda *a: print(*a, file=sys.stderr, flush=True)) if args.json else (lambda *a: print(*a, flush=True))
+    rng = np.random.default_rng(0)
+    blocks = [rng.integers(0, 256, size, dtype=np.uint8) for _ in range(n)]
+    outs = [np.empty(size, dtype=np.uint8) for _ in range(n)]
+    names = [f"bench/{i % 256:02x}/{i:032x}" for i in range(n)]
+    base = args.dir or Path(tempfile.mkdtemp(prefix="kvfs-bench-client-", dir="/var/tmp"))
+    cfg = base / "kvfs.toml"
+    dram = max(2 * total + (64 << 20), 2 * args.batch * size + (64 << 20))
+    cfg.write_text(
+        f'[[tiers]]\nkind = "dram"\ncapacity = {dram}\n\n'
+        f'[[tiers]]\nkind = "disk"\ncapacity = {4 * total + (256 << 20)}\npath = "{base}/disk"\n\n'
+        f"[client]\nmax_reserved = {dram // 2}\n"
+    )
+    mp = base / "mnt"
+    load_before = os.getloadavg()
+    say(f"kvfs bench client: {n} blocks of {format_size(size)}, {args.batch} per call, best of {args.passes} passes")
+    mount(mp, cfg)
+    rows: list[dict] = []
+    try:
+        with Client(mp, write=True, name="kvfs bench client") as c:
+            copy_in, copy_out = _memcpy(blocks, outs, args.passes)
+            batches = _chunks(n, args.batch)
+
+            def put() -> None:
+                for s in batches:
+                    c.put(names[s], blocks[s])
+
+            def get(promote: str | None = None) -> None:
+                for s in batches:
+                    c.get_into(names[s], outs[s], promote=promote)
+
+            rows.append(_row("client", "put", best_of(put, args.passes), "memcpy", copy_in, total))
+            rows.append(_row("client", "get", best_of(get, args.passes), "memcpy", copy_out, total))
+            for o, b in zip(outs, blocks):
+                if not np.array_equal(o, b):
+                    raise SystemExit("kvfs bench client: the client read back the wrong bytes")
+            say("  dram put/get done")
+
+            # -- disk, direct: the block files themselves
+            c.evict(names, tier="dram")
+            paths = [(str(base / "disk" / "blocks" / nm), header_length(nm), c.stat(nm).checksum) for nm in names]
+
+            def raw() -> None:
+                for (path, off, csum), o in zip(paths, outs):
+                    fd = os.open(path, os.O_RDONLY)
+                    try:
+                        got = os.preadv(fd, [o], off)
+                    finally:
+                        os.close(fd)
+                    if got != size or xxhash.xxh3_64_intdigest(o) != csum:
+                        raise SystemExit(f"kvfs bench client: {path} does not verify")
+
+            raw_s = best_of(raw, args.passes)
+            disk_s = best_of(lambda: get("never"), args.passes)
+            if any("dram" in c.stat(nm).tiers for nm in names):
+                raise SystemExit("kvfs bench client: a direct read promoted a block")
+            rows.append(_row("client", "get (disk, direct)", disk_s, "preadv + xxh3", raw_s, total))
+            say("  disk direct get done")
+
+            # -- lookup of many names, one call, against os.stat of each through FUSE
+            lnames = [f"look/{i % 256:02x}/{i:032x}" for i in range(args.names)]
+            c.put(lnames, [b"x"] * len(lnames))
+            reps = max(10, args.passes * 4)
+            found = c.lookup(lnames)
+            if found.prefix != len(lnames):
+                raise SystemExit("kvfs bench client: lookup missed names it should have found")
+            look_s = best_of(lambda: c.lookup(lnames), reps)
+            stat_s = best_of(lambda: [os.stat(mp / nm) for nm in lnames], max(3, args.passes))
+            rows.append(
+                {
+                    "path": "client",
+                    "op": f"lookup {len(lnames)} names",
+                    "gb_s": None,
+                    "ms": look_s * 1e3,
+                    "baseline": "os.stat via FUSE",
+                    "baseline_gb_s": None,
+                    "baseline_ms": stat_s * 1e3,
+                    "ratio": stat_s / look_s,
+                }
+            )
+            say("  lookup done")
+
+        # -- the same blocks through the FUSE path
+        fnames = [mp / "fuse" / f"{i:032x}" for i in range(n)]
+        (mp / "fuse").mkdir(exist_ok=True)
+
+        def fuse_put() -> None:
+            for p, b in zip(fnames, blocks):
+                with open(p, "wb") as f:
+                    f.write(b)
+
+        def fuse_get() -> None:
+            for p, o in zip(fnames, outs):
+                with open(p, "rb", buffering=0) as f:
+                    f.readinto(o)
+
+        rows.append(_row("fuse", "put", best_of(fuse_put, args.passes), "memcpy", copy_in, total))
+        rows.append(_row("fuse", "get", best_of(fuse_get, args.passes), "memcpy", copy_out, total))
+        say("  fuse put/get done")
+    finally:
+        umount(mp)
+        if args.dir is None:
+            shutil.rmtree(base, ignore_errors=True)
+    load = {"before": load_before, "after": os.getloadavg(), "cpus": os.cpu_count()}
+    if args.json:
+        print(
+            json.dumps({"block_size": size, "blocks": n, "batch": args.batch, "load": load, "results": rows}, indent=2)
+        )
+        return 0
+    print(
+        table(
+            ["path", "op", "GB/s", "baseline", "baseline GB/s", "ratio"],
+            [
+                [
+                    r["path"],
+                    r["op"],
+                    f"{r['gb_s']:.2f}" if r["gb_s"] is not None else f"{r['ms']:.3f} ms",
+                    r["baseline"],
+                    f"{r['baseline_gb_s']:.2f}" if r["baseline_gb_s"] is not None else f"{r['baseline_ms']:.3f} ms",
+                    f"{r['ratio']:.2f}",
+                ]
+                for r in rows
+            ],
+        )
+    )
+    print(
+        f"\nload average {load['before'][0]:.2f} before, {load['after'][0]:.2f} after, on {load['cpus']} CPUs; "
+        "ratios are client/baseline (lookup: baseline/client)"
+    )
+    return 0
