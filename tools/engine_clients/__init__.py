@@ -3,8 +3,9 @@
 The engines (vLLM, SGLang, LMCache) pin dependencies that cannot share one environment
 (numpy 2.2 vs 2.3, different transformers), so ``.ci/engines`` builds one virtualenv per
 engine under ``.venvs/`` and the scripts in this folder are run there *by path*, as
-subprocesses: nothing of kvfs is imported inside them (they import only
-``client_report``, beside them). ``tests/test_engine_*.py`` and ``kvfs bench engines`` run
+subprocesses: the scripts import nothing of kvfs (only ``client_report``, beside them);
+the engine itself imports kvfs's own connector where a run asks for it
+(``vllm_client.py --connector kvfs``: ``.ci/engines`` installs kvfs into that venv). ``tests/test_engine_*.py`` and ``kvfs bench engines`` run
 the same script on a kvfs mount and on a plain directory and compare what each printed.
 
 - :data:`CLIENTS`: name -> :class:`Client` (the virtualenv and the script).
