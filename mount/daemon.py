@@ -176,6 +176,10 @@ async def _serve(ops, store, mountpoint: str, sock: Path, on_ready, config: Conf
         await nursery.start(serve, server, sock)
         nursery.start_soon(_write_through, store)
         nursery.start_soon(_on_signals, nursery.cancel_scope)
+        if config.events.zmq is not None:
+            from .kv_events import publish_hub
+
+            await nursery.start(publish_hub, server.control.hub, store.tiers, config.events)
         on_ready()
         await pyfuse3.main(min_tasks=4, max_tasks=64)
         log.info("the kernel ended the session (unmounted from outside)")
