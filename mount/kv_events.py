@@ -193,15 +193,14 @@ def tier_places(tiers: Iterable[tuple[str, str, bool]]) -> dict[str, TierPlace]:
     return {name: TierPlace.of(kind, shared) for name, kind, shared in tiers}
 
 
-async def publish_hub(hub: Any, tiers: Any, config: Any, *, task_status: Any = None) -> None:
+async def publish_hub(hub: Any, tiers: Any, config: Any, pub: KvEventPublisher, *, task_status: Any = None) -> None:
     """The daemon's publisher (``[events] zmq``): every event of *hub* (the daemon's
-    :class:`~kvfs.mount.control.EventHub`), translated, one batch per burst, until
-    cancelled. *tiers*: the store's tiers."""
+    :class:`~kvfs.mount.control.EventHub`), translated, one batch per burst, on *pub*
+    until cancelled (then it is closed). *tiers*: the store's tiers."""
     import trio
 
     places = tier_places((t.name, t.kind.value, t.shared) for t in tiers)
     tr = Translator(places, block_size=config.block_size)
-    pub = KvEventPublisher(config.zmq, topic=config.topic)
     log.info("publishing KV events on %s", pub.address)
     try:
         with hub.subscribe() as events:
