@@ -67,7 +67,7 @@ from kvfs.protocol import (
 )
 from kvfs.store import Store
 
-from .session import AccessPolicy, Connection, Session, call_store
+from .session import AccessPolicy, Connection, Refused, Session, call_store
 
 __all__ = ["ClientOps"]
 
@@ -82,6 +82,18 @@ _ON_LOOP = 4096  # names a lookup or lease answers on the loop; more go to a wor
 
 def _wire(exc: BaseException) -> WireError:
     return WireError(type=error_type(exc), message=str(exc))
+
+
+def _allowed(names: list[str], refused: Refused) -> list[str]:
+    """The names of a batch that were not refused, in order."""
+    return [n for i, n in enumerate(names) if i not in refused] if refused else names
+
+
+def _spread(refused: Refused, n: int, done: list[T], fill: Callable[[KvfsError], T]) -> list[T]:
+    """Per position of a batch of *n*: the next of *done* (the allowed names' results),
+    or *fill* of the refusal."""
+    it = iter(done)
+    return [fill(refused[i]) if i in refused else next(it) for i in range(n)]
 
 
 class MountSide(Protocol):
@@ -189,9 +201,21 @@ class ClientOps:
                 pass  # the store call answers it with the name's error
 
     async def op_lookup(self, conn: Connection, req: Lookup) -> LookupResult:
-        await self._settle(req.names)
-        p = await self._batch(self.store.probe, req.names)
-        return LookupResult(sizes=p.sizes, tiers=p.tiers, pinned=p.pinned, prefix=p.prefix)
+        refused = conn.refused
+        names = _allowed(req.names, refused)
+        await self._settle(names)
+        p = await self._batch(self.store.probe, names)
+        if not refused:
+            return LookupResult(sizes=p.sizes, tiers=p.tiers, pinned=p.pinned, prefix=p.prefix)
+        n = len(req.names)
+        sizes = _spread(refused, n, p.sizes, lambda e: -1)
+        return LookupResult(
+            sizes=sizes,
+            tiers=_spread(refused, n, p.tiers, lambda e: 0),
+            pinned=_spread(refused, n, p.pinned, lambda e: False),
+            prefix=next((i for i, size in enumerate(sizes) if size < 0), n),
+            errors=_spread(refused, n, [None] * len(names), _wire),
+        )
 
     def _ttl(self, ttl: float) -> float:
         if ttl < 0:
@@ -203,12 +227,14 @@ class ClientOps:
             raise ProtocolError(f"lease.promote: {req.promote!r} is not one of {', '.join(Promote.ALL)}")
         self._capped("lease", req.names)
         promote = req.promote
-        await self._settle(req.names)
+        names = _allowed(req.names, conn.refused)
+        await self._settle(names)
         if not conn.session.owner:
             promote = Promote.ALWAYS  # another user cannot open the tier's files: read them from DRAM
-        results = await self._batch(
-            self.store.lease_many, req.names, ttl=self._ttl(req.ttl), promote=promote, count_hits=req.count_hits
+        leased = await self._batch(
+            self.store.lease_many, names, ttl=self._ttl(req.ttl), promote=promote, count_hits=req.count_hits
         )
+        results = _spread(conn.refused, len(req.names), leased, lambda e: e)
         now = self.store.leases.clock()
         grants: list[Grant | None] = []
         errors: list[WireError | None] = []
@@ -291,18 +317,20 @@ class ClientOps:
                     f"a put of {name!r} ({size} bytes) is larger than this mount takes from a client "
                     f"({self.max_put} bytes: [client] max_reserved, at most the DRAM tier); write it through the mount"
                 )
-        total = sum(req.sizes)
+        refused = conn.refused
+        parents = req.parents or [None] * n
+        todo = [t for i, t in enumerate(zip(req.names, req.sizes, parents)) if i not in refused]
+        total = sum(size for _, size, _ in todo)
         if s.reserved_bytes + total > self.max_reserved:
             raise NoSpace(
                 f"this session would hold {s.reserved_bytes + total} bytes reserved, more than the "
                 f"{self.max_reserved} bytes one session may ([client] max_reserved); commit or abort first, or put fewer at once"
             )
-        parents = req.parents or [None] * n
 
         def reserve_all() -> list[Reservation]:
             made: list[Reservation] = []
             try:
-                for name, size, parent in zip(req.names, req.sizes, parents):
+                for name, size, parent in todo:
                     made.append(self.store.reserve(name, size, parent=parent, ttl=_RESERVE_TTL))
             except BaseException:
                 for r in made:
@@ -315,7 +343,8 @@ class ClientOps:
         for r in made:
             s.reservations[r.id] = r
         return Reserved(
-            slots=[Slot(id=r.id, offset=r.location.offset, length=r.size, ttl=r.expires - now) for r in made]
+            slots=[Slot(id=r.id, offset=r.location.offset, length=r.size, ttl=r.expires - now) for r in made],
+            errors=_spread(refused, n, [None] * len(made), _wire) if refused else [],
         )
 
     def _reservations(self, conn: Connection, ids: list[int]) -> list[Reservation]:

@@ -216,7 +216,10 @@ class Client:
         """Presence of every name and the cached prefix length, in one round trip."""
         names = list(names)
         r = self._request(Lookup(names=names))
-        return LookupResult(names, r.sizes, r.tiers, r.pinned, self.tiers, r.prefix)
+        found = LookupResult(names, r.sizes, r.tiers, r.pinned, self.tiers, r.prefix)
+        if any(e is not None for e in r.errors):  # refused names (another namespace's rule)
+            raise BatchError("lookup", [found[i] if e is None else _from_wire(e) for i, e in enumerate(r.errors)])
+        return found
 
     def stat(self, name: str) -> BlockStat:
         """One block's record (size, checksum, tiers, pin, hits, times)."""
@@ -457,16 +460,32 @@ class Client:
         self, names: Sequence[str], sizes: Sequence[int], parents: Sequence[str | None] | None = None
     ) -> list[PutBuffer]:
         """Reserve an arena extent per block (all or none) to write in place; fill each
-        :attr:`PutBuffer.data`, then :meth:`commit` (or :meth:`abort`) them."""
+        :attr:`PutBuffer.data`, then :meth:`commit` (or :meth:`abort`) them. Names a
+        namespace's rule refuses raise :class:`BatchError` (abort the buffers in its
+        ``results``)."""
+        out = self._reserve(names, sizes, parents)
+        if any(isinstance(p, KvfsError) for p in out):
+            raise BatchError("reserve", out)
+        return out  # type: ignore[return-value]
+
+    def _reserve(
+        self, names: Sequence[str], sizes: Sequence[int], parents: Sequence[str | None] | None = None
+    ) -> list[PutBuffer | KvfsError]:
         if not self.writable:
             raise KvfsError("this client is read-only: open it with Client(..., write=True) to put")
         arena = self._arena_view()
         sent = time.monotonic()
         r = self._request(Reserve(names=list(names), sizes=list(sizes), parents=list(parents or [])))
-        return [
-            PutBuffer(n, s, arena[s.offset : s.offset + s.length], sent + s.ttl)
-            for n, s in zip(names, r.slots, strict=True)
-        ]
+        slots = iter(r.slots)
+        out: list[PutBuffer | KvfsError] = []
+        for i, n in enumerate(names):
+            e = r.errors[i] if r.errors else None
+            if e is not None:
+                out.append(_from_wire(e))
+                continue
+            s = next(slots)
+            out.append(PutBuffer(n, s, arena[s.offset : s.offset + s.length], sent + s.ttl))
+        return out
 
     def commit(self, puts: Sequence[PutBuffer]) -> list[KvfsError | None]:
         """Seal the reserved blocks (the daemon checks each checksum first); per block None
@@ -504,8 +523,10 @@ class Client:
             while j < len(names) and (j == i or room + sizes[j] <= cap):
                 room += sizes[j]
                 j += 1
-            puts = self.reserve(names[i:j], sizes[i:j], par[i:j])
-            results += self._fill_and_commit(puts, srcs[i:j])
+            made = self._reserve(names[i:j], sizes[i:j], par[i:j])
+            ok = [k for k, p in enumerate(made) if isinstance(p, PutBuffer)]
+            done = iter(self._fill_and_commit([made[k] for k in ok], [srcs[i + k] for k in ok]))  # type: ignore[misc]
+            results += [next(done) if isinstance(p, PutBuffer) else p for p in made]
             i = j
         if any(r is not None for r in results):
             raise BatchError("put", list(results))

@@ -388,6 +388,8 @@ class PinResult(Message):
     kind: ClassVar[str] = "pin_result"
     blocks: int
     changed: int
+    failed: list[Failure] = field(default_factory=list)
+    """Paths refused (a namespace's access rule), with why."""
 
 
 @dataclass(**_MSG)
@@ -572,6 +574,9 @@ class LookupResult(Message):
     tiers: list[int]
     pinned: list[bool]
     prefix: int
+    errors: list[WireError | None] = field(default_factory=list)
+    """Per name, when some were refused (a namespace's access rule): None or why; empty
+    when none was. A refused name reads as absent in the columns and ends the prefix."""
 
 
 @dataclass(**_MSG)
@@ -636,6 +641,9 @@ class Renew(Request):
 class Reserved(Message):
     kind: ClassVar[str] = "reserved"
     slots: list[Slot]
+    errors: list[WireError | None] = field(default_factory=list)
+    """Per name, when some were refused (a namespace's access rule): None (its slot is
+    the next in ``slots``) or why; empty when none was."""
 
 
 @dataclass(**_MSG)

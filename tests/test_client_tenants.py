@@ -1,0 +1,152 @@
+"""Tenants on the batch client's socket, with real second users (made with useradd when the
+tests run as root): per-name access on every request, per-name refusals inside a batch,
+events filtered per namespace, and the copy path for a peer that may not map the arena
+(docs/client.md, "Security"; docs/tenants.md, "Access").
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+from test_client import CONFIG, MiB, Peer, blob, sha, statistics
+from test_mount_tenants import users  # noqa: F401  (the fixture)
+
+from kvfs.client import Client
+
+from conftest import wait_for
+
+NOGROUP = 65534  # the group socket's group; both tenants are in it
+
+TENANTS = """
+[client]
+socket = "{gsock}"
+group = "nogroup"
+group_writes = true
+
+[[namespaces]]
+path = "a"
+owner = {a_uid}
+group = {a_gid}
+mode = "0750"
+
+[[namespaces]]
+path = "b"
+owner = {b_uid}
+group = {b_gid}
+mode = "0700"
+"""
+
+
+@pytest.fixture
+def tenants(kvfs_mount, users, tmp_path):
+    """A mount whose namespaces a (alice's, 0750) and b (bob's, 0700) belong to two real
+    users, both reaching the daemon through the group socket (group nogroup, puts allowed)."""
+    people = users("alice", "bob", groups={"alice": "nogroup", "bob": "nogroup"})
+    gdir = Path(tempfile.mkdtemp(prefix="kvfs-tenants-"))
+    os.chmod(gdir, 0o755)
+    gsock = gdir / "c.sock"
+    alice, bob = people["alice"], people["bob"]
+    more = TENANTS.format(gsock=gsock, a_uid=alice[0], a_gid=alice[1], b_uid=bob[0], b_gid=bob[1])
+    data = tmp_path / "data"
+    data.mkdir()
+    mp = kvfs_mount(CONFIG.format(dram="16MiB", data=data, more=more), data=data)
+    peers: list[Peer] = []
+
+    def connect(who: str, *args: str) -> Peer:
+        uid, gid, _ = people[who]
+        p = Peer(gsock, *args, become=(uid, gid, NOGROUP))
+        peers.append(p)
+        return p
+
+    yield mp, connect, people
+    for p in peers:
+        p.close()
+    shutil.rmtree(gdir, ignore_errors=True)
+
+
+def _refused(results: list, namespace: str) -> bool:
+    """Every result is an AccessDenied that names *namespace* and says what to do."""
+    return all(
+        r != "ok" and r[0] == "AccessDenied" and f"namespace {namespace!r}" in r[1] and "ask its owner" in r[1]
+        for r in results
+    )
+
+
+def test_a_tenant_reads_and_writes_its_namespace_and_nothing_of_anothers(tenants):
+    mp, connect, people = tenants
+    with Client(mp, write=True) as owner:
+        owner.put(["b/00/x", "free/y"], [blob(1, MiB), blob(2, 4096)])
+    alice = connect("alice", "write")
+    assert alice.connected["ok"] and alice.connected["owner"] is False
+    alice.ok("put a/00/mine 3 65536")
+    assert alice.ok("read a/00/mine")["sha"] == sha(blob(3, 65536))
+    assert alice.ok("view a/00/mine")["sha"] == sha(blob(3, 65536))
+    alice.ok("release")
+    assert alice.ok("read free/y")["sha"] == sha(blob(2, 4096))  # outside every namespace: as before
+
+    # every request that carries a name of b is refused with a clear error, name by name
+    mixed = "a/00/mine,b/00/x,free/y"
+    for op in ("lookup", "read", "view", "lease"):
+        res = alice.ok(f"each {op} {mixed}")["results"]
+        assert res[0] == "ok" and res[2] == "ok" and _refused([res[1]], "b"), (op, res)
+    res = alice.ok("each put a/00/new,b/00/evil,a/00/new2")["results"]
+    assert res[0] == res[2] == "ok" and _refused([res[1]], "b"), res
+    for op in ("stat", "ls", "du"):
+        res = alice.ok(f"each {op} b/00/x,b,b/00")["results"]
+        assert _refused(res, "b"), (op, res)
+    for op in ("evict", "prefetch", "pin"):
+        res = alice.ok(f"each {op} a/00/mine,b/00/x")["results"]
+        assert res[0] == "ok" and _refused([res[1]], "b"), (op, res)
+        res = alice.ok(f"each {op} b/00/x")["results"]  # all refused: the whole request is
+        assert _refused(res, "b"), (op, res)
+    res = alice.ok("each prefetch ,a")["results"]  # the root holds b: a directory above it is refused
+    assert _refused([res[0]], "b") and res[1] == "ok", res
+    res = alice.ok("each evict free/y")["results"]  # outside every namespace: the owner's, as before
+    assert res[0][0] == "PermissionDenied" and "may not use the evict command" in res[0][1], res
+
+    # the raw reply says the same per name: never a silent empty answer
+    reply = alice.ok('raw lookup {"names": ["a/00/mine", "b/00/x"]}')["reply"]
+    assert reply["sizes"][0] == 65536 and reply["sizes"][1] == -1 and reply["prefix"] == 1
+    assert reply["errors"][0] is None and reply["errors"][1]["type"] == "AccessDenied"
+
+    # nothing of b changed; what alice did in a stuck
+    with Client(mp) as owner:
+        st = owner.stat("b/00/x")
+        assert st.size == MiB and not st.pinned and "dram" in st.tiers
+        assert not owner.lookup(["b/00/evil"]).present(0)
+        assert owner.lookup(["a/00/new", "a/00/new2"]).prefix == 2
+        assert owner.stat("a/00/mine").pinned
+    assert statistics(mp).leases == 0
+
+    # bob may do everything in b, nothing in a (0750, and he is not in alice's group)
+    bob = connect("bob", "write")
+    assert bob.ok("read b/00/x")["sha"] == sha(blob(1, MiB))
+    assert _refused(bob.ok("each read a/00/mine")["results"], "a")
+
+
+def test_a_tenant_gets_no_events_of_another_namespace(tenants):
+    mp, connect, _ = tenants
+    alice = connect("alice")
+    alice.ok("events start")
+    with Client(mp, write=True) as owner:
+        owner.put(["b/00/e1", "a/00/e1", "free/e1"], [blob(1, 4096)] * 3)
+        owner.evict(["b/00/e1"], tier="dram")
+        os.unlink(mp / "b" / "00" / "e1")
+        owner.put(["a/00/e2"], [blob(2, 4096)])
+    names: list[str] = []
+
+    def seen_last() -> bool:
+        names[:] = alice.ok("events stop")["names"]
+        return "a/00/e2" in names
+
+    wait_for(seen_last)
+    assert "a/00/e1" in names and "free/e1" in names
+    assert not [n for n in names if n.startswith("b/")], names
+    with Client(mp) as owner, owner.events() as ev:  # the owner still sees everything
+        with Client(mp, write=True) as w:
+            w.put(["b/00/e3"], [blob(3, 4096)])
+        assert next(ev).name == "b/00/e3"
