@@ -557,7 +557,7 @@ class Server:
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the client hung up mid-reply (how ``events`` normally ends)
         finally:
-            if conn.session.leases or conn.session.reservations:
+            if conn.session.holds_anything:
                 with trio.CancelScope(shield=True):
                     await trio.to_thread.run_sync(conn.session.close, self.store)
 

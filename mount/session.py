@@ -22,7 +22,7 @@ import array
 import functools
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -62,6 +62,8 @@ from kvfs.protocol import (
     encode,
 )
 from kvfs.store import Store
+
+from .copybuffer import CopyBuffer
 
 __all__ = ["AccessPolicy", "Connection", "Peer", "Refused", "Session", "call_store", "is_request"]
 
@@ -199,7 +201,10 @@ class AccessPolicy:
 
 @dataclass(eq=False)
 class Session:
-    """What one connection holds. ``write``: it was granted a read-write arena (puts)."""
+    """What one connection holds. ``write``: it was granted puts (a read-write arena, or
+    its copy buffer). ``copies``: the session's copy buffer when it may not map the arena
+    (:mod:`kvfs.mount.copybuffer`); then ``copy_slots`` and ``put_slots`` say which slot
+    of it each lease and each reservation holds (by id)."""
 
     peer: Peer
     owner: bool
@@ -208,19 +213,44 @@ class Session:
     client: str = ""
     leases: set[int] = field(default_factory=set)
     reservations: dict[int, Reservation] = field(default_factory=dict)
+    copies: CopyBuffer | None = None
+    copy_slots: dict[int, int] = field(default_factory=dict)
+    put_slots: dict[int, int] = field(default_factory=dict)
 
     @property
     def reserved_bytes(self) -> int:
         return sum(r.size for r in self.reservations.values())
 
+    @property
+    def holds_anything(self) -> bool:
+        return bool(self.leases or self.reservations or self.copies is not None)
+
+    def free_slots(self, leases: Iterable[int] = (), reservations: Iterable[int] = ()) -> None:
+        """Give back the copy-buffer slots of these leases and reservations."""
+        if self.copies is None:
+            return
+        for i in leases:
+            off = self.copy_slots.pop(i, None)
+            if off is not None:
+                self.copies.give_back(off)
+        for i in reservations:
+            off = self.put_slots.pop(i, None)
+            if off is not None:
+                self.copies.give_back(off)
+
     def close(self, store: Store) -> None:
         """Give back everything it holds (in a worker thread: a released lease may let a
-        waiting file delete run)."""
+        waiting file delete run), its copy buffer too."""
         leases, self.leases = list(self.leases), set()
         reservations, self.reservations = list(self.reservations.values()), {}
+        copies, self.copies = self.copies, None
+        self.copy_slots.clear()
+        self.put_slots.clear()
         store.leases.release_many(leases)
         for res in reservations:
             store.abort(res)
+        if copies is not None:
+            copies.close()
 
 
 async def call_store(store: Store, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:

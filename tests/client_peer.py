@@ -14,7 +14,9 @@ SIZE`` (hold a reservation, written, uncommitted), ``release``, ``mapwrite`` (ma
 arena mapping writable and write it), ``raw KIND JSON`` (send any request, answer the
 reply), ``each OP NAME,NAME,...`` (one batch call of lookup, read, view, lease, put, pin,
 evict or prefetch, or stat/ls/du per name: per name "ok" or [error class, message]),
-``events start``/``events stop`` (subscribe; answer the names seen), ``exit``.
+``events start``/``events stop`` (subscribe; answer the names seen), ``views NAME,...``
+(hold views of them), ``readmany NAME,... ROOM`` (get_into buffers of ROOM bytes),
+``shrink`` (try to truncate a copy buffer), ``exit``.
 ``become UID GID [G1,G2]`` also sets supplementary groups.
 """
 
@@ -52,7 +54,9 @@ def main() -> None:
             out: dict = {}
             if cmd == "connect":
                 client = Client(args[0], write=len(args) > 1 and args[1] == "write", name="test peer")
-                out = {"owner": client.welcome.owner, "write": client.welcome.write, "max_put": client.welcome.max_put}
+                w = client.welcome
+                out = {"owner": w.owner, "write": w.write, "max_put": w.max_put, "arena": w.arena is not None}
+                out["copy_buffer"] = w.copy_buffer
             elif cmd == "become":
                 os.setgroups([int(g) for g in args[2].split(",")] if len(args) > 2 else [])
                 os.setgid(int(args[1]))
@@ -82,6 +86,21 @@ def main() -> None:
                 client.release([*views.values(), *holds])
                 views.clear()
                 holds.clear()
+            elif cmd == "views":
+                names = args[0].split(",")
+                try:
+                    got = client.get(names)
+                except BatchError as exc:
+                    got = exc.results
+                out = {"results": [sha(v.data) if hasattr(v, "data") else type(v).__name__ for v in got]}
+                views.update({n: v for n, v in zip(names, got) if hasattr(v, "data")})
+            elif cmd == "readmany":
+                names = args[0].split(",")
+                bufs = [bytearray(int(args[1])) for _ in names]
+                sizes = client.get_into(names, bufs)
+                out = {"sha": [sha(b[:n]) for b, n in zip(bufs, sizes)]}
+            elif cmd == "shrink":
+                out = _try_to_shrink_the_copy_buffer(client)
             elif cmd == "mapwrite":
                 out = _try_to_write_the_arena(client)
             elif cmd == "raw":
@@ -164,6 +183,24 @@ def _each(client: Client, op: str, names: list[str]) -> list:
                 r.release()
         return [[type(e).__name__, str(e)] if (e := exc.errors.get(i)) else "ok" for i in range(len(names))]
     return ["ok"] * len(names)
+
+
+def _try_to_shrink_the_copy_buffer(client: Client) -> dict:
+    """Truncate a copy buffer the daemon maps (it would fault on its next copy), as an
+    attacker would: on a second session's descriptor."""
+    from kvfs.client.connection import Connection
+    from kvfs.protocol import Hello
+
+    with Connection(client.socket) as conn:
+        conn.request(Hello(client="shrink"))
+        [fd] = conn.take_fds()
+        try:
+            os.ftruncate(fd, 0)
+            return {"shrunk": True}
+        except OSError as exc:
+            return {"shrunk": False, "errno": exc.errno}
+        finally:
+            os.close(fd)
 
 
 def _try_to_write_the_arena(client: Client) -> dict:

@@ -142,7 +142,14 @@ def test_puts_and_gets_are_byte_exact_across_processes_and_the_mount(mount):
     writer = Peer(mp, "write")
     reader = Peer(mp)
     try:
-        assert writer.connected == {"ok": True, "owner": True, "write": True, "max_put": 8 * MiB}
+        assert writer.connected == {
+            "ok": True,
+            "owner": True,
+            "write": True,
+            "max_put": 8 * MiB,
+            "arena": True,
+            "copy_buffer": 0,
+        }
         for i, (n, size) in enumerate(zip(names, sizes)):
             writer.ok(f"put {n} {i} {size} {names[i - 1] if i else ''}".rstrip())
         for i, (n, size) in enumerate(zip(names, sizes)):

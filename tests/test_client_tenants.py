@@ -26,6 +26,7 @@ TENANTS = """
 socket = "{gsock}"
 group = "nogroup"
 group_writes = true
+copy_buffer = "4MiB"
 
 [[namespaces]]
 path = "a"
@@ -150,3 +151,55 @@ def test_a_tenant_gets_no_events_of_another_namespace(tenants):
         with Client(mp, write=True) as w:
             w.put(["b/00/e3"], [blob(3, 4096)])
         assert next(ev).name == "b/00/e3"
+
+
+def _copy_buffers(pid: int) -> int:
+    """Copy buffers the daemon *pid* has open now (by inode: a mapping holds a descriptor too)."""
+    found = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("/memfd:kvfs-copy"):
+                found.add(os.stat(f"/proc/{pid}/fd/{fd}").st_ino)
+        except OSError:
+            pass
+    return len(found)
+
+
+def test_a_peer_a_rule_keeps_off_the_arena_reads_and_writes_through_its_copy_buffer(tenants):
+    mp, connect, _ = tenants
+    with Client(mp, write=True) as owner:
+        pid = owner.welcome.pid
+        owner.put([f"a/00/{i}" for i in range(6)], [blob(i, MiB) for i in range(6)])
+        owner.evict(["a/00/5"], tier="dram")  # its only copy on disk: the daemon copies it from there
+        [v] = owner.get(["a/00/1"])  # the owner keeps the zero-copy path
+        with v:
+            assert owner.welcome.copy_buffer == 0 and not owner.copying and v.kind == "arena"
+            assert bytes(owner.arena[v.offset : v.offset + v.length]) == blob(1, MiB)
+    assert _copy_buffers(pid) == 0
+    alice = connect("alice", "write")
+    # alice may not read b: no arena descriptor, a copy buffer of [client] copy_buffer
+    assert alice.connected["arena"] is False and alice.connected["copy_buffer"] == 4 * MiB
+    assert alice.connected["max_put"] == 4 * MiB
+    assert _copy_buffers(pid) == 1
+    # byte-exact through copies, in as many batches as the buffer holds
+    names = ",".join(f"a/00/{i}" for i in range(6))
+    assert alice.ok(f"readmany {names} {MiB}")["sha"] == [sha(blob(i, MiB)) for i in range(6)]
+    got = alice.ok(f"views {names}")["results"]  # views hold slots: four fit
+    assert got[:4] == [sha(blob(i, MiB)) for i in range(4)] and got[4:] == ["NoSpace", "NoSpace"], got
+    alice.ok("release")
+    again = alice.ok("views a/00/4,a/00/5")["results"]  # released slots are free again
+    assert again == [sha(blob(4, MiB)), sha(blob(5, MiB))]
+    alice.ok("release")
+    alice.ok("put a/01/p 9 3000000")  # a put through the buffer, checked in the arena
+    with Client(mp) as owner:
+        buf = bytearray(3000000)
+        owner.get_into(["a/01/p"], [buf])
+        assert sha(buf) == sha(blob(9, 3000000))
+    # the daemon maps the buffer: it is sealed against truncation
+    assert alice.ok("shrink") == {"ok": True, "shrunk": False, "errno": 1}  # EPERM
+    # a SIGKILLed copy client frees its slots, leases and reservations at once
+    alice.ok("view a/00/0")
+    alice.ok("reserve a/01/q 65536")
+    assert statistics(mp).leases == 1 and statistics(mp).reserved > 0
+    alice.kill()
+    wait_for(lambda: statistics(mp).leases == 0 and statistics(mp).reserved == 0 and _copy_buffers(pid) == 0)

@@ -137,14 +137,19 @@ class Client:
             welcome = self._request(Hello(client=name or f"pid {os.getpid()}", write=write))
             fds = self._conn.take_fds()
             try:
-                if welcome.arena is not None:
+                if welcome.copy_buffer or welcome.arena is not None:
                     if not fds:
-                        raise KvfsError("the daemon did not pass the arena's descriptor")
-                    prot = mmap.PROT_READ | (mmap.PROT_WRITE if write else 0)
-                    self._map = mmap.mmap(fds[0], welcome.arena.size, mmap.MAP_SHARED, prot)
+                        raise KvfsError("the daemon did not pass the arena's (or copy buffer's) descriptor")
+                    if welcome.copy_buffer:  # a namespace's rule keeps us off the arena: our own buffer instead
+                        size, writable = welcome.copy_buffer, True
+                    else:
+                        assert welcome.arena is not None
+                        size, writable = welcome.arena.size, write
+                    prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
+                    self._map = mmap.mmap(fds[0], size, mmap.MAP_SHARED, prot)
                     self._arena = memoryview(self._map)
                     if populate:
-                        _populate(self._map, write)
+                        _populate(self._map, writable)
             finally:
                 for fd in fds:
                     os.close(fd)
@@ -156,6 +161,8 @@ class Client:
         self.tiers = [t.name for t in welcome.tiers]
         self.lease_ttl = lease_ttl or welcome.lease_ttl
         self.writable = write
+        self.copying = welcome.copy_buffer > 0
+        """Reads and puts go through this session's copy buffer (see :attr:`arena`)."""
 
     # -- plumbing ------------------------------------------------------------------------
 
@@ -202,7 +209,9 @@ class Client:
         """This process's mapping of the whole arena file (read-only unless the session
         writes), e.g. to register it with CUDA once (``cudaHostRegister``) so that copies
         from leased extents are DMA; offsets in holds and views index it. None without a
-        DRAM tier."""
+        DRAM tier. When :attr:`copying` (a namespace's access rule keeps this peer from
+        mapping the arena), the session's own copy buffer instead, which holds the
+        verified copies the daemon made for its holds and views, and its puts."""
         return self._arena
 
     def _arena_view(self) -> memoryview:
@@ -295,11 +304,35 @@ class Client:
         positions: Sequence[int] | None = None,
     ) -> list[Any]:
         """Lease, copy and release one batch; per name a :class:`Read`, an error, or a
-        :class:`_Retry` (the copy failed its check and was reported)."""
+        :class:`_Retry` (the copy failed its check and was reported). Through a copy
+        buffer, in as many batches as it holds (by the buffers' room)."""
+        cap = self.welcome.copy_buffer
+        where = list(positions) if positions is not None else list(range(len(names)))
+        if cap and len(names) > 1 and sum(buffers.total(d) for d in dests) > cap:
+            out: list[Any] = []
+            i = 0
+            while i < len(names):
+                j, room = i, 0
+                while j < len(names) and (j == i or room + buffers.total(dests[j]) <= cap):
+                    room += buffers.total(dests[j])
+                    j += 1
+                out += self._read_batch(names[i:j], dests[i:j], verify, promote, then, where[i:j])
+                i = j
+            return out
+        return self._read_batch(names, dests, verify, promote, then, where)
+
+    def _read_batch(
+        self,
+        names: list[str],
+        dests: list[buffers.Segments],
+        verify: bool,
+        promote: str,
+        then: Callable[[int, Read], object] | None,
+        where: Sequence[int],
+    ) -> list[Any]:
         leased = self._lease(names, promote)
         out: list[Any] = [err for _, err, _ in leased]
         todo = [i for i, (g, _, _) in enumerate(leased) if g is not None]
-        where = positions if positions is not None else range(len(names))
         reported: set[int] = set()  # leases a Suspect ended
 
         def copy(i: int, nowait: bool = False) -> Any:

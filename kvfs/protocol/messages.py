@@ -148,7 +148,8 @@ class ArenaInfo:
 @dataclass(**_MSG)
 class Grant:
     """One leased copy: *length* payload bytes at *offset* of the arena (``kind`` =
-    ``"arena"``) or of the block file *path* (``"file"``, 4 KiB-aligned offset), with the
+    ``"arena"``), of the session's copy buffer (``"copy"``: a verified copy made for it),
+    or of the block file *path* (``"file"``, 4 KiB-aligned offset), with the
     block's xxh3-64 *checksum*; valid for *ttl* seconds from the reply unless released."""
 
     id: int
@@ -551,6 +552,10 @@ class Welcome(Message):
     max_reserved: int
     lease_ttl: float
     max_ttl: float
+    copy_buffer: int = 0
+    """Bytes of this session's private copy buffer, whose descriptor comes instead of
+    the arena's when a namespace's access rule keeps the peer from mapping the arena
+    (grants of kind ``"copy"`` and reserved slots index it); 0: none."""
 
 
 @dataclass(**_MSG)
