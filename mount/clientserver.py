@@ -153,7 +153,7 @@ class ClientOps:
         info = None
         fds = []
         max_put, max_reserved = self.max_put, self.max_reserved
-        if not self.access.may_map_arena(conn.peer):  # a namespace's rule keeps it from reading every block
+        if req.copy or not self.access.may_map_arena(conn.peer):  # a rule keeps it from reading every block
             s.copies = await trio.to_thread.run_sync(CopyBuffer, self.copy_buffer)
             fds.append(s.copies.share())
             max_put, max_reserved = min(max_put, s.copies.size), min(max_reserved, s.copies.size)

@@ -105,7 +105,9 @@ class Client:
     (:class:`~kvfs.protocol.Promote`: ``"policy"``, ``"always"``, ``"never"``).
     *populate*: map the whole arena into this process now (one pass of page-table setup
     at connect, instead of a fault on every page of every block's first copy).
-    *io_threads*: blocks copied at once by one call."""
+    *io_threads*: blocks copied at once by one call. *copy*: read and put through a
+    private copy buffer instead of mapping the arena (what a peer that a namespace's
+    access rule keeps off the arena always gets; docs/client.md, "Security")."""
 
     def __init__(
         self,
@@ -118,6 +120,7 @@ class Client:
         promote: str = Promote.POLICY,
         populate: bool = True,
         io_threads: int = 4,
+        copy: bool = False,
     ) -> None:
         if promote not in Promote.ALL:
             raise ValueError(f"promote must be one of {', '.join(Promote.ALL)} (got {promote!r})")
@@ -134,7 +137,7 @@ class Client:
         self._map: mmap.mmap | None = None
         self._arena: memoryview | None = None
         try:
-            welcome = self._request(Hello(client=name or f"pid {os.getpid()}", write=write))
+            welcome = self._request(Hello(client=name or f"pid {os.getpid()}", write=write, copy=copy))
             fds = self._conn.take_fds()
             try:
                 if welcome.copy_buffer or welcome.arena is not None:

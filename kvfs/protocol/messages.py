@@ -560,12 +560,15 @@ class Welcome(Message):
 
 @dataclass(**_MSG)
 class Hello(Request):
-    """Open a session: *write* asks for a read-write arena descriptor (puts)."""
+    """Open a session: *write* asks for a read-write arena descriptor (puts); *copy*
+    asks for a private copy buffer instead of the arena (what a peer a namespace's rule
+    keeps off the arena always gets)."""
 
     kind: ClassVar[str] = "hello"
     reply: ClassVar[type[Message]] = Welcome
     client: str = ""
     write: bool = False
+    copy: bool = False
 
 
 @dataclass(**_MSG)
