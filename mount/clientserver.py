@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import mmap
 import os
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
@@ -31,6 +32,7 @@ from typing import Any, Protocol, TypeVar
 import trio
 
 from kvfs.blockfile import checksum as compute_checksum
+from kvfs.client.buffers import copy_hashed
 from kvfs.config import ClientConfig
 from kvfs.errors import BlockCorrupt, InvalidName, KvfsError, NoSpace
 from kvfs.ingest import Reservation
@@ -133,7 +135,7 @@ class ClientOps:
         self.max_reserved = config.max_reserved or cap // 2
         self.max_put = min(self.max_reserved, cap) if self.arena is not None else 0
         self.copy_buffer = config.copy_buffer or self.max_reserved or _COPY_BUFFER
-        self._arena_fd: int | None = None  # the arena, writable, for puts of copy-buffer sessions
+        self._arena_rw: memoryview | None = None  # the arena file, writable: puts of copy-buffer sessions
         self.lease_ttl = min(config.lease_ttl, MAX_TTL)
 
     # -- the session ---------------------------------------------------------------------
@@ -314,8 +316,8 @@ class ClientOps:
                 f"{copies.used} held: [client] copy_buffer); release views or read fewer blocks at once"
             )
         dst = copies.view(off, r.size)
-        if r.ref is not None:
-            dst[:] = r.ref.data
+        if r.ref is not None:  # the source's pieces hashed right after each is copied, while in cache
+            good = copy_hashed(dst, [r.ref.data]) == r.checksum
         else:
             assert r.location is not None
             fd = os.open(r.location.path, os.O_RDONLY | os.O_CLOEXEC)
@@ -323,11 +325,9 @@ class ClientOps:
                 got = os.preadv(fd, [dst], r.location.offset)
             finally:
                 os.close(fd)
-            if got != r.size:
-                copies.give_back(off)
-                return BlockCorrupt(f"{r.name!r}: short read of its block file ({got} of {r.size} bytes)")
-        # The check reads the slot, which the client may write too: it can only spoil its own copy.
-        if compute_checksum(dst) != r.checksum:
+            # the slot is the client's to write too: a client that does can only spoil its own copy
+            good = got == r.size and compute_checksum(dst) == r.checksum
+        if not good:
             copies.give_back(off)
             return BlockCorrupt(f"{r.name!r}: its copy in {r.tier} does not match the block's checksum")
         return off
@@ -335,12 +335,15 @@ class ClientOps:
     def _copy_in(self, copies: CopyBuffer, off: int, r: Reservation) -> None:
         """Copy a put from its slot of *copies* into its reserved arena extent (which the
         client cannot reach: the store then checks the bytes there)."""
-        if self._arena_fd is None:
+        if self._arena_rw is None:
             assert self.arena is not None  # reservations exist only with an arena
-            self._arena_fd = self.arena.share(writable=True)
-        n = os.pwritev(self._arena_fd, [copies.view(off, r.size)], r.location.offset)
-        if n != r.size:
-            raise KvfsError(f"{r.name!r}: copying the put into the arena wrote {n} of {r.size} bytes")
+            fd = self.arena.share(writable=True)
+            try:
+                self._arena_rw = memoryview(mmap.mmap(fd, os.fstat(fd).st_size, mmap.MAP_SHARED))
+            finally:
+                os.close(fd)
+        at = r.location.offset  # the arena file's offset
+        self._arena_rw[at : at + r.size] = copies.view(off, r.size)
 
     def _own(self, conn: Connection, ids: list[int]) -> list[int]:
         held = conn.session.leases
