@@ -203,3 +203,23 @@ def test_a_peer_a_rule_keeps_off_the_arena_reads_and_writes_through_its_copy_buf
     assert statistics(mp).leases == 1 and statistics(mp).reserved > 0
     alice.kill()
     wait_for(lambda: statistics(mp).leases == 0 and statistics(mp).reserved == 0 and _copy_buffers(pid) == 0)
+
+
+def test_a_bad_dram_copy_is_never_copied_to_a_copy_client(tenants):
+    """A writer scribbles on a committed DRAM extent (what a trusted writer can do): the
+    daemon's check of the copy it makes for a copy-buffer client catches it, drops that
+    copy, and serves the block from its good copy on disk."""
+    mp, connect, _ = tenants
+    with Client(mp, write=True) as owner:
+        owner.put(["a/00/z"], [blob(5, MiB)])
+        owner.evict(["a/00/z"], tier="dram")
+        owner.prefetch(["a/00/z"])  # now in DRAM and on disk
+        [h] = owner.lease(["a/00/z"], promote="always")
+        assert h.kind == "arena"
+        owner.arena[h.offset + 1000] ^= 0xFF
+        h.release()
+    before = statistics(mp).tiers[0].corrupt
+    alice = connect("alice")
+    assert alice.ok("read a/00/z")["sha"] == sha(blob(5, MiB))
+    assert alice.ok("view a/00/z")["sha"] == sha(blob(5, MiB))
+    assert statistics(mp).tiers[0].corrupt == before + 1  # the DRAM copy, dropped once
