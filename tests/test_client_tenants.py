@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from test_client import CONFIG, MiB, Peer, blob, sha, statistics
-from test_mount_tenants import users  # noqa: F401  (the fixture)
+from test_mount_tenants import TENANTS_CONFIG, users  # noqa: F401  (users: the fixture)
 
 from kvfs.client import Client
 
@@ -28,18 +28,7 @@ group = "nogroup"
 group_writes = true
 copy_buffer = "4MiB"
 
-[[namespaces]]
-path = "a"
-owner = {a_uid}
-group = {a_gid}
-mode = "0750"
-
-[[namespaces]]
-path = "b"
-owner = {b_uid}
-group = {b_gid}
-mode = "0700"
-"""
+""" + TENANTS_CONFIG[TENANTS_CONFIG.index("[[namespaces]]") :]  # a: alice's, 0750; b: bob's, 0700
 
 
 @pytest.fixture

@@ -113,40 +113,34 @@ def run(args: argparse.Namespace) -> int:
             copy_in, copy_out = _memcpy(blocks, outs, args.passes)
             batches = _chunks(n, args.batch)
 
-            def put() -> None:
-                for s in batches:
-                    c.put(names[s], blocks[s])
-
             def get(promote: str | None = None) -> None:
                 for s in batches:
                     c.get_into(names[s], outs[s], promote=promote)
 
-            rows.append(_row("client", "put", best_of(put, args.passes), "memcpy", copy_in, total))
-            rows.append(_row("client", "get", best_of(get, args.passes), "memcpy", copy_out, total))
-            for o, b in zip(outs, blocks):
-                if not np.array_equal(o, b):
-                    raise SystemExit("kvfs bench client: the client read back the wrong bytes")
-            say("  dram put/get done")
+            def put_get(client: Client, path: str) -> None:
+                """Rows for puts and gets of every block through *client*; the bytes checked."""
 
-            # -- the copy path: what a peer a namespace's rule keeps off the arena gets
-            with Client(mp, write=True, copy=True, name="kvfs bench client, copy path") as cc:
-
-                def copy_put() -> None:
+                def put() -> None:
                     for s in batches:
-                        cc.put(names[s], blocks[s])
+                        client.put(names[s], blocks[s])
 
-                def copy_get() -> None:
+                def get_all() -> None:
                     for s in batches:
-                        cc.get_into(names[s], outs[s])
+                        client.get_into(names[s], outs[s])
 
                 for o in outs:
                     o.fill(0)
-                rows.append(_row("client copy", "put", best_of(copy_put, args.passes), "memcpy", copy_in, total))
-                rows.append(_row("client copy", "get", best_of(copy_get, args.passes), "memcpy", copy_out, total))
+                rows.append(_row(path, "put", best_of(put, args.passes), "memcpy", copy_in, total))
+                rows.append(_row(path, "get", best_of(get_all, args.passes), "memcpy", copy_out, total))
                 for o, b in zip(outs, blocks):
                     if not np.array_equal(o, b):
-                        raise SystemExit("kvfs bench client: the copy path read back the wrong bytes")
-            say("  copy-path put/get done")
+                        raise SystemExit(f"kvfs bench client: {path} read back the wrong bytes")
+                say(f"  {path} put/get done")
+
+            put_get(c, "client")
+            # -- the copy path: what a peer a namespace's rule keeps off the arena gets
+            with Client(mp, write=True, copy=True, name="kvfs bench client, copy path") as cc:
+                put_get(cc, "client copy")
 
             # -- disk, direct: the block files themselves
             c.evict(names, tier="dram")
