@@ -31,6 +31,7 @@ from kvfs.errors import StoreBusy
 from kvfs.ingest import Reservation
 from kvfs.protocol import (
     Abort,
+    Advise,
     Commit,
     Df,
     Du,
@@ -80,12 +81,12 @@ class Peer:
         return cls(pid=pid, uid=uid, gid=gid)
 
 
-# Requests a peer of another user may make. Writes (reserve, commit, abort) only with
+# Requests a peer of another user may make. Writes (reserve, commit, abort, hint) only with
 # group_writes; anything else (shutdown, pin, evict, fsck, ...) only the owner.
 _READS: frozenset[type[Request]] = frozenset(
     {Ping, Hello, Lookup, Lease, Release, Renew, Suspect, Stat, Statistics, Ls, Du, Df, Top, Events, Prefetch}
 )
-_WRITES: frozenset[type[Request]] = frozenset({Reserve, Commit, Abort})
+_WRITES: frozenset[type[Request]] = frozenset({Reserve, Commit, Abort, Advise})
 
 
 class AccessPolicy:
@@ -113,10 +114,11 @@ class AccessPolicy:
             return
         if kind in _WRITES and self.group_writes:
             return
-        what = "puts" if kind in _WRITES or isinstance(request, Hello) else f"the {request.kind} command"
+        writes = kind in _WRITES or isinstance(request, Hello)
+        what = ("hints" if kind is Advise else "puts") if writes else f"the {request.kind} command"
         hint = (
-            "set [client] group_writes = true in the mount's config to let its group put"
-            if what == "puts"
+            f"set [client] group_writes = true in the mount's config to let its group make {what}"
+            if writes
             else "run it as the mount's owner"
         )
         raise PermissionDenied(
