@@ -40,7 +40,10 @@ from kvfs.config import ClientConfig
 from kvfs.errors import BlockNotFound, KvfsError
 from kvfs.events import Event
 from kvfs.names import normalize
+from kvfs.policies import Hint
 from kvfs.protocol import (
+    Advise,
+    Advised,
     ControlError,
     CopyProblem,
     Df,
@@ -99,6 +102,7 @@ log = logging.getLogger("kvfs.mount.control")
 _BATCH = 64  # blocks handled per worker-thread call in multi-block ops
 _PROGRESS_EVERY = 0.1  # seconds between progress items
 _EVENT_POLL = 0.02  # seconds between drains of the store's event queue
+_MAX_ADVICE = 65536  # names one hint may carry
 
 
 class EventHub:
@@ -414,6 +418,21 @@ class ControlHandler:
             removed=sum(1 for gone, _ in ok if gone),
             failed=failed,
         )
+
+    async def op_hint(self, conn: Connection, req: Advise) -> Advised:
+        """Pass an engine's or router's advice about a chain to every tier's policy."""
+        try:
+            when = Hint(req.when)
+        except ValueError:
+            raise ProtocolError(f"hint.when: {req.when!r} is not one of {', '.join(h.value for h in Hint)}") from None
+        if len(req.names) > _MAX_ADVICE:
+            raise ProtocolError(f"hint: {len(req.names)} names in one request, at most {_MAX_ADVICE}; split it")
+
+        def advise() -> int:
+            self.store.hint(req.names, when)
+            return sum(self.store.exists(n) for n in req.names)
+
+        return Advised(known=await trio.to_thread.run_sync(advise))
 
     async def op_fsck(self, conn: Connection, req: Fsck) -> FsckResult:
         """Read every copy of every block (under *name*) on every tier and check its

@@ -34,6 +34,7 @@ from kvfs.ingest import Reservation
 from kvfs.names import normalize
 from kvfs.protocol import (
     Abort,
+    Advise,
     Commit,
     Df,
     Du,
@@ -69,13 +70,13 @@ __all__ = ["AccessPolicy", "Connection", "Peer", "Refused", "Session", "call_sto
 
 T = TypeVar("T")
 
-# Requests a peer of another user may make. Writes (reserve, commit, abort) only with
-# group_writes; pin and evict only inside a namespace whose rule lets it; anything else
+# Requests a peer of another user may make. Writes (reserve, commit, abort, hint) only
+# with group_writes; pin and evict only inside a namespace whose rule lets it; anything else
 # (shutdown, fsck, quota, ...) only the owner.
 _READS: frozenset[type[Request]] = frozenset(
     {Ping, Hello, Lookup, Lease, Release, Renew, Suspect, Stat, Statistics, Ls, Du, Df, Top, Events, Prefetch}
 )
-_WRITES: frozenset[type[Request]] = frozenset({Reserve, Commit, Abort})
+_WRITES: frozenset[type[Request]] = frozenset({Reserve, Commit, Abort, Advise})
 _IN_NAMESPACES: frozenset[type[Request]] = frozenset({Pin, Evict})
 
 # Requests that carry block names: the field and the operation each name needs
@@ -90,7 +91,10 @@ _NAMES: dict[type[Request], tuple[str, Operation]] = {
     Prefetch: ("paths", Operation.READ),
     Evict: ("paths", Operation.EVICT),
     Pin: ("paths", Operation.PIN),
+    Advise: ("names", Operation.EVICT),  # advice steers eviction; its count would say which names exist
 }
+# Requests whose reply has no place for a name's refusal: refused whole.
+_WHOLE: frozenset[type[Request]] = frozenset({Advise})
 # Requests whose paths may be directories, expanded to every block under them.
 _EXPANDED: frozenset[type[Request]] = frozenset({Prefetch, Evict, Pin})
 
@@ -138,7 +142,8 @@ class AccessPolicy:
         A request of one name (stat, ls, du) is refused whole. A batch (lookup, lease,
         reserve, prefetch, evict, pin) has each name checked against its namespace's rule
         and the refused ones returned by position: the op fails those names and does the
-        rest. A prefetch, evict or pin all of whose names are refused is refused whole."""
+        rest. A prefetch, evict or pin all of whose names are refused is refused whole, and
+        so is a hint with any (its reply counts the names held: it has no place to say)."""
         if self.is_owner(peer):
             return {}
         kind = type(request)
@@ -148,10 +153,11 @@ class AccessPolicy:
             or (kind in _IN_NAMESPACES and self.store is not None and bool(self.store.namespaces))  # per name below
         )
         if not gate:
-            what = "puts" if kind in _WRITES or isinstance(request, Hello) else f"the {request.kind} command"
+            writes = kind in _WRITES or isinstance(request, Hello)
+            what = ("hints" if kind is Advise else "puts") if writes else f"the {request.kind} command"
             hint = (
-                "set [client] group_writes = true in the mount's config to let its group put"
-                if what == "puts"
+                f"set [client] group_writes = true in the mount's config to let its group make {what}"
+                if writes
                 else "run it as the mount's owner"
             )
             raise PermissionDenied(
@@ -171,8 +177,8 @@ class AccessPolicy:
                 self._check(peer, name, op, request)
             except (AccessDenied, PermissionDenied) as exc:
                 refused[i] = exc
-        if refused and kind in _EXPANDED and len(refused) == len(value):
-            raise refused[0]
+        if refused and (kind in _WHOLE or (kind in _EXPANDED and len(refused) == len(value))):
+            raise next(iter(refused.values()))
         return refused
 
     def _check(self, peer: Peer, name: str, op: Operation, request: Request) -> None:

@@ -98,6 +98,11 @@ def test_a_tenant_reads_and_writes_its_namespace_and_nothing_of_anothers(tenants
     res = alice.ok("each evict free/y")["results"]  # outside every namespace: the owner's, as before
     assert res[0][0] == "PermissionDenied" and "may not use the evict command" in res[0][1], res
 
+    # a hint's reply counts the names held: one of b's refuses it whole
+    res = alice.do('raw hint {"names": ["a/00/mine", "b/00/x"], "when": "ended"}')
+    assert res["type"] == "AccessDenied" and "namespace 'b'" in res["error"], res
+    assert alice.ok('raw hint {"names": ["a/00/mine"], "when": "soon"}')["reply"]["known"] == 1
+
     # the raw reply says the same per name: never a silent empty answer
     reply = alice.ok('raw lookup {"names": ["a/00/mine", "b/00/x"]}')["reply"]
     assert reply["sizes"][0] == 65536 and reply["sizes"][1] == -1 and reply["prefix"] == 1

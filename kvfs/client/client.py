@@ -42,6 +42,8 @@ from kvfs.catalog import BlockStat
 from kvfs.errors import BlockCorrupt, KvfsError
 from kvfs.protocol import (
     Abort,
+    Advise,
+    Advised,
     Commit,
     Evict,
     EvictResult,
@@ -602,6 +604,16 @@ class Client:
         """Copy blocks into *tier* (the hottest by default) now."""
         res: PrefetchResult = self._request(Prefetch(paths=list(names), tier=tier))
         return res
+
+    def hint(self, names: Sequence[str], when: str) -> int:
+        """Advise the eviction policies about a chain (*names*, root first): ``"soon"``,
+        queued requests will read it (it is kept ahead of other blocks for the policy's
+        ``hint_ttl``); ``"ended"``, its session is over (its own blocks go first, blocks it
+        shares with live sessions stay). Never moves or removes a block by itself.
+        Returns how many of the names the mount holds. Needs a write session's rights
+        (the owner, or ``[client] group_writes``)."""
+        res: Advised = self._request(Advise(names=list(names), when=when))
+        return res.known
 
     def pin(self, names: Sequence[str]) -> PinResult:
         """Keep blocks where they are: never evicted until unpinned."""

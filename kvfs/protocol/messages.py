@@ -14,7 +14,8 @@ Operator commands (the ``kvfs`` tools): :class:`Ping`, :class:`Shutdown`, :class
 
 The batch client (:mod:`kvfs.client`): :class:`Hello`, :class:`Lookup`, :class:`Lease`,
 :class:`Release`, :class:`Renew`, :class:`Reserve`, :class:`Commit`, :class:`Abort`,
-:class:`Suspect`; plus the operator commands it shares (pin, prefetch, evict, stat, events).
+:class:`Suspect`, :class:`Advise`; plus the operator commands it shares (pin, prefetch, evict, stat,
+events).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from .codec import VERSION, Message
 __all__ = [
     "Abort",
     "Aborted",
+    "Advise",
+    "Advised",
     "ArenaInfo",
     "Commit",
     "Committed",
@@ -716,3 +719,23 @@ class Suspect(Request):
     reply: ClassVar[type[Message]] = SuspectResult
     lease: int
     why: str
+
+
+@dataclass(**_MSG)
+class Advised(Message):
+    """``known``: how many of the names the store holds (the others were ignored)."""
+
+    kind: ClassVar[str] = "advised"
+    known: int
+
+
+@dataclass(**_MSG)
+class Advise(Request):
+    """Advice from an engine or router about *names* (a chain, root first) for the
+    eviction policies: ``when = "soon"`` (queued requests will read them) or ``"ended"``
+    (their session is over). Advice never moves or removes a block by itself."""
+
+    kind: ClassVar[str] = "hint"
+    reply: ClassVar[type[Message]] = Advised
+    names: list[str]
+    when: str
