@@ -243,13 +243,16 @@ class ClientConfig:
     users, given to ``group`` (a group name or number; mode 0660); they may read and, with
     ``group_writes``, put, but not run operator commands. ``lease_ttl``: a lease's default
     lifetime (seconds, at most 600); ``max_reserved``: bytes of the arena one session may
-    hold reserved for puts at once (default: half the DRAM tier)."""
+    hold reserved for puts at once (default: half the DRAM tier); ``copy_buffer``: bytes of
+    the private buffer a session gets instead of the arena when a namespace's rule keeps
+    it from mapping the arena (default: ``max_reserved``)."""
 
     socket: Path | None = None
     group: str | None = None
     group_writes: bool = False
     lease_ttl: float = 60.0
     max_reserved: int | None = None
+    copy_buffer: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -314,7 +317,7 @@ def _convert(where: str, f: dataclasses.Field[Any], value: Any) -> Any:
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1:
                 raise ValueError("expected a share from 0 (admit every block) up to, not including, 1")
             return float(value)
-        if name in ("multipart_threshold", "max_reserved"):
+        if name in ("multipart_threshold", "max_reserved", "copy_buffer"):
             return parse_size(value)
         if name == "write":
             return WriteMode(value)
