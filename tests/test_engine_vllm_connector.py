@@ -70,6 +70,11 @@ def test_second_process_reuses_the_prefix_and_bad_blocks_are_recomputed(kvfs_mou
         rel = p.relative_to(mp).parts
         assert rel[0] == "vllm" and re.fullmatch(r"[0-9a-f]{32}", rel[2]), rel
         assert re.fullmatch(r"[0-9a-f]{64}", rel[4]) and rel[3] == rel[4][:2], rel
+    # the names are vLLM's own block hashes (computed in the engine process with its
+    # hash_block_tokens): the prompts' full blocks, then the block the 8 tokens completed
+    names = {p.name for p in blocks}
+    for hs in first["block_hashes"]:
+        assert len(hs) == PROMPT_LEN // BLOCK and set(hs) <= names, (hs, sorted(names))
     sizes = {p.stat().st_size for p in blocks}
     assert len(sizes) == 1  # header + every layer's K and V of 32 tokens
 

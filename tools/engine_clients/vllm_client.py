@@ -163,6 +163,24 @@ def generate(args: argparse.Namespace) -> dict:
         out["tree"] = tree(args.kv) if os.path.isdir(args.kv) else None
     elif args.connector == "kvfs":
         out["kvfs"] = log.kvfs
+        out["block_hashes"] = vllm_block_hashes(prompts(args.prompts, args.prompt_len), 32)
+    return out
+
+
+def vllm_block_hashes(token_lists: list[list[int]], block_size: int) -> list[list[str]]:
+    """vLLM's own hashes (hex) of each prompt's full blocks, computed here with its
+    ``hash_block_tokens`` and the ``NONE_HASH`` its engine core set in this process."""
+    from vllm.utils.hashing import get_hash_fn_by_name
+    from vllm.v1.core.kv_cache_utils import hash_block_tokens
+
+    fn = get_hash_fn_by_name("sha256_cbor")
+    out = []
+    for ids in token_lists:
+        parent, hs = None, []
+        for i in range(0, len(ids) - block_size + 1, block_size):
+            parent = hash_block_tokens(fn, parent, ids[i : i + block_size])
+            hs.append(bytes(parent).hex())
+        out.append(hs)
     return out
 
 
