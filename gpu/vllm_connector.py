@@ -160,6 +160,7 @@ class _Req:
     in_kvfs: int = 0  # leading blocks kvfs holds (from the lookup): never saved again
     saved: int = 0  # leading blocks saved or loaded
     block_ids: list[int] = field(default_factory=list)
+    local: int = 0  # tokens vLLM's own prefix cache had (block-aligned) at the lookup
     load_from: int = 0  # blocks [load_from, load_to) are to be loaded at the next step
     load_to: int = 0
 
@@ -222,6 +223,7 @@ class KvfsConnector(KVConnectorBase_V1):
 
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
         st = self._reqs.setdefault(request.request_id, _Req(request))
+        st.local = num_computed_tokens
         if not self.load:
             return 0, False
         # vLLM must compute at least the last token: offer at most the blocks before it
@@ -247,8 +249,9 @@ class KvfsConnector(KVConnectorBase_V1):
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
         st = self._reqs.setdefault(request.request_id, _Req(request))
         if num_external_tokens > 0:
-            st.load_from = request.num_computed_tokens // self.block_size
-            st.load_to = (request.num_computed_tokens + num_external_tokens) // self.block_size
+            # after vLLM's own hit (request.num_computed_tokens is not set yet here)
+            st.load_from = st.local // self.block_size
+            st.load_to = (st.local + num_external_tokens) // self.block_size
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         meta = KvfsConnectorMetadata()

@@ -34,8 +34,8 @@ def tiny_model(tmp_path_factory):
     return out
 
 
-def _generate(model: Path, connector: str, kv: Path | str = "") -> dict:
-    args = ["generate", "--model", model, "--connector", connector, "--prompts", str(PROMPTS)]
+def _generate(model: Path, connector: str, kv: Path | str = "", *more: str) -> dict:
+    args = ["generate", "--model", model, "--connector", connector, "--prompts", str(PROMPTS), *more]
     args += ["--prompt-len", str(PROMPT_LEN)]
     if kv:
         args += ["--kv", kv]
@@ -110,6 +110,16 @@ def test_second_process_reuses_the_prefix_and_bad_blocks_are_recomputed(kvfs_mou
     assert fourth["kvfs"]["load_failed"] == 0 and fourth["kvfs"]["loaded"] == CACHED * PROMPTS
     assert [r["tokens"] for r in fourth["requests"]] == tokens
     assert os.path.getsize(short) == os.path.getsize(other)
+
+    # With vLLM's own prefix cache: a first request shares only the first prompt's first
+    # block (kvfs has it: loaded); then the first prompt finds that block in vLLM's cache and
+    # the connector loads only the two after it; the second prompt loads all three.
+    fifth = _generate(tiny_model, "kvfs", mp, "--prefix-caching", "--warmup-prefix", str(BLOCK))
+    k = fifth["kvfs"]
+    assert k["cached"] == [1, CACHED, CACHED] and k["load_failed"] == 0, k
+    assert k["loaded"] == 1 + (CACHED - 1) + CACHED, k
+    assert [r["num_cached_tokens"] for r in fifth["requests"][1:]] == [CACHED * BLOCK] * PROMPTS
+    assert [r["tokens"] for r in fifth["requests"][1:]] == tokens
 
 
 def test_a_missing_mount_is_a_clear_error(tiny_model, tmp_path):

@@ -133,7 +133,7 @@ def generate(args: argparse.Namespace) -> dict:
         enforce_eager=True,
         seed=0,
         block_size=32,  # the CPU attention backend wants multiples of 32
-        enable_prefix_caching=False,  # every request goes to the connector
+        enable_prefix_caching=args.prefix_caching,  # off by default: every request goes to the connector
         disable_log_stats=False,  # for the per-request first-token latency
         prefix_caching_hash_algo="sha256_cbor",  # stable across processes (with PYTHONHASHSEED)
         kv_transfer_config=transfer_config(args.connector, args.kv),
@@ -144,7 +144,10 @@ def generate(args: argparse.Namespace) -> dict:
     logging.getLogger("vllm").addHandler(log)  # the connector's module logger propagates there
     sp = SamplingParams(temperature=0, max_tokens=args.max_tokens, detokenize=False)
     requests = []
-    for ids in prompts(args.prompts, args.prompt_len):
+    todo = prompts(args.prompts, args.prompt_len)
+    if args.warmup_prefix:  # first a request sharing the first prompt's first N tokens only
+        todo.insert(0, todo[0][: args.warmup_prefix] + [501 + j % 10 for j in range(40)])
+    for ids in todo:
         t0 = time.perf_counter()
         out = llm.generate([TokensPrompt(prompt_token_ids=ids)], sp, use_tqdm=False)[0]
         wall = time.perf_counter() - t0
@@ -200,6 +203,10 @@ def main() -> None:
     g.add_argument("--prompts", type=int, default=2)
     g.add_argument("--prompt-len", type=int, default=100)
     g.add_argument("--max-tokens", type=int, default=8)
+    g.add_argument("--prefix-caching", action="store_true", help="vLLM's own prefix cache on")
+    g.add_argument(
+        "--warmup-prefix", type=int, default=0, metavar="N", help="first a request of the first prompt's first N tokens"
+    )
     args = parser.parse_args()
     emit(make_model(args) if args.cmd == "model" else generate(args))
 
