@@ -39,6 +39,8 @@ __all__ = [
     "align_up",
     "checksum",
     "decode_header",
+    "devsum",
+    "devsum_words",
     "encode_header",
     "file_length",
     "header_length",
@@ -55,6 +57,36 @@ def checksum(data: Any) -> int:
     """The payload checksum: xxh3-64 of the bytes (any buffer)."""
     digest: int = xxhash.xxh3_64_intdigest(data)
     return digest
+
+
+_M64 = (1 << 64) - 1
+
+
+def devsum_words(s1: int, s2: int) -> int:
+    """Fold the device checksum's two sums (each taken mod 2**64) into 64 bits."""
+    s1, s2 = s1 & _M64, s2 & _M64
+    return (s1 ^ ((s2 << 29) | (s2 >> 35))) & _M64
+
+
+def devsum(data: Any) -> int:
+    """The device checksum of *data* (any buffer): over its bytes as little-endian uint32
+    words ``w_1 .. w_n`` (the tail zero-padded), ``sum w_i`` and ``sum i * w_i`` mod 2**64,
+    folded. Computable with torch ops on a GPU (:func:`kvfs.gpu.integrity.device_checksum`)
+    where xxh3 is not; weaker than xxh3 (linear: it catches any change of one word, of a
+    run of zeros or a torn tail, and swapped words, not crafted collisions)."""
+    import numpy as np
+
+    b = np.frombuffer(data, dtype=np.uint8)
+    n4 = len(b) // 4
+    words = b[: n4 * 4].view("<u4").astype(np.int64)
+    tail = len(b) - n4 * 4
+    if tail:
+        last = int.from_bytes(b[n4 * 4 :].tobytes(), "little")
+        words = np.append(words, np.int64(last))
+    with np.errstate(over="ignore"):
+        s1 = int(words.sum(dtype=np.int64))
+        s2 = int((words * np.arange(1, len(words) + 1, dtype=np.int64)).sum(dtype=np.int64))
+    return devsum_words(s1, s2)
 
 
 def align_up(n: int, a: int = ALIGN) -> int:
