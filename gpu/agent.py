@@ -388,6 +388,7 @@ class Agent:
                         if self._gen.get(n, 0) == gens[n]:
                             self._stale.discard(n)
                     self.loads["hit"] += 1
+                    self.cache.get(n)  # a hit: counted, and touched in the policy
                     fire(n, e.tensor, None)
                 else:
                     fresh.append((n, h))

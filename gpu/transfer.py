@@ -160,6 +160,8 @@ class NixlLoader(FileLoader):
             from nixl_cu12 import nixl_agent, nixl_agent_config
         except ImportError as exc:
             raise TransferUnavailable(f"NIXL is not installed (pip install nixl-cu12): {exc}") from None
+        if "NIXL_LOG_LEVEL" not in os.environ:  # its INFO lines on every agent and backend are noise here
+            logging.getLogger("nixl").setLevel(logging.WARNING)
         self.device = device
         self.mem = "DRAM" if device.type == "cpu" else "VRAM"
         wanted = list(backends or (["POSIX"] if device.type == "cpu" else ["GDS_MT", "GDS"]))
@@ -201,12 +203,15 @@ class NixlLoader(FileLoader):
             regs: list[tuple[Any, list[str]]] = []
             try:
                 for i, it in enumerate(items):
+                    if it.length == 0:  # nothing to move (NIXL refuses empty descriptors)
+                        fds.append(-1)
+                        continue
                     try:
                         fds.append(os.open(it.path, os.O_RDONLY | os.O_CLOEXEC))
                     except OSError as exc:
                         out[i] = BlockCorrupt(f"opening {it.path} failed: {exc}")
                         fds.append(-1)
-                live = [i for i in range(len(items)) if out[i] is None]
+                live = [i for i in range(len(items)) if out[i] is None and fds[i] >= 0]
                 if not live:
                     return out
                 mem = [(items[i].dest.data_ptr(), items[i].length, dev) for i in live]
@@ -232,7 +237,7 @@ class NixlLoader(FileLoader):
                         out[i] = BlockCorrupt(f"the NIXL {self.backend} read of {items[i].path} failed ({state})")
             except Exception as exc:  # noqa: BLE001 - a registration or request NIXL refused: each item fails
                 for i in range(len(items)):
-                    if out[i] is None:
+                    if out[i] is None and fds[i] >= 0:
                         out[i] = BlockCorrupt(f"the NIXL {self.backend} read of {items[i].path} failed: {exc}")
             finally:
                 for reg, backs in reversed(regs):
