@@ -116,7 +116,7 @@ def test_the_device_checksum_catches_flips_swaps_and_torn_tails():
 
 
 def test_the_device_cache_on_its_own():
-    t = lambda n: torch.zeros(n, dtype=torch.uint8)  # noqa: E731
+    t = lambda n: torch.zeros(n, dtype=torch.uint8)
     c = DeviceCache(100, "fifo")
     assert c.put("a", t(40), 1) and c.put("b", t(40), 2)
     c.get("a")  # FIFO ignores the hit
