@@ -68,6 +68,8 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("kvfs.gpu.prefix_cache needs torch and transformers: pip install 'kvfs[engines]'") from exc
 
+from .agent import Agent, AgentConfig  # after the check that torch is there
+
 __all__ = [
     "Generation",
     "Prefill",
@@ -252,6 +254,12 @@ class PrefixCache:
     straight from its disk tier's files, each chain's parent given with its block; the
     same files and the same checks as the file path, which ``False`` forces and which
     any other directory uses. A :class:`~kvfs.client.Client` may be passed in.
+
+    *agent*: on a kvfs mount, a load with a *device* goes through the GPU agent
+    (:class:`kvfs.gpu.agent.Agent`): the blocks land in device memory from the arena or
+    the disk tier's files (kvikio, NIXL, POSIX), checked there, and stay in its device
+    cache for the next request; the KV is copied from them on the device. Without one, the
+    cache makes an agent per device on the first such load (``device="cpu"`` included).
     """
 
     def __init__(
@@ -265,6 +273,7 @@ class PrefixCache:
         reuse_buffers: bool = True,
         io_threads: int = 4,
         client: Client | bool | None = None,
+        agent: Agent | None = None,
     ) -> None:
         self.directory = os.fspath(directory)
         self.namespace = namespace
@@ -279,6 +288,10 @@ class PrefixCache:
         self.io_threads = io_threads
         self._io_pool: ThreadPoolExecutor | None = None
         self._mount: MountBlocks | None = None  # the batch client's path, on a kvfs mount
+        self._agent = agent  # loads into device memory through the GPU agent (on a kvfs mount)
+        self._own_agents: dict[str, Agent] = {}  # the agents this cache made, per device
+        if agent is not None and not isinstance(client, Client):
+            client = agent.client
         if isinstance(client, Client):
             self._mount = MountBlocks(namespace, hash_fn, client=client, path_of=self.path, io_threads=io_threads)
         elif client is None or client is True:
@@ -315,6 +328,13 @@ class PrefixCache:
     def digests(self, tokens: Sequence[int]) -> list[bytes]:
         """The chain hashes of the full blocks of *tokens*."""
         return chain_hashes(self.namespace, list(tokens), extra_keys=self.extra_keys, hash_fn=self.hash_fn)
+
+    def block_names(self, tokens: Sequence[int]) -> list[str]:
+        """The block names (paths inside the mount) of the full blocks of *tokens*; only
+        on a kvfs mount (e.g. to pin them in an agent or evict them from a tier)."""
+        if self._mount is None:
+            raise KvfsError(f"{self.directory} is not on a kvfs mount: its blocks have no names in kvfs")
+        return self._mount.names(self.digests(tokens))
 
     def path(self, digest: bytes) -> str:
         """The file of the block with *digest*."""
@@ -468,10 +488,15 @@ class PrefixCache:
             )
         # [layer, K/V, token, head, dim]: a block fills one contiguous [T, H, D] run per
         # layer and K/V, and the cache's [1, H, tokens, D] tensors are views of it.
-        buf = self._buffer((L, 2, len(digests) * T, H, D))
-        if self._mount is not None:
+        agent = self._agent_for(device)
+        if agent is not None:
+            buf = torch.empty((L, 2, len(digests) * T, H, D), dtype=self.dtype, device=agent.device)
+            loaded, nread, stop, detail = self._load_via_agent(agent, digests, buf)
+        elif self._mount is not None:
+            buf = self._buffer((L, 2, len(digests) * T, H, D))
             loaded, nread, stop, detail = self._load_via_client(self._mount, digests, buf)
         else:
+            buf = self._buffer((L, 2, len(digests) * T, H, D))
             loaded, nread, stop, detail = self._load_via_files(digests, buf)
         ntok = min(loaded * T, limit)
         if ntok:
@@ -600,6 +625,62 @@ class PrefixCache:
             nread += res.size
         return loaded, nread, StopReason.COMPLETE, ""
 
+    def _agent_for(self, device: torch.device | str | None) -> Agent | None:
+        """The agent a load into *device* goes through: the one given, else one made for
+        that device on first use; None off a kvfs mount or without a device."""
+        if self._mount is None:
+            return None
+        if self._agent is not None:
+            return self._agent
+        if device is None:
+            return None
+        key = str(torch.device(device))
+        with self._pool_lock:
+            agent = self._own_agents.get(key)
+            if agent is None:
+                agent = self._own_agents[key] = Agent(self._mount.client(), AgentConfig(device=key))
+            return agent
+
+    def _load_via_agent(
+        self, agent: Agent, digests: list[bytes], buf: torch.Tensor
+    ) -> tuple[int, int, StopReason, str]:
+        """Map the blocks through the GPU agent (each in device memory, checked there,
+        cached) and copy their KV into *buf* on the device, in order, stopping at the first
+        block that is missing or invalid. The KV header is checked on the host (4 KiB
+        back); the payload's own checksum only where the block is host memory: on a GPU
+        the agent's check of kvfs's checksum covers the bytes."""
+        assert self._mount is not None
+        L = buf.shape[0]
+        T = self.namespace.tokens_per_block
+        size = HEADER_LENGTH + self._payload
+        names = self._mount.names(digests)
+        loading = agent.load_async(names)
+        loaded = nread = 0
+        for i, ev in enumerate(loading.events):
+            path = self.path(digests[i])
+            try:
+                t = ev.wait()
+            except BlockNotFound:
+                return (loaded, nread, *self._stop(StopReason.MISSING, path, "no such block"))
+            except BlockCorrupt as exc:
+                return (loaded, nread, *self._stop(StopReason.CORRUPT, path, exc))
+            except KvfsError as exc:
+                return (loaded, nread, *self._stop(StopReason.UNREADABLE, path, exc))
+            try:
+                if t.numel() != size:
+                    raise BlockCorrupt(f"block is {t.numel()} bytes, expected {size}")
+                header = bytearray(t[:HEADER_LENGTH].cpu().numpy().tobytes())
+                payload = t[HEADER_LENGTH:size]
+                segs = [_bytes_view(payload)] if payload.device.type == "cpu" else None
+                self._validate(header, segs, size, size, digests[i])
+            except BlockCorrupt as exc:
+                agent.evict([names[i]])
+                return (loaded, nread, *self._stop(StopReason.CORRUPT, path, exc))
+            buf[:, :, i * T : (i + 1) * T].copy_(payload.view(self.dtype).view(L, 2, T, *buf.shape[3:]))
+            loaded += 1
+            nread += size
+        return loaded, nread, StopReason.COMPLETE, ""
+
     def _buffer(self, shape: tuple[int, ...]) -> torch.Tensor:
         """An uninitialized host tensor of *shape*, reusing the pooled buffer when free.
 
@@ -642,6 +723,10 @@ class PrefixCache:
             pool, self._io_pool = self._io_pool, None
         if pool is not None:
             pool.shutdown(wait=True)
+        with self._pool_lock:
+            agents, self._own_agents = list(self._own_agents.values()), {}
+        for a in agents:
+            a.close()
         if self._mount is not None:
             self._mount.close()
 
@@ -656,9 +741,10 @@ class PrefixCache:
         finally:
             os.close(fd)
 
-    def _validate(self, header: bytearray, segs: list[memoryview], got: int, size: int, digest: bytes) -> None:
+    def _validate(self, header: bytearray, segs: list[memoryview] | None, got: int, size: int, digest: bytes) -> None:
         """Raise :class:`BlockCorrupt` unless the block read is whole, of this namespace's
-        layout, under its own name, and its payload matches the header's checksum."""
+        layout, under its own name, and its payload (*segs*; None: checked elsewhere)
+        matches the header's checksum."""
         if got != size:
             raise BlockCorrupt(f"short read: {got} of {size} bytes")
         h = decode_header(header)
@@ -673,6 +759,8 @@ class PrefixCache:
             raise BlockCorrupt("block layout does not match the namespace")
         if h.digest != digest[:16].ljust(16, b"\0"):
             raise BlockCorrupt("block is stored under another block's name")
+        if segs is None:
+            return
         x = xxhash.xxh3_64()
         for s in segs:
             x.update(s)
