@@ -29,6 +29,7 @@ into registered host memory (or ``preadv``).
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -37,6 +38,7 @@ from typing import Any, Self
 
 import torch
 
+from kvfs.blockfile import decode_header
 from kvfs.client import BatchError, Client, Hold
 from kvfs.client.buffers import checksum as xxh3
 from kvfs.errors import BlockCorrupt, KvfsError
@@ -434,7 +436,8 @@ class Agent:
         for i, h in enumerate(holds):
             err = errors.get(i)
             checked_here = h.kind == "file" or self.device.type == "cpu"  # else the arena was checked
-            if err is None and checked_here and not matches(dests[i], h.length, h.checksum):
+            dsum = _recorded_devsum(h) if err is None and h.kind == "file" and self.device.type == "cuda" else None
+            if err is None and checked_here and not matches(dests[i], h.length, h.checksum, dsum):
                 where = "block file" if h.kind == "file" else "DRAM copy"
                 err = BlockCorrupt(f"{h.name!r}: its {where} does not match the block's checksum")
             if err is None:
@@ -452,6 +455,23 @@ class Agent:
             else:
                 self._stale.discard(name)
         self.cache.put(name, tensor, checksum, parent)
+
+
+def _recorded_devsum(h: Hold) -> int | None:
+    """The device checksum the block file's header records for this very block (the
+    header's xxh3 and length must be the lease's), or None: then the block is checked by
+    a copy back to the host."""
+    try:
+        fd = os.open(h.path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            hdr = decode_header(os.pread(fd, h.offset, 0))
+        finally:
+            os.close(fd)
+    except (OSError, BlockCorrupt):
+        return None
+    if hdr.checksum != h.checksum or hdr.length != h.length:
+        return None
+    return hdr.device_checksum
 
 
 def _as_bytes(t: torch.Tensor) -> torch.Tensor:

@@ -115,6 +115,38 @@ def test_the_device_checksum_catches_flips_swaps_and_torn_tails():
     assert devsum(torn) != ref
 
 
+def test_block_files_record_the_device_checksum_and_old_files_still_read(disk_blocks):
+    import struct
+
+    import xxhash
+
+    from kvfs.blockfile import FLAG_DEVSUM, decode_header, encode_header, header_length
+
+    c, holds, data = disk_blocks
+    for h, want in zip(holds, data):  # written now by the disk tier: version 2, with the device checksum
+        with open(h.path, "rb") as f:
+            hdr = decode_header(f.read(h.offset))
+        assert (hdr.version, hdr.device_checksum, hdr.checksum) == (2, devsum(want), h.checksum)
+    # a version 1 header (before the device checksum) still decodes, with the same payload offset
+    name = "old/block"
+    head = struct.pack("<8sHHIQQI", b"KVFSBLK\x01", 1, 0, 4096, 5, 77, len(name)) + name.encode()
+    v1 = head + struct.pack("<Q", xxhash.xxh3_64_intdigest(head))
+    old = decode_header(v1 + bytes(4096 - len(v1)))
+    assert (old.version, old.name, old.length, old.checksum, old.device_checksum) == (1, name, 5, 77, None)
+    assert old.header_length == header_length(name)
+    v2 = bytearray(encode_header(name, 5, 77, 1234))
+    assert decode_header(v2).device_checksum == 1234 and v2[10] == FLAG_DEVSUM
+    v2[33] ^= 1  # the device checksum is under the header checksum
+    with pytest.raises(BlockCorrupt, match="header checksum"):
+        decode_header(v2)
+    v3 = bytearray(encode_header(name, 5, 77))
+    v3[8] = 3
+    with pytest.raises(BlockCorrupt, match="version 3 .*reads 1 and 2"):
+        decode_header(v3)
+    assert decode_header(encode_header("n" * 4050, 1, 2, 3)).version == 1  # its offset must not move
+    assert len(encode_header("n" * 4050, 1, 2, 3)) == header_length("n" * 4050) == 4096
+
+
 def test_the_device_cache_on_its_own():
     t = lambda n: torch.zeros(n, dtype=torch.uint8)
     c = DeviceCache(100, "fifo")
