@@ -36,9 +36,9 @@ from .errors import BlockCorrupt
 
 __all__ = [
     "ALIGN",
+    "FLAG_DEVSUM",
     "MAGIC",
     "VERSION",
-    "FLAG_DEVSUM",
     "BlockHeader",
     "align_up",
     "checksum",
