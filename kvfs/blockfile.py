@@ -30,6 +30,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import xxhash
 
 from .errors import BlockCorrupt
@@ -75,24 +76,33 @@ def devsum_words(s1: int, s2: int) -> int:
     return (s1 ^ ((s2 << 29) | (s2 >> 35))) & _M64
 
 
+_CHUNK = 1 << 16  # words per pass: the position weights stay in the cache
+_weights: list[Any] = []
+
+
 def devsum(data: Any) -> int:
     """The device checksum of *data* (any buffer): over its bytes as little-endian uint32
     words ``w_1 .. w_n`` (the tail zero-padded), ``sum w_i`` and ``sum i * w_i`` mod 2**64,
     folded. Computable with torch ops on a GPU (:func:`kvfs.gpu.integrity.device_checksum`)
     where xxh3 is not; weaker than xxh3 (linear: it catches any change of one word, of a
     run of zeros or a torn tail, and swapped words, not crafted collisions)."""
-    import numpy as np
-
     b = np.frombuffer(data, dtype=np.uint8)
     n4 = len(b) // 4
-    words = b[: n4 * 4].view("<u4").astype(np.int64)
-    tail = len(b) - n4 * 4
-    if tail:
-        last = int.from_bytes(b[n4 * 4 :].tobytes(), "little")
-        words = np.append(words, np.int64(last))
+    words = b[: n4 * 4].view("<u4")
+    if not _weights:
+        _weights.append(np.arange(1, _CHUNK + 1, dtype=np.int64))
+    ar = _weights[0]
+    s1 = s2 = 0
     with np.errstate(over="ignore"):
-        s1 = int(words.sum(dtype=np.int64))
-        s2 = int((words * np.arange(1, len(words) + 1, dtype=np.int64)).sum(dtype=np.int64))
+        for a in range(0, n4, _CHUNK):
+            w = words[a : a + _CHUNK].astype(np.int64)
+            t = int(w.sum(dtype=np.int64))
+            s1 += t
+            s2 += int(np.dot(w, ar[: len(w)])) + a * t
+    if len(b) > n4 * 4:
+        last = int.from_bytes(b[n4 * 4 :].tobytes(), "little")
+        s1 += last
+        s2 += (n4 + 1) * last
     return devsum_words(s1, s2)
 
 
