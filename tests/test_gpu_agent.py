@@ -276,3 +276,36 @@ def test_two_agents_in_two_processes_at_once(mount, tmp_path):
             outs_ = [np.empty(size, np.uint8) for _ in range(n)]
             c.get_into([f"p{me}/{i}" for i in range(n)], outs_)
             assert [o.tobytes() for o in outs_] == [blob(me * 1000 + i, size) for i in range(n)]
+
+
+NO_CUDA = None if torch.cuda.is_available() else "no CUDA device"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(NO_CUDA is not None, reason=f"skipped: {NO_CUDA}")
+@pytest.mark.parametrize("transfer", ["auto", "kvikio", "nixl", "posix"])
+def test_on_a_gpu_map_store_and_a_corrupt_file_are_right_in_device_memory(mount, transfer):
+    sizes = [1, 4096, 2 * MiB + 3, 2 * MiB]
+    names = [f"g/{i}" for i in range(len(sizes))]
+    with Client(mount, write=True) as c:
+        c.put(names, [blob(i, s) for i, s in enumerate(sizes)])
+        c.evict(names[::2], tier="dram")
+        try:
+            ag = Agent(c, device="cuda", capacity="64MiB", transfer=transfer)
+        except TransferUnavailable as exc:
+            pytest.skip(f"skipped: {exc}")
+        with ag:
+            got = ag.map(names)
+            assert all(t.device.type == "cuda" for t in got)
+            assert [bytes(t.cpu().numpy()) for t in got] == [blob(i, s) for i, s in enumerate(sizes)]
+            kv = torch.randn(2, 1024, device="cuda", dtype=torch.bfloat16)
+            ag.store(["g/kv"], [kv])
+            out = np.empty(kv.numel() * 2, np.uint8)
+            c.get_into(["g/kv"], [out])
+            assert out.tobytes() == bytes(kv.view(torch.uint8).reshape(-1).cpu().numpy())
+            c.put(["g/bad"], [blob(9, MiB)])
+            c.evict(["g/bad"], tier="dram")
+            _flip(DATA[mount], "g/bad", 4321)
+            with pytest.raises(BatchError):
+                ag.map(["g/bad"])
+            assert "g/bad" not in ag.cache

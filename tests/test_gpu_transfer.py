@@ -46,6 +46,23 @@ def disk_blocks(kvfs_mount):
         c.release(holds)
 
 
+@pytest.fixture
+def block_files(tmp_path):
+    """Block files in the disk tier's format written without a daemon (a GPU machine may
+    have no FUSE): [(path, payload offset, length, xxh3)], payloads."""
+    from kvfs.blockfile import align_up, encode_header
+
+    out, data = [], []
+    for i, size in enumerate([1, 4096, 2 * MiB, 2 * MiB + 5]):
+        payload = blob(50 + i, size)
+        head = encode_header(f"f/{i}", size, xxh3(payload), devsum(payload))
+        p = tmp_path / f"block{i}"
+        p.write_bytes(head + payload + bytes(align_up(size) - size))
+        out.append((str(p), len(head), size, xxh3(payload)))
+        data.append(payload)
+    return out, data
+
+
 @pytest.mark.parametrize("make", [lambda: NixlLoader(torch.device("cpu")), lambda: PosixLoader(torch.device("cpu"))])
 def test_loaders_move_disk_blocks_into_registered_host_memory(disk_blocks, make):
     c, holds, data = disk_blocks
@@ -179,19 +196,34 @@ def test_the_device_checksum_on_a_gpu_matches_numpy():
 @pytest.mark.gpu
 @pytest.mark.skipif(NO_CUDA is not None, reason=f"skipped: {NO_CUDA}")
 @pytest.mark.parametrize("transfer", ["kvikio", "nixl", "posix"])
-def test_gpu_loaders_read_disk_blocks_into_device_memory(disk_blocks, transfer):
-    c, holds, data = disk_blocks
+def test_gpu_loaders_read_disk_blocks_into_device_memory(block_files, transfer):
+    files, data = block_files
     try:
         loader, _ = open_loader(transfer, torch.device("cuda"))
     except TransferUnavailable as exc:
         pytest.skip(f"skipped: {exc}")
-    dests = [torch.empty(h.length, dtype=torch.uint8, device="cuda") for h in holds]
+    dests = [torch.empty(n, dtype=torch.uint8, device="cuda") for _, _, n, _ in files]
     stream = torch.cuda.Stream()
-    res = loader.read([Item(h.path, h.offset, h.length, d) for h, d in zip(holds, dests)], stream)
-    assert res == [None] * len(holds)
-    for h, d, want in zip(holds, dests, data):
-        assert bytes(d.cpu().numpy()) == want and matches(d, h.length, h.checksum)
+    res = loader.read([Item(p, off, n, d) for (p, off, n, _), d in zip(files, dests)], stream)
+    assert res == [None] * len(files)
+    for (_, _, n, csum), d, want in zip(files, dests, data):
+        assert bytes(d.cpu().numpy()) == want and matches(d, n, csum) and matches(d, n, csum, devsum(want))
+        assert not matches(d, n, csum, devsum(want) ^ 1)  # the device check is the one used
     loader.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(NO_CUDA is not None, reason=f"skipped: {NO_CUDA}")
+def test_a_corrupt_block_read_into_device_memory_fails_the_device_check(block_files):
+    files, data = block_files
+    path, off, n, csum = files[2]
+    raw = bytearray(open(path, "rb").read())
+    raw[off + 777] ^= 0x04
+    open(path, "wb").write(raw)
+    loader, _ = open_loader("auto", torch.device("cuda"))
+    d = torch.empty(n, dtype=torch.uint8, device="cuda")
+    assert loader.read([Item(path, off, n, d)], torch.cuda.Stream()) == [None]
+    assert not matches(d, n, csum, devsum(data[2])) and not matches(d, n, csum)
 
 
 def test_kvikio_is_never_imported_by_the_modules_ci_imports():
