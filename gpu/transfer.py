@@ -151,15 +151,27 @@ class PosixLoader(FileLoader):
         return out
 
 
+def _nixl_api() -> tuple[Any, Any]:
+    """NIXL's ``nixl_agent`` and ``nixl_agent_config``, from whichever CUDA variant is
+    installed (``nixl-cu13``, ``nixl-cu12``, or the ``nixl`` meta package)."""
+    import importlib
+
+    errors = []
+    for module in ("nixl_cu13", "nixl_cu12", "nixl._api"):
+        try:
+            api = importlib.import_module(module)
+            return api.nixl_agent, api.nixl_agent_config
+        except (ImportError, AttributeError, OSError) as exc:
+            errors.append(f"{module}: {exc}")
+    raise TransferUnavailable(f"NIXL is not installed (pip install nixl-cu12 or nixl-cu13): {'; '.join(errors)}")
+
+
 class NixlLoader(FileLoader):
     """NIXL: the block files registered as FILE memory, the destinations as DRAM (the
     ``POSIX`` backend) or VRAM (``GDS_MT``, else ``GDS``); one transfer per batch."""
 
     def __init__(self, device: torch.device, backends: Sequence[str] | None = None) -> None:
-        try:
-            from nixl_cu12 import nixl_agent, nixl_agent_config
-        except ImportError as exc:
-            raise TransferUnavailable(f"NIXL is not installed (pip install nixl-cu12): {exc}") from None
+        nixl_agent, nixl_agent_config = _nixl_api()
         if "NIXL_LOG_LEVEL" not in os.environ:  # its INFO lines on every agent and backend are noise here
             logging.getLogger("nixl").setLevel(logging.WARNING)
         self.device = device
