@@ -72,6 +72,16 @@ def _flip(data: Path, name: str, at: int) -> None:
     f.write_bytes(raw)
 
 
+def _a_corrupt_file_is_never_cached(mount: Path, c: Client, ag: Agent, name: str, at: int) -> None:
+    """A block only on disk, with a flipped byte at *at* of its payload: a failed map, not cached."""
+    c.put([name], [blob(9, MiB)])
+    c.evict([name], tier="dram")
+    _flip(DATA[mount], name, at)
+    with pytest.raises(BatchError) as exc:
+        ag.map([name])
+    assert isinstance(exc.value.errors[0], (BlockCorrupt, BlockNotFound)) and name not in ag.cache
+
+
 @pytest.mark.parametrize("transfer", ["nixl", "posix"])
 def test_map_is_byte_exact_from_the_arena_and_from_disk_files(mount, transfer):
     sizes = [0, 1, 4095, 4096, MiB + 3, 2 * MiB]
@@ -183,12 +193,7 @@ def test_a_flipped_byte_in_a_disk_file_never_reaches_the_cache(mount):
             assert "d/a" not in ag.cache and ag.loads["corrupt"] == 1
             assert not c.lookup(["d/a"]).present(0)  # the daemon dropped its only copy
         with Agent(c, device="cpu", transfer="posix") as ag:  # the same through preadv
-            c.put(["d/c"], [blob(3, MiB)])
-            c.evict(["d/c"], tier="dram")
-            _flip(DATA[mount], "d/c", 0)
-            with pytest.raises(BatchError):
-                ag.map(["d/c"])
-            assert "d/c" not in ag.cache
+            _a_corrupt_file_is_never_cached(mount, c, ag, "d/c", at=0)
 
 
 def test_a_scribbled_arena_copy_falls_to_the_disk_copy(mount):
@@ -303,9 +308,4 @@ def test_on_a_gpu_map_store_and_a_corrupt_file_are_right_in_device_memory(mount,
             out = np.empty(kv.numel() * 2, np.uint8)
             c.get_into(["g/kv"], [out])
             assert out.tobytes() == bytes(kv.view(torch.uint8).reshape(-1).cpu().numpy())
-            c.put(["g/bad"], [blob(9, MiB)])
-            c.evict(["g/bad"], tier="dram")
-            _flip(DATA[mount], "g/bad", 4321)
-            with pytest.raises(BatchError):
-                ag.map(["g/bad"])
-            assert "g/bad" not in ag.cache
+            _a_corrupt_file_is_never_cached(mount, c, ag, "g/bad", at=4321)

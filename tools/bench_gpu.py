@@ -47,6 +47,8 @@ import xxhash
 
 from kvfs.units import format_size, parse_size
 
+from .bench_client import _chunks, random_blocks
+from .bench_client import _row as _rate
 from .bench_tiers import best_of
 from .render import table
 
@@ -76,18 +78,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
 
 
-def _rate(path: str, op: str, seconds: float, base: str, base_seconds: float, nbytes: int) -> dict:
-    gb_s, base_gb_s = nbytes / seconds / 1e9, nbytes / base_seconds / 1e9
-    return {
-        "path": path,
-        "op": op,
-        "gb_s": gb_s,
-        "baseline": base,
-        "baseline_gb_s": base_gb_s,
-        "ratio": gb_s / base_gb_s,
-    }
-
-
 def _latency(path: str, op: str, seconds: float, base: str, base_seconds: float) -> dict:
     return {
         "path": path,
@@ -111,10 +101,6 @@ def paired(fn: Callable[[], object], base: Callable[[], object], passes: int) ->
 
 def _skipped(path: str, op: str, base: str, why: str) -> dict:
     return {"path": path, "op": op, "baseline": base, "skipped": why}
-
-
-def _chunks(n: int, size: int) -> list[slice]:
-    return [slice(i, min(i + size, n)) for i in range(0, n, size)]
 
 
 def _raw_preadv(files: list[tuple[str, int, int]], outs: list[np.ndarray], csums: list[int] | None = None) -> None:
@@ -212,9 +198,7 @@ def run(args: argparse.Namespace) -> int:
     n = args.blocks
     total = size * n
     say = (lambda *a: print(*a, file=sys.stderr, flush=True)) if args.json else (lambda *a: print(*a, flush=True))
-    rng = np.random.default_rng(0)
-    blocks = [rng.integers(0, 256, size, dtype=np.uint8) for _ in range(n)]
-    names = [f"bench/{i % 256:02x}/{i:032x}" for i in range(n)]
+    blocks, names = random_blocks(size, n)
     base = args.dir or Path(tempfile.mkdtemp(prefix="kvfs-bench-gpu-", dir="/var/tmp"))
     base.mkdir(parents=True, exist_ok=True)
     cfg = base / "kvfs.toml"
