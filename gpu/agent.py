@@ -261,20 +261,33 @@ class Agent:
         sums = [xxh3([host_bytes(h)]) for h in hosts]
         with self._lock:
             gens = [self._gen.get(n, 0) for n in names]
-        failed: set[int] = set()
         try:
             self.client.put(names, hosts, parents=parents)
-        except BatchError as exc:
-            failed = set(exc.errors)
+        except BatchError as exc:  # the others were stored
+            self._cache_stored(names, flat, sums, gens, parents, set(exc.errors))
             raise
-        finally:
-            par = list(parents) if parents is not None else [None] * len(names)
-            for i, (n, t, s) in enumerate(zip(names, flat, sums, strict=True)):
-                if i in failed:
-                    self.cache.remove(n)
-                    continue
-                dev = t.to(self.device, copy=True) if t.device != self.device else t.clone()
-                self._insert(n, dev, s, gens[i], par[i])
+        except BaseException:  # nothing is known to be stored: cache none of them
+            for n in names:
+                self.cache.remove(n)
+            raise
+        self._cache_stored(names, flat, sums, gens, parents, set())
+
+    def _cache_stored(
+        self,
+        names: list[str],
+        flat: list[torch.Tensor],
+        sums: list[int],
+        gens: list[int],
+        parents: Sequence[str | None] | None,
+        failed: set[int],
+    ) -> None:
+        par = list(parents) if parents is not None else [None] * len(names)
+        for i, (n, t, s) in enumerate(zip(names, flat, sums, strict=True)):
+            if i in failed:
+                self.cache.remove(n)
+                continue
+            dev = t.to(self.device, copy=True) if t.device != self.device else t.clone()
+            self._insert(n, dev, s, gens[i], par[i])
 
     def pin(self, names: Sequence[str]) -> None:
         """Keep these blocks in device memory once loaded: never evicted until unpinned."""

@@ -132,6 +132,10 @@ def test_store_writes_blocks_the_daemon_serves_to_everyone(mount):
         assert torch.equal(back[0].view(torch.float16).view(4, 8, 128), kv[0])
         kv[0].zero_()  # the caller's tensor is not the cache's
         assert not torch.equal(ag.map(names[:1])[0].view(torch.float16).view(4, 8, 128), kv[0])
+    with Client(mount) as ro, Agent(ro, device="cpu", watch=False) as ag:  # a put that fails as a whole
+        with pytest.raises(KvfsError, match="read-only"):
+            ag.store(["s/ro"], [torch.zeros(16, dtype=torch.uint8)])
+        assert "s/ro" not in ag.cache and not ro.lookup(["s/ro"]).present(0)
 
 
 def test_the_cache_holds_its_capacity_evicts_in_policy_order_and_honours_pins(mount):
