@@ -68,7 +68,8 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("kvfs.gpu.prefix_cache needs torch and transformers: pip install 'kvfs[engines]'") from exc
 
-from .agent import Agent, AgentConfig  # after the check that torch is there
+from .agent import Agent  # after the check that torch is there
+from .agent_blocks import AgentBlocks
 
 __all__ = [
     "Generation",
@@ -288,8 +289,8 @@ class PrefixCache:
         self.io_threads = io_threads
         self._io_pool: ThreadPoolExecutor | None = None
         self._mount: MountBlocks | None = None  # the batch client's path, on a kvfs mount
-        self._agent = agent  # loads into device memory through the GPU agent (on a kvfs mount)
-        self._own_agents: dict[str, Agent] = {}  # the agents this cache made, per device
+        self._agent = agent
+        self._agents: AgentBlocks | None = None  # loads into a device through the GPU agent, on a kvfs mount
         if agent is not None and not isinstance(client, Client):
             client = agent.client
         if isinstance(client, Client):
@@ -300,6 +301,8 @@ class PrefixCache:
                 raise KvfsError(f"{self.directory} is not on a kvfs mount: the batch client cannot serve it")
             if found is not None:
                 self._mount = MountBlocks(namespace, hash_fn, mountpoint=found[0], base=found[1], io_threads=io_threads)
+        if self._mount is not None:
+            self._agents = AgentBlocks(self._mount, agent)
         self.dtype = _TORCH_DTYPES[namespace.dtype]
         self._itemsize = torch.empty((), dtype=self.dtype).element_size()
         self._payload = KVBlockHeader.payload_length_of(
@@ -488,10 +491,20 @@ class PrefixCache:
             )
         # [layer, K/V, token, head, dim]: a block fills one contiguous [T, H, D] run per
         # layer and K/V, and the cache's [1, H, tokens, D] tensors are views of it.
-        agent = self._agent_for(device)
-        if agent is not None:
+        agent = self._agents.agent_for(device) if self._agents is not None else None
+        if agent is not None and self._agents is not None:
             buf = torch.empty((L, 2, len(digests) * T, H, D), dtype=self.dtype, device=agent.device)
-            loaded, nread, stop, detail = self._load_via_agent(agent, digests, buf)
+            loaded, nread, stop, detail = self._agents.load(
+                agent,
+                digests,
+                [self.path(d) for d in digests],
+                buf,
+                header_length=HEADER_LENGTH,
+                size=HEADER_LENGTH + self._payload,
+                validate=self._validate,
+                stop=self._stop,
+                reasons=(StopReason.COMPLETE, StopReason.MISSING, StopReason.CORRUPT, StopReason.UNREADABLE),
+            )
         elif self._mount is not None:
             buf = self._buffer((L, 2, len(digests) * T, H, D))
             loaded, nread, stop, detail = self._load_via_client(self._mount, digests, buf)
@@ -625,62 +638,6 @@ class PrefixCache:
             nread += res.size
         return loaded, nread, StopReason.COMPLETE, ""
 
-    def _agent_for(self, device: torch.device | str | None) -> Agent | None:
-        """The agent a load into *device* goes through: the one given, else one made for
-        that device on first use; None off a kvfs mount or without a device."""
-        if self._mount is None:
-            return None
-        if self._agent is not None:
-            return self._agent
-        if device is None:
-            return None
-        key = str(torch.device(device))
-        with self._pool_lock:
-            agent = self._own_agents.get(key)
-            if agent is None:
-                agent = self._own_agents[key] = Agent(self._mount.client(), AgentConfig(device=key))
-            return agent
-
-    def _load_via_agent(
-        self, agent: Agent, digests: list[bytes], buf: torch.Tensor
-    ) -> tuple[int, int, StopReason, str]:
-        """Map the blocks through the GPU agent (each in device memory, checked there,
-        cached) and copy their KV into *buf* on the device, in order, stopping at the first
-        block that is missing or invalid. The KV header is checked on the host (4 KiB
-        back); the payload's own checksum only where the block is host memory: on a GPU
-        the agent's check of kvfs's checksum covers the bytes."""
-        assert self._mount is not None
-        L = buf.shape[0]
-        T = self.namespace.tokens_per_block
-        size = HEADER_LENGTH + self._payload
-        names = self._mount.names(digests)
-        loading = agent.load_async(names)
-        loaded = nread = 0
-        for i, ev in enumerate(loading.events):
-            path = self.path(digests[i])
-            try:
-                t = ev.wait()
-            except BlockNotFound:
-                return (loaded, nread, *self._stop(StopReason.MISSING, path, "no such block"))
-            except BlockCorrupt as exc:
-                return (loaded, nread, *self._stop(StopReason.CORRUPT, path, exc))
-            except KvfsError as exc:
-                return (loaded, nread, *self._stop(StopReason.UNREADABLE, path, exc))
-            try:
-                if t.numel() != size:
-                    raise BlockCorrupt(f"block is {t.numel()} bytes, expected {size}")
-                header = bytearray(t[:HEADER_LENGTH].cpu().numpy().tobytes())
-                payload = t[HEADER_LENGTH:size]
-                segs = [_bytes_view(payload)] if payload.device.type == "cpu" else None
-                self._validate(header, segs, size, size, digests[i])
-            except BlockCorrupt as exc:
-                agent.evict([names[i]])
-                return (loaded, nread, *self._stop(StopReason.CORRUPT, path, exc))
-            buf[:, :, i * T : (i + 1) * T].copy_(payload.view(self.dtype).view(L, 2, T, *buf.shape[3:]))
-            loaded += 1
-            nread += size
-        return loaded, nread, StopReason.COMPLETE, ""
-
     def _buffer(self, shape: tuple[int, ...]) -> torch.Tensor:
         """An uninitialized host tensor of *shape*, reusing the pooled buffer when free.
 
@@ -723,10 +680,8 @@ class PrefixCache:
             pool, self._io_pool = self._io_pool, None
         if pool is not None:
             pool.shutdown(wait=True)
-        with self._pool_lock:
-            agents, self._own_agents = list(self._own_agents.values()), {}
-        for a in agents:
-            a.close()
+        if self._agents is not None:
+            self._agents.close()
         if self._mount is not None:
             self._mount.close()
 

@@ -37,7 +37,7 @@ def test_a_load_with_a_device_goes_through_the_agent_and_stays_in_its_cache(kvfs
     names = pc.block_names(prompt)
     via_client = pc.load(prompt, fp32.model)  # no device: the batch client's path
     hit = pc.load(prompt, fp32.model, device="cpu")
-    agent = pc._own_agents["cpu"]
+    agent = pc._agents._own["cpu"]
     assert (hit.tokens, hit.blocks, hit.stop) == (40, 5, StopReason.COMPLETE)
     assert agent.loads["arena"] + agent.loads["file"] == 5 and all(n in agent.cache for n in names)
     for a, b in zip(hit.cache.layers, via_client.cache.layers, strict=True):
