@@ -27,7 +27,7 @@ import torch
 
 from kvfs.client import BatchError, Client
 from kvfs.errors import BlockCorrupt, BlockNotFound, KvfsError
-from kvfs.gpu.agent import Agent, AgentConfig
+from kvfs.gpu import Agent, AgentConfig
 from kvfs.gpu.transfer import TransferUnavailable
 
 MiB = 1 << 20
