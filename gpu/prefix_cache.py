@@ -68,6 +68,9 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("kvfs.gpu.prefix_cache needs torch and transformers: pip install 'kvfs[engines]'") from exc
 
+from .agent import Agent  # after the check that torch is there
+from .agent_blocks import AgentBlocks
+
 __all__ = [
     "Generation",
     "Prefill",
@@ -252,6 +255,12 @@ class PrefixCache:
     straight from its disk tier's files, each chain's parent given with its block; the
     same files and the same checks as the file path, which ``False`` forces and which
     any other directory uses. A :class:`~kvfs.client.Client` may be passed in.
+
+    *agent*: on a kvfs mount, a load with a *device* goes through the GPU agent
+    (:class:`kvfs.gpu.agent.Agent`): the blocks land in device memory from the arena or
+    the disk tier's files (kvikio, NIXL, POSIX), checked there, and stay in its device
+    cache for the next request; the KV is copied from them on the device. Without one, the
+    cache makes an agent per device on the first such load (``device="cpu"`` included).
     """
 
     def __init__(
@@ -265,6 +274,7 @@ class PrefixCache:
         reuse_buffers: bool = True,
         io_threads: int = 4,
         client: Client | bool | None = None,
+        agent: Agent | None = None,
     ) -> None:
         self.directory = os.fspath(directory)
         self.namespace = namespace
@@ -279,6 +289,10 @@ class PrefixCache:
         self.io_threads = io_threads
         self._io_pool: ThreadPoolExecutor | None = None
         self._mount: MountBlocks | None = None  # the batch client's path, on a kvfs mount
+        self._agent = agent
+        self._agents: AgentBlocks | None = None  # loads into a device through the GPU agent, on a kvfs mount
+        if agent is not None and not isinstance(client, Client):
+            client = agent.client
         if isinstance(client, Client):
             self._mount = MountBlocks(namespace, hash_fn, client=client, path_of=self.path, io_threads=io_threads)
         elif client is None or client is True:
@@ -287,6 +301,8 @@ class PrefixCache:
                 raise KvfsError(f"{self.directory} is not on a kvfs mount: the batch client cannot serve it")
             if found is not None:
                 self._mount = MountBlocks(namespace, hash_fn, mountpoint=found[0], base=found[1], io_threads=io_threads)
+        if self._mount is not None:
+            self._agents = AgentBlocks(self._mount, agent)
         self.dtype = _TORCH_DTYPES[namespace.dtype]
         self._itemsize = torch.empty((), dtype=self.dtype).element_size()
         self._payload = KVBlockHeader.payload_length_of(
@@ -315,6 +331,13 @@ class PrefixCache:
     def digests(self, tokens: Sequence[int]) -> list[bytes]:
         """The chain hashes of the full blocks of *tokens*."""
         return chain_hashes(self.namespace, list(tokens), extra_keys=self.extra_keys, hash_fn=self.hash_fn)
+
+    def block_names(self, tokens: Sequence[int]) -> list[str]:
+        """The block names (paths inside the mount) of the full blocks of *tokens*; only
+        on a kvfs mount (e.g. to pin them in an agent or evict them from a tier)."""
+        if self._mount is None:
+            raise KvfsError(f"{self.directory} is not on a kvfs mount: its blocks have no names in kvfs")
+        return self._mount.names(self.digests(tokens))
 
     def path(self, digest: bytes) -> str:
         """The file of the block with *digest*."""
@@ -468,10 +491,25 @@ class PrefixCache:
             )
         # [layer, K/V, token, head, dim]: a block fills one contiguous [T, H, D] run per
         # layer and K/V, and the cache's [1, H, tokens, D] tensors are views of it.
-        buf = self._buffer((L, 2, len(digests) * T, H, D))
-        if self._mount is not None:
+        agent = self._agents.agent_for(device) if self._agents is not None else None
+        if agent is not None and self._agents is not None:
+            buf = torch.empty((L, 2, len(digests) * T, H, D), dtype=self.dtype, device=agent.device)
+            loaded, nread, stop, detail = self._agents.load(
+                agent,
+                digests,
+                [self.path(d) for d in digests],
+                buf,
+                header_length=HEADER_LENGTH,
+                size=HEADER_LENGTH + self._payload,
+                validate=self._validate,
+                stop=self._stop,
+                reasons=(StopReason.COMPLETE, StopReason.MISSING, StopReason.CORRUPT, StopReason.UNREADABLE),
+            )
+        elif self._mount is not None:
+            buf = self._buffer((L, 2, len(digests) * T, H, D))
             loaded, nread, stop, detail = self._load_via_client(self._mount, digests, buf)
         else:
+            buf = self._buffer((L, 2, len(digests) * T, H, D))
             loaded, nread, stop, detail = self._load_via_files(digests, buf)
         ntok = min(loaded * T, limit)
         if ntok:
@@ -642,6 +680,8 @@ class PrefixCache:
             pool, self._io_pool = self._io_pool, None
         if pool is not None:
             pool.shutdown(wait=True)
+        if self._agents is not None:
+            self._agents.close()
         if self._mount is not None:
             self._mount.close()
 
@@ -656,9 +696,10 @@ class PrefixCache:
         finally:
             os.close(fd)
 
-    def _validate(self, header: bytearray, segs: list[memoryview], got: int, size: int, digest: bytes) -> None:
+    def _validate(self, header: bytearray, segs: list[memoryview] | None, got: int, size: int, digest: bytes) -> None:
         """Raise :class:`BlockCorrupt` unless the block read is whole, of this namespace's
-        layout, under its own name, and its payload matches the header's checksum."""
+        layout, under its own name, and its payload (*segs*; None: checked elsewhere)
+        matches the header's checksum."""
         if got != size:
             raise BlockCorrupt(f"short read: {got} of {size} bytes")
         h = decode_header(header)
@@ -673,6 +714,8 @@ class PrefixCache:
             raise BlockCorrupt("block layout does not match the namespace")
         if h.digest != digest[:16].ljust(16, b"\0"):
             raise BlockCorrupt("block is stored under another block's name")
+        if segs is None:
+            return
         x = xxhash.xxh3_64()
         for s in segs:
             x.update(s)

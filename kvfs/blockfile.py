@@ -1,18 +1,21 @@
 """The self-describing block file format of the persistent tiers (see docs/block-format.md).
 
 A block file is a 4 KiB-aligned header followed by the payload, padded with zeros to a
-multiple of 4 KiB so the whole file can be read with direct I/O or GDS::
+multiple of 4 KiB so the whole file can be read with direct I/O or GDS. Version 2 (written
+now) records a device checksum (:func:`devsum`) next to the host checksum; version 1 files
+(without it) are still read::
 
     offset  size  field
     0       8     magic  b"KVFSBLK\\x01"
-    8       2     format version (1)
-    10      2     flags (0)
+    8       2     format version (2; 1 in older files)
+    10      2     flags: bit 0 = the device checksum is recorded (version 2 only)
     12      4     header length H (a multiple of 4096; 4096 unless the name is long)
     16      8     payload length
     24      8     payload checksum: xxh3-64 of the payload
-    32      4     name length N
-    36      N     name (UTF-8, the block's path in the namespace)
-    36+N    8     header checksum: xxh3-64 of bytes 0 .. 36+N
+    32      8     device checksum (version 2 only; 0 unless flag bit 0)
+    40      4     name length N                      (at 32 in version 1)
+    44      N     name (UTF-8, the block's path)     (at 36 in version 1)
+    44+N    8     header checksum: xxh3-64 of bytes 0 .. 44+N (36+N in version 1)
     ...           zeros up to H
     H             payload
     H+len         zeros up to a multiple of 4096
@@ -27,18 +30,22 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import xxhash
 
 from .errors import BlockCorrupt
 
 __all__ = [
     "ALIGN",
+    "FLAG_DEVSUM",
     "MAGIC",
     "VERSION",
     "BlockHeader",
     "align_up",
     "checksum",
     "decode_header",
+    "devsum",
+    "devsum_words",
     "encode_header",
     "file_length",
     "header_length",
@@ -47,8 +54,11 @@ __all__ = [
 
 ALIGN = 4096
 MAGIC = b"KVFSBLK\x01"
-VERSION = 1
-_FIXED = struct.Struct("<8sHHIQQI")  # magic, version, flags, header len, payload len, checksum, name len
+VERSION = 2
+FLAG_DEVSUM = 1  # the header records the payload's device checksum
+_FIXED_V1 = struct.Struct("<8sHHIQQI")  # magic, version, flags, header len, payload len, checksum, name len
+_FIXED = struct.Struct("<8sHHIQQQI")  # version 2: ..., checksum, device checksum, name len
+_PREFIX = struct.Struct("<8sH")  # magic, version: enough to choose the layout
 
 
 def checksum(data: Any) -> int:
@@ -57,13 +67,52 @@ def checksum(data: Any) -> int:
     return digest
 
 
+_M64 = (1 << 64) - 1
+
+
+def devsum_words(s1: int, s2: int) -> int:
+    """Fold the device checksum's two sums (each taken mod 2**64) into 64 bits."""
+    s1, s2 = s1 & _M64, s2 & _M64
+    return (s1 ^ ((s2 << 29) | (s2 >> 35))) & _M64
+
+
+_CHUNK = 1 << 16  # words per pass: the position weights stay in the cache
+_weights: list[Any] = []
+
+
+def devsum(data: Any) -> int:
+    """The device checksum of *data* (any buffer): over its bytes as little-endian uint32
+    words ``w_1 .. w_n`` (the tail zero-padded), ``sum w_i`` and ``sum i * w_i`` mod 2**64,
+    folded. Computable with torch ops on a GPU (:func:`kvfs.gpu.integrity.device_checksum`)
+    where xxh3 is not; weaker than xxh3 (linear: it catches any change of one word, of a
+    run of zeros or a torn tail, and swapped words, not crafted collisions)."""
+    b = np.frombuffer(data, dtype=np.uint8)
+    n4 = len(b) // 4
+    words = b[: n4 * 4].view("<u4")
+    if not _weights:
+        _weights.append(np.arange(1, _CHUNK + 1, dtype=np.int64))
+    ar = _weights[0]
+    s1 = s2 = 0
+    with np.errstate(over="ignore"):
+        for a in range(0, n4, _CHUNK):
+            w = words[a : a + _CHUNK].astype(np.int64)
+            t = int(w.sum(dtype=np.int64))
+            s1 += t
+            s2 += int(np.dot(w, ar[: len(w)])) + a * t
+    if len(b) > n4 * 4:
+        last = int.from_bytes(b[n4 * 4 :].tobytes(), "little")
+        s1 += last
+        s2 += (n4 + 1) * last
+    return devsum_words(s1, s2)
+
+
 def align_up(n: int, a: int = ALIGN) -> int:
     return (n + a - 1) // a * a
 
 
 def header_length(name: str) -> int:
     """Bytes the header of *name* takes on disk (a multiple of 4096)."""
-    return align_up(_FIXED.size + len(name.encode()) + 8)
+    return align_up(_FIXED_V1.size + len(name.encode()) + 8)  # the same in both versions (see encode_header)
 
 
 def file_length(name: str, size: int) -> int:
@@ -77,13 +126,23 @@ class BlockHeader:
     length: int
     checksum: int
     header_length: int
+    device_checksum: int | None = None  # :func:`devsum` of the payload, when recorded
+    version: int = VERSION
 
 
-def encode_header(name: str, length: int, payload_checksum: int) -> bytes:
-    """The header bytes of a block, padded to its header length."""
+def encode_header(name: str, length: int, payload_checksum: int, device_checksum: int | None = None) -> bytes:
+    """The header bytes of a block (version 2), padded to its header length;
+    *device_checksum*: the payload's :func:`devsum`, recorded when given. The header
+    length, and so the payload offset, is the same as version 1's for every name."""
     raw_name = name.encode()
     hlen = header_length(name)
-    head = _FIXED.pack(MAGIC, VERSION, 0, hlen, length, payload_checksum, len(raw_name)) + raw_name
+    if _FIXED.size + len(raw_name) + 8 > hlen:
+        # a name of 4045-4052 bytes: version 2 would need one more 4 KiB than version 1, and
+        # a payload offset must not depend on the version, so such a block stays version 1
+        head = _FIXED_V1.pack(MAGIC, 1, 0, hlen, length, payload_checksum, len(raw_name)) + raw_name
+    else:
+        flags, dsum = (FLAG_DEVSUM, device_checksum) if device_checksum is not None else (0, 0)
+        head = _FIXED.pack(MAGIC, VERSION, flags, hlen, length, payload_checksum, dsum, len(raw_name)) + raw_name
     head += struct.pack("<Q", xxhash.xxh3_64_intdigest(head))
     return head + bytes(hlen - len(head))
 
@@ -95,24 +154,37 @@ def decode_header(buf: Any) -> BlockHeader:
     wrong, or when *buf* is shorter than the header says.
     """
     mv = memoryview(buf)
-    if len(mv) < _FIXED.size:
+    if len(mv) < _FIXED_V1.size:
         raise BlockCorrupt("block file is shorter than its header")
-    magic, version, _flags, hlen, length, csum, nlen = _FIXED.unpack_from(mv, 0)
+    magic, version = _PREFIX.unpack_from(mv, 0)
     if magic != MAGIC:
         raise BlockCorrupt("not a kvfs block file (bad magic)")
-    if version != VERSION:
-        raise BlockCorrupt(f"unsupported block format version {version}")
-    end = _FIXED.size + nlen
+    dsum: int | None = None
+    if version == 1:
+        fixed = _FIXED_V1
+        _, _, flags, hlen, length, csum, nlen = fixed.unpack_from(mv, 0)
+    elif version == VERSION:
+        fixed = _FIXED
+        if len(mv) < fixed.size:
+            raise BlockCorrupt("block file is shorter than its header")
+        _, _, flags, hlen, length, csum, dsum, nlen = fixed.unpack_from(mv, 0)
+        if not flags & FLAG_DEVSUM:
+            dsum = None
+    else:
+        raise BlockCorrupt(f"unsupported block format version {version} (this kvfs reads 1 and 2)")
+    end = fixed.size + nlen
     if hlen % ALIGN or end + 8 > hlen or len(mv) < end + 8:
         raise BlockCorrupt("block header lengths are inconsistent")
     (hcsum,) = struct.unpack_from("<Q", mv, end)
     if xxhash.xxh3_64_intdigest(mv[:end]) != hcsum:
         raise BlockCorrupt("block header checksum mismatch")
     try:
-        name = bytes(mv[_FIXED.size : end]).decode()
+        name = bytes(mv[fixed.size : end]).decode()
     except UnicodeDecodeError as exc:  # pragma: no cover - the header checksum catches flips
         raise BlockCorrupt("block name is not UTF-8") from exc
-    return BlockHeader(name=name, length=length, checksum=csum, header_length=hlen)
+    return BlockHeader(
+        name=name, length=length, checksum=csum, header_length=hlen, device_checksum=dsum, version=version
+    )
 
 
 def verify(data: Any, expected: int, what: str) -> None:

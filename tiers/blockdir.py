@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from kvfs.blockfile import ALIGN, align_up, decode_header, encode_header, header_length, verify
+from kvfs.blockfile import ALIGN, align_up, decode_header, devsum, encode_header, header_length, verify
 from kvfs.errors import BlockCorrupt, BlockNotFound, InvalidName
 from kvfs.names import normalize
 from kvfs.tier import BlockInfo, BlockRef
@@ -111,7 +111,7 @@ class BlockDirectory:
     def write(self, name: str, data: Any, checksum: int) -> None:
         """Write the block file to tmp/ and rename it into place (replacing atomically)."""
         mv = memoryview(data).cast("B")
-        header = encode_header(name, len(mv), checksum)
+        header = encode_header(name, len(mv), checksum, devsum(mv))  # the device checksum: GPU reads verify on the GPU
         self._ensure_parent(name)  # first: tmp_path may be in the target's directory
         tmp = self.tmp_path(name)
         pad = (-len(mv)) % ALIGN
@@ -271,21 +271,25 @@ class BlockDirectory:
         A crash between the two leaves a file whose header names *new* at *old*'s path;
         :meth:`scan` completes such a rename.
         """
-        if header_length(old) != header_length(new):
+        src = self.path(old)
+        in_place = header_length(old) == header_length(new)
+        if in_place:
+            try:
+                fd = os.open(src, os.O_RDWR)
+            except FileNotFoundError as exc:
+                raise BlockNotFound(old) from exc
+            try:
+                hdr = decode_header(os.pread(fd, header_length(old), 0))
+                in_place = hdr.header_length == header_length(new)  # an older format's may differ
+                if in_place:
+                    os.pwrite(fd, encode_header(new, hdr.length, hdr.checksum, hdr.device_checksum), 0)
+            finally:
+                os.close(fd)
+        if not in_place:
             with self.read(old) as ref:
                 self.write(new, ref.data, ref.checksum)
             self.delete(old)
             return
-        src = self.path(old)
-        try:
-            fd = os.open(src, os.O_RDWR)
-        except FileNotFoundError as exc:
-            raise BlockNotFound(old) from exc
-        try:
-            hdr = decode_header(os.pread(fd, ALIGN, 0))
-            os.pwrite(fd, encode_header(new, hdr.length, hdr.checksum), 0)
-        finally:
-            os.close(fd)
         self._ensure_parent(new)
         try:
             os.rename(src, self.path(new))

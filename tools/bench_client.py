@@ -44,7 +44,7 @@ from kvfs.units import format_size, parse_size
 from .bench_tiers import best_of
 from .render import table
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["add_arguments", "random_blocks", "run"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -64,6 +64,13 @@ def _memcpy(blocks: list[np.ndarray], outs: list[np.ndarray], passes: int) -> tu
     copy_in = best_of(lambda: [np.copyto(d, b) for d, b in zip(dest, blocks)], passes)
     copy_out = best_of(lambda: [np.copyto(o, d) for o, d in zip(outs, dest)], passes)
     return copy_in, copy_out
+
+
+def random_blocks(size: int, n: int) -> tuple[list[np.ndarray], list[str]]:
+    """*n* blocks of *size* random bytes (seeded: the same in every run) and their names."""
+    rng = np.random.default_rng(0)
+    blocks = [rng.integers(0, 256, size, dtype=np.uint8) for _ in range(n)]
+    return blocks, [f"bench/{i % 256:02x}/{i:032x}" for i in range(n)]
 
 
 def _chunks(n: int, size: int) -> list[slice]:
@@ -91,10 +98,8 @@ def run(args: argparse.Namespace) -> int:
     n = args.blocks
     total = size * n
     say = (lambda *a: print(*a, file=sys.stderr, flush=True)) if args.json else (lambda *a: print(*a, flush=True))
-    rng = np.random.default_rng(0)
-    blocks = [rng.integers(0, 256, size, dtype=np.uint8) for _ in range(n)]
+    blocks, names = random_blocks(size, n)
     outs = [np.empty(size, dtype=np.uint8) for _ in range(n)]
-    names = [f"bench/{i % 256:02x}/{i:032x}" for i in range(n)]
     base = args.dir or Path(tempfile.mkdtemp(prefix="kvfs-bench-client-", dir="/var/tmp"))
     cfg = base / "kvfs.toml"
     dram = max(2 * total + (64 << 20), 2 * args.batch * size + (64 << 20))

@@ -65,6 +65,10 @@ BENCHES: dict[str, tuple[str, str]] = {
         "kvfs.tools.bench_faults",
         "DRAM and disk hits, unmount and recovery while a shared tier (posix, s3) stops answering",
     ),
+    "gpu": (
+        "kvfs.tools.bench_gpu",
+        "the GPU agent: NIXL reads vs preadv, map hits; with CUDA: arena H2D, GDS vs kvikio, TTFT per tier",
+    ),
     "engines": (
         "kvfs.tools.bench_engines",
         "real engine clients (vLLM, SGLang, LMCache, safetensors) on a kvfs mount vs a plain directory",

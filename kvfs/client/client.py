@@ -477,6 +477,20 @@ class Client:
                 ids.append(h.lease)
         self._release_ids(ids)
 
+    def suspect(self, hold: Hold, why: str) -> None:
+        """Report that the copy *hold* leases failed the caller's own check (a GPU agent
+        verifying what it read into device memory): the lease ends, and the daemon
+        re-checks that copy and drops it if bad; a new :meth:`lease` then holds whatever
+        copy is there now, or fails with ``BlockNotFound``."""
+        lease = hold.lease
+        hold._end()
+        if lease is None or self._held.pop(lease, None) is None:
+            return
+        try:
+            self._request(Suspect(lease=lease, why=why))
+        except KvfsError:
+            pass  # the lease ended meanwhile: the next lease takes whatever copy is there now
+
     def renew(self, holds: Sequence[Hold], ttl: float | None = None) -> None:
         """Extend the leases of *holds* to *ttl* seconds from now (default: the client's);
         one that had already ended is ended here too."""

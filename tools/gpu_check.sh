@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# The whole GPU check of the GPU agent in one call, on a machine with an NVIDIA GPU (the
+# device tool's H200): environment, the GPU tests (every test_gpu_* case, CUDA ones
+# included; the daemon's only where FUSE works there) and `kvfs bench gpu --device cuda`.
+# Everything lands in $OUT (the device tool's folder; ./gpu-check elsewhere):
+#   env.txt (nvidia-smi, versions), tests.txt, bench.json, bench.txt, summary.txt.
+#
+# From a session with a device:  bash tools/gpu_wheels.sh   (here, once: wheels into .whl/)
+#   run(command="bash tools/gpu_check.sh", carry=[".whl"], timeout_s=540)
+# Budget: about 6-8 minutes on an H200 (tests ~3, bench ~3), under one call's 10.
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu-check}
+mkdir -p "$OUT"
+PY=${PY:-python3}
+export PYTHONUNBUFFERED=1
+say() { echo "== $*" | tee -a "$OUT/summary.txt"; }
+
+{ nvidia-smi; uname -a; "$PY" -V; } >"$OUT/env.txt" 2>&1
+if ls .whl/*.whl >/dev/null 2>&1; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        >>"$OUT/env.txt" 2>&1 && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+# kvfs itself (kvfs.gpu lives in gpu/: the package needs installing), offline
+"$PY" -m pip install -q --no-index --no-deps --no-build-isolation -e . >>"$OUT/env.txt" 2>&1 \
+    || say "kvfs did not install (see env.txt)"
+"$PY" - >>"$OUT/env.txt" 2>&1 <<'PYEOF'
+import importlib, torch
+print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())
+if torch.cuda.is_available():
+    print("device", torch.cuda.get_device_name(0))
+for m in ("kvikio", "nixl_cu13", "nixl_cu12", "pyfuse3", "trio", "transformers", "xxhash"):
+    try:
+        mod = importlib.import_module(m)
+        print(m, getattr(mod, "__version__", "ok"))
+    except Exception as exc:
+        print(m, "MISSING:", exc)
+try:
+    import kvikio.defaults as d
+    print("kvikio compat mode:", getattr(d, "is_compat_mode_preferred", getattr(d, "compat_mode", lambda: "?"))())
+except Exception as exc:
+    print("kvikio defaults:", exc)
+from kvfs.gpu.transfer import open_loader
+loader, passed = open_loader("auto", torch.device("cuda"))
+print("auto transfer on cuda:", loader.name, "passed over:", passed)
+PYEOF
+say "environment: $(grep -E '^(torch|device|auto transfer)' "$OUT/env.txt" | tr '\n' ';')"
+[ -e /dev/fuse ] || say "no /dev/fuse: the tests and bench rows that need a kvfs daemon skip or fail"
+
+timeout 300 "$PY" -m pytest -q -rs -p no:cacheprovider tests/test_gpu_transfer.py tests/test_gpu_agent.py \
+    tests/test_gpu_prefix_cache.py tests/test_bench_gpu.py >"$OUT/tests.txt" 2>&1
+say "tests: exit $? — $(tail -1 "$OUT/tests.txt")"
+
+timeout 240 "$PY" -m kvfs.tools.cli bench gpu --device cuda --blocks 128 --passes 5 --json \
+    >"$OUT/bench.json" 2>"$OUT/bench.txt"
+rc=$?
+say "bench: exit $rc"
+if [ $rc -eq 0 ]; then
+    "$PY" - "$OUT/bench.json" <<'PYEOF' | tee -a "$OUT/summary.txt"
+import json, sys
+d = json.load(open(sys.argv[1]))
+for r in d["results"]:
+    if "skipped" in r:
+        print(f"{r['path']:4} {r['op']:45} {r['skipped']}")
+        continue
+    fig = f"{r['gb_s']:.2f} GB/s" if "gb_s" in r else f"{r['ms']:.3f} ms"
+    print(f"{r['path']:4} {r['op']:45} {fig:>14}  vs {r['baseline']}: x{r['ratio']:.2f}")
+PYEOF
+else
+    tail -5 "$OUT/bench.txt" | tee -a "$OUT/summary.txt"
+fi
