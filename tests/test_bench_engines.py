@@ -53,3 +53,16 @@ def test_bench_engines_table_and_bad_client():
     assert lines[0].split() == ["CLIENT", "FIGURE", "PLAIN", "KVFS", "KVFS/PLAIN", "AIM", "RESULT"]
     assert [ln.split()[:2] for ln in lines[1:3]] == [["safetensors", "write"], ["safetensors", "read"]]
     assert lines[-1].startswith("load average ")
+
+
+def test_bench_engines_json_sglang_backend():
+    need_client("sglang-backend")
+    res = _bench("--clients", "sglang-backend", "--json")
+    assert res.returncode == 0, res.stderr
+    (c,) = json.loads(res.stdout)["clients"]
+    assert c["client"] == "sglang-backend" and c["status"] == "ok", c.get("status")
+    assert c["baseline"] == "HiCacheFile on a plain directory"
+    for kind in ("plain", "kvfs"):
+        assert c[kind]["bytes"] == 16 * 2 * 64 * 8 * 8 * 128 * 2  # 16 pages of 2 MiB, read back byte-exact
+        assert c[kind]["set_s"] > 0 and c[kind]["get_s"] > 0
+    assert set(c["ratio"]) == {"set", "get"} and all(v > 0 for v in c["ratio"].values())

@@ -9,6 +9,9 @@ on both, with the same workload, and prints per client:
 - **reads**: seconds a second process took to read them back, kvfs/plain (aim <= 1.15);
 - **warm TTFT** (vLLM): median first-token latency of a second engine process that loads
   the KV through ExampleConnector, kvfs/plain (aim <= 1.15); cold TTFT (it saves) too;
+- **sglang-backend**: kvfs's own SGLang HiCache backend against SGLang's ``HiCacheFile`` on
+  the plain directory, set and get GB/s, kvfs/plain (aim >= 1.5 on gets;
+  ``tools/bench_sglang_backend.py``);
 - whether the kvfs run did what the plain run did (same results, same files and bytes):
   ``ok``, ``differs: <where>``, or ``failed: <why>`` when the client crashed on kvfs.
 
@@ -28,6 +31,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from . import bench_sglang_backend
 from .engine_clients import CLIENTS, ClientFailed, ClientMissing, client_python, differences, run_client, without
 from .render import table
 from .scratch import dram_disk_config, mount, umount
@@ -42,6 +46,7 @@ WORKLOADS = {
     "lmcache": "LMCache fs connector",
     "lmcache-disk": "LMCache LocalDiskBackend",
     "safetensors": "safetensors save/load_file",
+    "sglang-backend": bench_sglang_backend.WHAT,
 }
 
 AIM_WRITE, AIM_READ = 0.80, 1.15
@@ -199,6 +204,9 @@ def run(args: argparse.Namespace) -> int:
         mount(mp, dram_disk_config(base, dram, 4 * dram))
         try:
             for name in available:
+                if name == "sglang-backend":  # a backend of its own against SGLang's: its own rows
+                    result["clients"].append(bench_sglang_backend.bench_sglang_backend(plain_root, mp, args, _progress))
+                    continue
                 result["clients"].append(bench_client(name, plain_root, mp, args, model))
         finally:
             umount(mp)
@@ -217,6 +225,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _rows(c: dict) -> list[list[str]]:
+    if c["client"] == "sglang-backend":
+        return bench_sglang_backend.rows(c)
     status = c.get("status", "")
     if "plain" not in c:
         return [[c["client"], "-", "-", "-", "-", "-", status]]
