@@ -130,7 +130,13 @@ class PageLayout:
         self.page_size = int(pool.page_size)
         self.size = int(pool.size)
         self.layout = str(pool.layout)
-        page = pool.get_data_page(0, flat=False)
+        try:
+            page = pool.get_data_page(0, flat=False)
+        except (ValueError, NotImplementedError, AttributeError) as exc:
+            raise KvfsError(
+                f"the kvfs HiCache backend cannot address pages of {type(pool).__name__} with layout "
+                f"{self.layout!r} ({exc}); use --hicache-mem-layout page_first (or layer_first, page_first_direct)"
+            ) from exc
         if page.device.type != "cpu":
             raise KvfsError(f"the host pool's buffer is on {page.device}, not in host memory")
         self.page_bytes = page.numel() * page.element_size()
