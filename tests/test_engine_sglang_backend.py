@@ -103,6 +103,15 @@ def test_a_corrupt_or_missing_block_is_a_miss_never_wrong_bytes(kvfs_mount, tmp_
     (mp / names[1]).unlink()
     gone = run(client, *args, "--phase", "load", where="kvfs")
     assert gone["batch_exists"] == 1 and gone["got"] == 1 and gone["sha256"][0] == store["sha256"][0]
+    # a block of another size under a page's name (written through the mount): a miss, both ways
+    page = store["page_bytes"]
+    (mp / names[0]).write_bytes(b"\x07" * (page + 4096))
+    big = run(client, *args, "--phase", "load", where="kvfs")
+    assert big["batch_exists"] == 0 and big["got"] == 0 and big["exists"] == [False, False]
+    assert big["batch_get_flat"] == [False, False]
+    (mp / names[0]).write_bytes(b"\x07" * (page - 2))
+    short = run(client, *args, "--phase", "load", where="kvfs")
+    assert short["batch_exists"] == 0 and short["got"] == 0 and short["batch_get_flat"] == [False, False]
 
 
 def test_no_daemon_is_a_clear_error_at_construction(tmp_path):
@@ -111,6 +120,24 @@ def test_no_daemon_is_a_clear_error_at_construction(tmp_path):
     error = out["made"]["error"]  # raised by SGLang's factory, out of the backend's constructor
     assert error.startswith("BackendUnavailable: kvfs HiCache backend:"), error
     assert "kvfs_mount" in error and "is neither a kvfs mount" in error
+    out = run(
+        client, "--probe", "--dir", str(tmp_path), "--phase", "store", "--extra", '{"kvfs_mont": "/x"}', where="bad key"
+    )
+    error = out["made"]["error"]
+    assert "unknown kvfs key(s) in hicache_storage_backend_extra_config: kvfs_mont" in error, error
+    assert "kvfs_mount" in error  # the known keys are listed
+    out = run(
+        client,
+        "--probe",
+        "--dir",
+        str(tmp_path),
+        "--phase",
+        "store",
+        "--extra",
+        '{"kvfs_timeout": -1}',
+        where="bad value",
+    )
+    assert "kvfs_timeout = -1" in out["made"]["error"]
 
 
 def test_the_daemon_going_away_is_a_quick_miss_and_coming_back_a_hit(kvfs_mount, tmp_path):

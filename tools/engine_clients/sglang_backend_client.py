@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import tempfile
 import time
 import types
@@ -88,6 +89,7 @@ def _config(args, directory: str):
         }
     else:
         extra = {"file_storage_path": directory}
+    extra.update(json.loads(args.extra))
     return HiCacheStorageConfig(
         tp_rank=0,
         tp_size=1,
@@ -178,6 +180,7 @@ def main() -> None:
     parser.add_argument("--layout", default="page_first")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--probe", action="store_true", help="only make the backend; report its error")
+    parser.add_argument("--extra", default="{}", help="JSON merged into the backend's extra config")
     parser.add_argument("--flag", default=None, help="outage: a path prefix; waits for FLAG.go, then FLAG.back")
     args = parser.parse_args()
 
