@@ -31,6 +31,7 @@ import time
 import types
 
 from client_report import emit, step
+from sglang_client import storage_config
 
 PAGE_TOKENS = 64
 MISSING = "f" * 64
@@ -75,8 +76,6 @@ def _pool(args):
 
 
 def _config(args, directory: str):
-    from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
-
     if args.backend == "kvfs":
         extra = {
             "backend_name": "kvfs",
@@ -90,19 +89,7 @@ def _config(args, directory: str):
     else:
         extra = {"file_storage_path": directory}
     extra.update(json.loads(args.extra))
-    return HiCacheStorageConfig(
-        tp_rank=0,
-        tp_size=1,
-        pp_rank=0,
-        pp_size=1,
-        attn_cp_rank=0,
-        attn_cp_size=1,
-        is_mla_model=False,
-        enable_storage_metrics=False,
-        is_page_first_layout=args.layout == "page_first",
-        model_name="kvfs-test/tiny-llama",
-        extra_config=extra,
-    )
+    return storage_config(extra, page_first=args.layout == "page_first")
 
 
 def _controller(args, pool, directory: str):
