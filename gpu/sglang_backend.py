@@ -171,7 +171,7 @@ class PageLayout:
                 f"page_bytes={self.page_bytes}",
                 f"pp={config.pp_rank}/{config.pp_size}",
                 f"cp={config.attn_cp_rank}/{config.attn_cp_size}",
-                f"dcp={config.dcp_rank}/{config.dcp_size}",
+                f"dcp={getattr(config, 'dcp_rank', 0)}/{getattr(config, 'dcp_size', 1)}",
             )
         )
         return Namespace(
