@@ -114,6 +114,29 @@ def test_a_corrupt_or_missing_block_is_a_miss_never_wrong_bytes(kvfs_mount, tmp_
     assert short["batch_exists"] == 0 and short["got"] == 0 and short["batch_get_flat"] == [False, False]
 
 
+def test_concurrent_prefetch_and_backup_threads_on_one_backend(kvfs_mount, tmp_path):
+    client = need_client("sglang-backend")
+    mp, _ = _mount(kvfs_mount, tmp_path)
+    rounds = 12
+    r = run(
+        client,
+        "--dir",
+        str(mp),
+        "--phase",
+        "threads",
+        "--pages",
+        "4",
+        "--offset",
+        "4",
+        "--rounds",
+        str(rounds),
+        where="kvfs",
+    )
+    assert r["set"] is True and "errors" not in r, r.get("errors")
+    assert r["gets"] == [True] * rounds  # every get, beside the puts, byte-exact
+    assert r["sets"] == [True] * rounds and r["stored_after"] == [4] * rounds
+
+
 def test_no_daemon_is_a_clear_error_at_construction(tmp_path):
     client = need_client("sglang-backend")
     out = run(client, "--probe", "--dir", str(tmp_path), "--phase", "store", where="no daemon")

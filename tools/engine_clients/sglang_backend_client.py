@@ -30,7 +30,7 @@ import tempfile
 import time
 import types
 
-from client_report import emit, step
+from client_report import describe_error, emit, step
 from sglang_client import storage_config
 
 PAGE_TOKENS = 64
@@ -158,7 +158,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", choices=["kvfs", "file"], default="kvfs")
     parser.add_argument("--dir", required=True, help="the kvfs mountpoint (kvfs) or file_storage_path (file)")
-    parser.add_argument("--phase", choices=["store", "load", "bench"], required=True)
+    parser.add_argument("--phase", choices=["store", "load", "bench", "threads"], required=True)
     parser.add_argument("--pages", type=int, default=8)
     parser.add_argument("--offset", type=int, default=0, help="pages of the pool skipped before the load's")
     parser.add_argument("--layers", type=int, default=4)
@@ -201,6 +201,8 @@ def main() -> None:
         dummy = [pool.get_dummy_flat_data_page() for _ in range(2)]
         step(r, "batch_get_flat", lambda: [t is not None for t in backend.batch_get(keys[:2], dummy)])
         r["batch_get_flat_sha256"] = [hashlib.sha256(t.view(torch.uint8).numpy().tobytes()).hexdigest() for t in dummy]
+    elif args.phase == "threads":
+        r.update(_threads(args, pool, keys))
     else:
         r.update(_bench(args, pool))
     emit(r)
@@ -237,6 +239,47 @@ def _outage(args, pool, keys) -> dict:
     while backend.batch_exists(keys) == 0 and time.monotonic() < deadline:
         time.sleep(0.2)  # reconnects at most every kvfs_reconnect_s
     out["back"] = {"batch_exists": backend.batch_exists(keys), "get": get_pages(keys, idx)}
+    return out
+
+
+def _threads(args, pool, keys) -> dict:
+    """One backend used at once by a prefetch thread (gets of stored pages into other
+    indices, bytes checked) and a backup thread (sets of new pages), as SGLang's
+    controller does."""
+    import threading
+
+    backend, set_pages, get_pages = _controller(args, pool, args.dir)
+    src = _alloc(pool, args.pages, 0)
+    want = _fill(pool, src, args.pages, seed=0)
+    out: dict = {"set": set_pages(keys, src), "gets": [], "sets": []}
+    dst = pool.alloc(args.pages * PAGE_TOKENS)
+
+    def prefetch() -> None:
+        for _ in range(args.rounds):
+            got = get_pages(keys, dst)
+            out["gets"].append(
+                got == args.pages and [_sha(pool, int(dst[i * PAGE_TOKENS])) for i in range(args.pages)] == want
+            )
+
+    def backup() -> None:
+        for rnd in range(args.rounds):
+            out["sets"].append(set_pages(_keys(args.pages, salt=100 + rnd), src))
+
+    def guarded(fn):
+        def run() -> None:
+            try:
+                fn()
+            except Exception as exc:  # noqa: BLE001  (the error is the result)
+                out.setdefault("errors", []).append(describe_error(exc))
+
+        return run
+
+    threads = [threading.Thread(target=guarded(prefetch)), threading.Thread(target=guarded(backup))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    out["stored_after"] = [backend.batch_exists(_keys(args.pages, salt=100 + rnd)) for rnd in range(args.rounds)]
     return out
 
 
