@@ -56,6 +56,7 @@ __all__ = [
     "Config",
     "DiskConfig",
     "DramConfig",
+    "EventsConfig",
     "MountConfig",
     "NamespaceConfig",
     "PolicyConfig",
@@ -242,13 +243,28 @@ class ClientConfig:
     users, given to ``group`` (a group name or number; mode 0660); they may read and, with
     ``group_writes``, put, but not run operator commands. ``lease_ttl``: a lease's default
     lifetime (seconds, at most 600); ``max_reserved``: bytes of the arena one session may
-    hold reserved for puts at once (default: half the DRAM tier)."""
+    hold reserved for puts at once (default: half the DRAM tier); ``copy_buffer``: bytes of
+    the private buffer a session gets instead of the arena when a namespace's rule keeps
+    it from mapping the arena (default: ``max_reserved``)."""
 
     socket: Path | None = None
     group: str | None = None
     group_writes: bool = False
     lease_ttl: float = 60.0
     max_reserved: int | None = None
+    copy_buffer: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class EventsConfig:
+    """KV events for routers (docs/engines.md): with ``zmq`` (a ZMQ address, e.g.
+    ``"tcp://127.0.0.1:5557"``) the daemon publishes its blocks' events there in vLLM's
+    format; ``topic``: the messages' topic frame; ``block_size``: the engine's tokens per
+    block, reported in ``BlockStored`` (kvfs does not know it; 0: unknown)."""
+
+    zmq: str | None = None
+    topic: str = ""
+    block_size: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -258,6 +274,7 @@ class Config:
     mount: MountConfig = MountConfig()
     namespaces: tuple[NamespaceConfig, ...] = ()
     client: ClientConfig = ClientConfig()
+    events: EventsConfig = EventsConfig()
 
     def tier(self, name: str) -> TierConfig:
         for t in self.tiers:
@@ -274,6 +291,9 @@ _KIND_CLASSES: dict[str, type[TierConfig]] = {
     "posix": PosixConfig,
     "s3": S3Config,
 }
+
+
+_POSITIVE = ("concurrency", "max_attempts")
 
 
 def _convert(where: str, f: dataclasses.Field[Any], value: Any) -> Any:
@@ -297,7 +317,7 @@ def _convert(where: str, f: dataclasses.Field[Any], value: Any) -> Any:
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1:
                 raise ValueError("expected a share from 0 (admit every block) up to, not including, 1")
             return float(value)
-        if name in ("multipart_threshold", "max_reserved"):
+        if name in ("multipart_threshold", "max_reserved", "copy_buffer"):
             return parse_size(value)
         if name == "write":
             return WriteMode(value)
@@ -311,11 +331,11 @@ def _convert(where: str, f: dataclasses.Field[Any], value: Any) -> Any:
             if not isinstance(value, bool):
                 raise ValueError("expected true or false")
             return value
-        if name in ("concurrency", "max_attempts", "metrics_port"):
-            if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "metrics_port" else 1):
+        if name in ("concurrency", "max_attempts", "metrics_port", "block_size"):
+            if isinstance(value, bool) or not isinstance(value, int) or value < (1 if name in _POSITIVE else 0):
                 raise ValueError("expected a positive whole number")
             return value
-        if name in ("name", "bucket", "prefix", "endpoint_url", "region", "eviction", "group"):
+        if name in ("name", "bucket", "prefix", "endpoint_url", "region", "eviction", "group", "zmq", "topic"):
             if not isinstance(value, str):
                 raise ValueError("expected a string")
             return value
@@ -355,10 +375,11 @@ def _build(cls: type, where: str, table: Any, skip: tuple[str, ...] = ()) -> Any
 
 def parse_config(data: dict[str, Any]) -> Config:
     """Build a :class:`Config` from a parsed TOML document; raises :class:`ConfigError`."""
-    unknown = sorted(set(data) - {"tiers", "policy", "mount", "client", "namespaces"})
+    unknown = sorted(set(data) - {"tiers", "policy", "mount", "client", "events", "namespaces"})
     if unknown:
         raise ConfigError(
-            unknown[0], "unknown top-level key; expected [[tiers]], [policy], [mount], [client] and [[namespaces]]"
+            unknown[0],
+            "unknown top-level key; expected [[tiers]], [policy], [mount], [client], [events] and [[namespaces]]",
         )
     raw_tiers = data.get("tiers")
     if not raw_tiers:
@@ -409,8 +430,11 @@ def parse_config(data: dict[str, Any]) -> Config:
         raise ConfigError("client.group", "a group needs client.socket: the path of the socket to give it")
     if not 0 < client.lease_ttl <= 600:
         raise ConfigError("client.lease_ttl", "must be more than 0 and at most 600 seconds")
+    events = _build(EventsConfig, "events", data.get("events", {}))
+    if events.zmq is not None and "://" not in events.zmq:
+        raise ConfigError("events.zmq", f'{events.zmq!r} is not a ZMQ address; e.g. "tcp://127.0.0.1:5557"')
     namespaces = _parse_namespaces(data.get("namespaces", []), [t.name for t in tiers])
-    return Config(tiers=tuple(tiers), policy=policy, mount=mount, client=client, namespaces=namespaces)
+    return Config(tiers=tuple(tiers), policy=policy, mount=mount, client=client, events=events, namespaces=namespaces)
 
 
 _NAMESPACE_KEYS = ("path", "quota", "owner", "group", "mode", "retention", "retired", "model")

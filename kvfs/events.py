@@ -35,6 +35,8 @@ class Event:
     tier: str | None = None
     size: int = 0
     detail: str = ""
+    #: the block's parent in its prefix chain, when its writer gave one (routers' events)
+    parent: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -45,6 +47,7 @@ class Event:
             "tier": self.tier,
             "size": self.size,
             "detail": self.detail,
+            "parent": self.parent,
         }
 
 
@@ -59,14 +62,21 @@ class EventLog:
         self.dropped = 0
 
     def emit(
-        self, time: float, kind: EventKind, name: str, tier: str | None = None, size: int = 0, detail: str = ""
+        self,
+        time: float,
+        kind: EventKind,
+        name: str,
+        tier: str | None = None,
+        size: int = 0,
+        detail: str = "",
+        parent: str | None = None,
     ) -> None:
         with self._lock:
             self._seq += 1
             if len(self._q) >= self._maxlen:
                 self._q.popleft()
                 self.dropped += 1
-            self._q.append(Event(self._seq, time, kind, name, tier, size, detail))
+            self._q.append(Event(self._seq, time, kind, name, tier, size, detail, parent))
 
     def drain(self) -> list[Event]:
         """Every queued event, oldest first; the queue is empty afterwards."""

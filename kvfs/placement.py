@@ -160,9 +160,12 @@ class Placement:
         return [s.name for s in self.slots]
 
     def emit(self, kind: EventKind, rec: BlockRecord | str, slot: TierSlot | None = None, detail: str = "") -> None:
-        name = rec if isinstance(rec, str) else rec.name
-        size = 0 if isinstance(rec, str) else rec.size
-        self.events.emit(self.clock(), kind, name, None if slot is None else slot.name, size, detail)
+        if isinstance(rec, str):
+            self.events.emit(self.clock(), kind, rec, None if slot is None else slot.name, 0, detail)
+        else:
+            self.events.emit(
+                self.clock(), kind, rec.name, None if slot is None else slot.name, rec.size, detail, rec.parent
+            )
 
     def footprint(self, slot: TierSlot, rec: BlockRecord) -> int:
         return slot.footprint(rec.name, rec.size)

@@ -18,10 +18,12 @@ The store is a facade over collaborators that each own their state (docs/store.m
 - :class:`~kvfs.backlog.WriteThroughQueue` and :class:`~kvfs.writeback.WriteBack`: the
   background copies and deletes, and the flush before unmount;
 - :class:`~kvfs.steering.OperatorCommands`: pin, prefetch, evict, du, fsck;
+- :class:`~kvfs.renames.Renames`: delete and rename;
 - :class:`~kvfs.leases.Leases`: copies held for readers outside the store;
 - :class:`~kvfs.namespaces.Namespaces`: tenants' and models' subtrees with their quotas
   (kept by the placement), access rules and lifetimes (:class:`~kvfs.lifetimes.Lifetimes`:
-  soft pins and retention, swept by :meth:`Store.sweep`).
+  soft pins and retention, swept by :meth:`Store.sweep`); :class:`~kvfs.tenancy.Tenancy`:
+  their quotas and retention set at run time, and their figures.
 
 Threading: every public method is thread-safe. Nothing that touches a persistent tier runs
 under the store's lock, so a DRAM hit never waits behind a demotion or an upload, and no
@@ -48,7 +50,6 @@ from .blockfile import checksum as compute_checksum
 from .catalog import BlockRecord, BlockStat, Catalog
 from .config import NamespaceConfig, PolicyConfig, PromoteMode, WriteMode
 from .errors import (
-    BlockCorrupt,
     BlockNotFound,
     InvalidName,
     IsADirectory,
@@ -63,20 +64,20 @@ from .leases import Lease, Leases
 from .lifetimes import Lifetimes, SweepReport
 from .names import normalize, parent_of, split
 from .namespaces import (
-    CrossNamespace,
     NamespaceRetired,
     Namespaces,
     NamespaceState,
     NamespaceStatistics,
-    NamespaceTierUse,
 )
 from .placement import Placement
 from .policies import EvictionPolicy, Hint, make_policy
+from .renames import Renames
 from .revalidation import SharedRecords
 from .shared import SharedView
 from .slot import TierSlot
 from .stats import StoreStatistics
 from .steering import LastCopy, OperatorCommands, Usage
+from .tenancy import Tenancy
 from .tier import BlockRef, Tier
 from .writeback import FlushReport, WriteBack
 
@@ -155,6 +156,8 @@ class Store:
             self.placement, self.shared, self.queue, self.writeback, clock=clock, shared_wait=shared_wait
         )
         self.operator = OperatorCommands(self)
+        self.renames = Renames(self)
+        self.tenancy = Tenancy(self)
         self.leases = Leases(self.placement, clock=lease_clock)
         self.lifetimes = Lifetimes(self)
         self.ingest = Ingest(self, clock=lease_clock)
@@ -574,147 +577,14 @@ class Store:
     # -- changing blocks ---------------------------------------------------------------------
 
     def delete(self, name: str) -> None:
-        """Remove the block from every tier (shared ones too). :class:`BlockNotFound` if absent.
-
-        Local copies go now; every shared tier gets a delete even where this node has no
-        record of a copy (another node may have written one since). Those deletes run in
-        the background, so a hung shared tier does not stall the caller (which waits for
-        them at most ``shared_wait``); until they ran, no shared copy of the name is
-        believed here, and nothing republishes the name there first.
-        """
-        name = normalize(name)
-        self.records.refresh(name)
-        p = self.placement
-        with p.locked():
-            rec = self.catalog.require(name)
-            if p.waiting_forbidden:
-                for i in rec.tier_indexes():
-                    if self.slots[i].persistent and not self.slots[i].shared:
-                        p.require_io(i, "deleting a file")
-            self.records.drop_record(rec, "deleted")
-            for slot in self.shared.slots:
-                p.delete_copy(slot, name)
-            self.shared.remember_missing(name)
-            self.shared.forget_listing(parent_of(name))
-            nowait = p.waiting_forbidden
-        self.records.run_deletes(name, wait=not nowait)
+        """Remove the block from every tier, shared ones too (see :meth:`Renames.delete`).
+        :class:`BlockNotFound` if absent."""
+        self.renames.delete(name)
 
     def rename(self, old: str, new: str) -> None:
-        """Rename block *old* to *new*, atomically replacing a block named *new*.
-
-        Local copies are renamed in place (a DRAM entry under the lock, a disk file with
-        the lock let go); shared copies are deleted under the old name and written under
-        the new one in the background, unless the block has no local copy, when they are
-        renamed now (outside the lock).
-        """
-        old, new = normalize(old), normalize(new)
-        src, dst = self.namespaces.of(old), self.namespaces.of(new)
-        if src is not dst:
-            raise CrossNamespace(
-                f"{old!r} is in {_ns_label(src)} and {new!r} in {_ns_label(dst)}: a block cannot move between "
-                "namespaces by rename (their quotas and owners differ); copy it and remove the original"
-            )
-        if dst is not None and dst.retired:
-            raise NamespaceRetired(f"{new!r}: namespace {dst.path!r} is retired")
-        self.records.refresh(old)
-        p = self.placement
-        with p.locked():
-            rec = self.catalog.require(old)
-            if old == new:
-                return
-            if self.catalog.is_dir(new):
-                raise IsADirectory(f"{new!r} is a directory")
-            has_local = bool(rec.tiers & p.local_mask)
-            moves = [
-                self.slots[i]
-                for i in rec.tier_indexes()
-                if self.slots[i].persistent and (not self.slots[i].shared or not has_local)
-            ]
-            for slot in moves:
-                p.require_io(slot.index, "renaming a copy")
-                if slot.is_busy(old) or slot.is_busy(new):
-                    raise StoreBusy(f"the copy of {old!r} or {new!r} in {slot.name!r} is in use; try again", slot.index)
-            if self.catalog.get(new) is None:
-                self.catalog.ensure_dir(parent_of(new))
-            moved = self._rename_copies(rec, old, new, moves)
-            if not p.is_current(rec):
-                for slot in moved:  # deleted or replaced meanwhile: the renamed files are nobody's
-                    if not (target := self.catalog.get(new)) or not target.tiers & slot.bit:
-                        p.delete_copy(slot, new)
-                raise BlockNotFound(old)
-            target = self.catalog.get(new)
-            if target is not None:
-                for j in list(target.tier_indexes()):
-                    slot = self.slots[j]
-                    if slot in moved or (not slot.persistent and rec.tiers & slot.bit):
-                        p.forget_copy(slot, target)  # replaced by the renamed copy
-                    else:
-                        p.drop_copy(slot, target)
-                self.catalog.discard(target)
-            for i in list(rec.tier_indexes()):
-                slot = self.slots[i]
-                if slot.shared and slot not in moved:  # re-published under the new name below
-                    p.forget_copy(slot, rec)
-                    p.delete_copy(slot, old)
-                    self.queue.copy(rec, slot.index)
-                elif not slot.persistent:
-                    slot.tier.rename(old, new)  # memory: under the lock, atomic for readers
-            # footprints depend on the name (header length): recount under the new name
-            for i in rec.tier_indexes():
-                slot = self.slots[i]
-                self.catalog.count_out(i, p.footprint(slot, rec), rec.name)
-                slot.policy.remove(old)
-            self.catalog.rename(rec, new)
-            for i in rec.tier_indexes():
-                slot = self.slots[i]
-                self.catalog.count_in(i, p.footprint(slot, rec), rec.name)
-                if not rec.pinned:
-                    p.policy_insert(slot, rec)
-            self.shared.forget_missing(new)
-            self.shared.forget_listing(parent_of(old))
-            self.shared.forget_listing(parent_of(new))
-            p.emit(EventKind.RENAMED, rec, detail=old)
-            if not rec.tiers:
-                p.lose_if_empty(rec, "no copy survived the rename")
-                raise BlockNotFound(old)
-
-    def _rename_copies(self, rec: BlockRecord, old: str, new: str, moves: list[TierSlot]) -> list[TierSlot]:
-        """Rename the persistent copies of *rec* in *moves* with the lock let go (both
-        names held busy meanwhile); returns the tiers where it worked. Under the lock."""
-        p = self.placement
-        if not moves:
-            return []
-        moving = 0
-        for slot in moves:
-            slot.hold(old)
-            slot.hold(new)
-            moving |= slot.bit
-        rec.moving |= moving
-        errors: dict[int, Exception] = {}
-        try:
-            with p.unlocked():
-                for slot in moves:
-                    try:
-                        slot.tier.rename(old, new)
-                    except (BlockNotFound, BlockCorrupt, TierUnavailable) as exc:
-                        errors[slot.index] = exc
-        finally:
-            rec.moving &= ~moving
-            for slot in moves:
-                if slot.index not in errors:
-                    slot.doomed.discard(new)  # the file a waiting delete meant is replaced
-                p.release_hold(slot, old)
-                p.release_hold(slot, new)
-        for slot in moves:
-            err = errors.get(slot.index)
-            if err is None:
-                continue
-            log.warning("rename %s -> %s failed in tier %s: %s", old, new, slot.name, err)
-            if isinstance(err, TierUnavailable):
-                slot.failed(err)
-            if p.is_current(rec):
-                p.forget_copy(slot, rec)
-        return [s for s in moves if s.index not in errors]
+        """Rename block *old* to *new*, atomically replacing a block named *new* (see
+        :meth:`Renames.rename`)."""
+        self.renames.rename(old, new)
 
     # -- advice from engines and routers ---------------------------------------------------
 
@@ -756,86 +626,23 @@ class Store:
         """Check every copy of *name* (see :meth:`OperatorCommands.verify`)."""
         return self.operator.verify(name, repair=repair)
 
-    # -- namespaces: quotas, lifetimes -------------------------------------------------------
+    # -- namespaces: quotas, lifetimes, access -------------------------------------------
 
     def set_quota(self, path: str, tier: str, quota: int | None) -> NamespaceStatistics:
-        """Give namespace *path* (made now if the config has none there) a quota of
-        *quota* bytes in *tier* (None: none). Lowering it below the namespace's use
-        evicts its blocks there by policy now (demoting as usual); blocks that cannot go
-        (pinned, busy) stay, and new ones are refused until it is under. Not kept across
-        a restart: put quotas to keep in the config."""
-        k = self.tier_index(tier)
-        if quota is not None and quota < 0:
-            raise ValueError(f"a quota is a size in bytes, not {quota}")
-        p = self.placement
-        with p.locked():
-            ns = self.namespaces.ensure(path)
-            p.set_quota(ns, self.slots[k], quota)
-            if ns.path not in self.catalog.blocks:
-                self.catalog.ensure_dir(ns.path)
-        self.enforce_quotas([ns])
-        return self.namespace_statistics(ns.path)[0]
+        """Give namespace *path* a quota of *quota* bytes in *tier* now (see :meth:`Tenancy.set_quota`)."""
+        return self.tenancy.set_quota(path, tier, quota)
 
     def set_retention(self, path: str, seconds: float | None) -> NamespaceStatistics:
-        """Give namespace *path* a retention of *seconds* since last access (None: keep
-        blocks); the next :meth:`sweep` applies it. Not kept across a restart."""
-        if seconds is not None and not seconds > 0:
-            raise ValueError(f"a retention is longer than 0 seconds (got {seconds})")
-        with self.placement.locked():
-            ns = self.namespaces.ensure(path)
-            ns.retention = seconds
-            self.lifetimes.reschedule()
-        return self.namespace_statistics(ns.path)[0]
+        """Give namespace *path* a retention of *seconds* (see :meth:`Tenancy.set_retention`)."""
+        return self.tenancy.set_retention(path, seconds)
 
     def enforce_quotas(self, spaces: Sequence[NamespaceState] | None = None) -> None:
-        """Evict until every namespace (of *spaces*, default all) is within its quotas,
-        as far as unpinned, idle blocks allow (after a restart, or a lowered quota)."""
-        p = self.placement
-        with p.locked():
-            for ns in list(self.namespaces) if spaces is None else spaces:
-                for slot in self.slots:
-                    if p.ns_over(ns, slot, 0):
-                        p.make_room(slot, 0, ns=ns)
+        """Evict until every namespace (of *spaces*, default all) is within its quotas."""
+        self.tenancy.enforce_quotas(spaces)
 
     def namespace_statistics(self, path: str | None = None) -> list[NamespaceStatistics]:
         """A snapshot of every namespace (or of the one at *path*: KeyError if none)."""
-        p = self.placement
-        with p.locked():
-            if path is not None:
-                one = self.namespaces.get(normalize(path))
-                if one is None:
-                    raise KeyError(f"no namespace at {path!r}")
-                spaces = [one]
-            else:
-                spaces = list(self.namespaces)
-            out = []
-            for ns in spaces:
-                t = self.catalog.totals.get(ns.path)
-                out.append(
-                    NamespaceStatistics(
-                        path=ns.path,
-                        tiers=tuple(
-                            NamespaceTierUse(
-                                name=s.name,
-                                used=t.used[s.index] if t else 0,
-                                quota=ns.quota[s.index],
-                                blocks=t.copies[s.index] if t else 0,
-                                evictions=ns.evictions[s.index],
-                            )
-                            for s in self.slots
-                        ),
-                        blocks=t.blocks if t else 0,
-                        size=t.size if t else 0,
-                        refused=ns.refused,
-                        expired=ns.expired,
-                        retention=ns.retention,
-                        retired=ns.retired,
-                        access=ns.access,
-                        configured=ns.configured,
-                        model=ns.model,
-                    )
-                )
-            return out
+        return self.tenancy.namespace_statistics(path)
 
     def check_access(self, peer: Peer, name: str, op: Operation) -> None:
         """Raise :class:`~kvfs.access.AccessDenied` unless *peer* may do *op* to *name*
@@ -979,10 +786,6 @@ class Store:
         self.shared.close()
         for slot in self.slots:
             slot.close()
-
-
-def _ns_label(ns: NamespaceState | None) -> str:
-    return "no namespace" if ns is None else f"namespace {ns.path!r}"
 
 
 def _open(tier: Tier, name: str) -> BlockRef:

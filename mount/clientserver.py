@@ -24,16 +24,20 @@ from __future__ import annotations
 
 import functools
 import logging
+import mmap
 import os
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
 import trio
 
+from kvfs.blockfile import checksum as compute_checksum
+from kvfs.client.buffers import copy_hashed
 from kvfs.config import ClientConfig
-from kvfs.errors import InvalidName, KvfsError, NoSpace
+from kvfs.errors import BlockCorrupt, InvalidName, KvfsError, NoSpace
 from kvfs.ingest import Reservation
 from kvfs.leases import MAX_TTL
+from kvfs.leases import Lease as StoreLease
 from kvfs.names import normalize
 from kvfs.protocol import (
     Abort,
@@ -67,7 +71,8 @@ from kvfs.protocol import (
 )
 from kvfs.store import Store
 
-from .session import AccessPolicy, Connection, Session, call_store
+from .copybuffer import CopyBuffer
+from .session import AccessPolicy, Connection, Refused, Session, call_store
 
 __all__ = ["ClientOps"]
 
@@ -77,11 +82,24 @@ T = TypeVar("T")
 
 _RESERVE_TTL = 30.0  # seconds a reservation may wait for its commit
 _MAX_NAMES = 65536  # names one lease or reserve may carry (a batch, not a scan)
+_COPY_BUFFER = 64 << 20  # a copy buffer's size where [client] sets none and the mount takes no puts
 _ON_LOOP = 4096  # names a lookup or lease answers on the loop; more go to a worker thread
 
 
 def _wire(exc: BaseException) -> WireError:
     return WireError(type=error_type(exc), message=str(exc))
+
+
+def _allowed(names: list[str], refused: Refused) -> list[str]:
+    """The names of a batch that were not refused, in order."""
+    return [n for i, n in enumerate(names) if i not in refused] if refused else names
+
+
+def _spread(refused: Refused, n: int, done: list[T], fill: Callable[[KvfsError], T]) -> list[T]:
+    """Per position of a batch of *n*: the next of *done* (the allowed names' results),
+    or *fill* of the refusal."""
+    it = iter(done)
+    return [fill(refused[i]) if i in refused else next(it) for i in range(n)]
 
 
 class MountSide(Protocol):
@@ -116,6 +134,8 @@ class ClientOps:
         cap = arena.capacity or 0
         self.max_reserved = config.max_reserved or cap // 2
         self.max_put = min(self.max_reserved, cap) if self.arena is not None else 0
+        self.copy_buffer = config.copy_buffer or self.max_reserved or _COPY_BUFFER
+        self._arena_rw: memoryview | None = None  # the arena file, writable: puts of copy-buffer sessions
         self.lease_ttl = min(config.lease_ttl, MAX_TTL)
 
     # -- the session ---------------------------------------------------------------------
@@ -129,10 +149,17 @@ class ClientOps:
             raise KvfsError(
                 f"{self.mountpoint} has no DRAM tier: client puts need the shared-memory arena; write through the mount"
             )
+        if s.hello:
+            raise ProtocolError("hello: this session is open already; connect again for another")
         s.hello, s.write, s.client = True, req.write, req.client
         info = None
         fds = []
-        if self.arena is not None:
+        max_put, max_reserved = self.max_put, self.max_reserved
+        if req.copy or not self.access.may_map_arena(conn.peer):  # a rule keeps it from reading every block
+            s.copies = await trio.to_thread.run_sync(CopyBuffer, self.copy_buffer)
+            fds.append(s.copies.share())
+            max_put, max_reserved = min(max_put, s.copies.size), min(max_reserved, s.copies.size)
+        elif self.arena is not None:
             fds.append(self.arena.share(writable=req.write))
             info = ArenaInfo(
                 path=str(getattr(self.arena, "path", "")),
@@ -149,10 +176,11 @@ class ClientOps:
                 for t in self.store.tiers
             ],
             arena=info,
-            max_put=self.max_put,
-            max_reserved=self.max_reserved,
+            max_put=max_put,
+            max_reserved=max_reserved,
             lease_ttl=self.lease_ttl,
             max_ttl=MAX_TTL,
+            copy_buffer=0 if s.copies is None else s.copies.size,
         )
         try:
             await conn.send(welcome, fds)
@@ -160,11 +188,12 @@ class ClientOps:
             for fd in fds:
                 os.close(fd)
         log.info(
-            "client session %s (pid %d, uid %d, %s)",
+            "client session %s (pid %s, uid %d, %s%s)",
             req.client or "-",
             conn.peer.pid,
             conn.peer.uid,
             "read-write" if req.write else "read-only",
+            "" if s.copies is None else ", through a copy buffer",
         )
 
     # -- reads ---------------------------------------------------------------------------
@@ -189,9 +218,21 @@ class ClientOps:
                 pass  # the store call answers it with the name's error
 
     async def op_lookup(self, conn: Connection, req: Lookup) -> LookupResult:
-        await self._settle(req.names)
-        p = await self._batch(self.store.probe, req.names)
-        return LookupResult(sizes=p.sizes, tiers=p.tiers, pinned=p.pinned, prefix=p.prefix)
+        refused = conn.refused
+        names = _allowed(req.names, refused)
+        await self._settle(names)
+        p = await self._batch(self.store.probe, names)
+        if not refused:
+            return LookupResult(sizes=p.sizes, tiers=p.tiers, pinned=p.pinned, prefix=p.prefix)
+        n = len(req.names)
+        sizes = _spread(refused, n, p.sizes, lambda e: -1)
+        return LookupResult(
+            sizes=sizes,
+            tiers=_spread(refused, n, p.tiers, lambda e: 0),
+            pinned=_spread(refused, n, p.pinned, lambda e: False),
+            prefix=next((i for i, size in enumerate(sizes) if size < 0), n),
+            errors=_spread(refused, n, [None] * len(names), _wire),
+        )
 
     def _ttl(self, ttl: float) -> float:
         if ttl < 0:
@@ -203,12 +244,16 @@ class ClientOps:
             raise ProtocolError(f"lease.promote: {req.promote!r} is not one of {', '.join(Promote.ALL)}")
         self._capped("lease", req.names)
         promote = req.promote
-        await self._settle(req.names)
+        names = _allowed(req.names, conn.refused)
+        await self._settle(names)
         if not conn.session.owner:
             promote = Promote.ALWAYS  # another user cannot open the tier's files: read them from DRAM
-        results = await self._batch(
-            self.store.lease_many, req.names, ttl=self._ttl(req.ttl), promote=promote, count_hits=req.count_hits
+        leased = await self._batch(
+            self.store.lease_many, names, ttl=self._ttl(req.ttl), promote=promote, count_hits=req.count_hits
         )
+        results = _spread(conn.refused, len(req.names), leased, lambda e: e)
+        if conn.session.copies is not None:
+            results = await trio.to_thread.run_sync(self._copy_out, conn.session, results)
         now = self.store.leases.clock()
         grants: list[Grant | None] = []
         errors: list[WireError | None] = []
@@ -220,13 +265,14 @@ class ClientOps:
             loc = r.location
             assert loc is not None  # local copies (DRAM, disk) always have a place
             conn.session.leases.add(r.id)
+            slot = conn.session.copy_slots.get(r.id)
             grants.append(
                 Grant(
                     id=r.id,
                     tier=r.tier,
-                    kind="file" if r.ref is None else "arena",
-                    path=loc.path,
-                    offset=loc.offset,
+                    kind="copy" if slot is not None else "file" if r.ref is None else "arena",
+                    path="" if slot is not None else loc.path,
+                    offset=loc.offset if slot is None else slot,
                     length=loc.length,
                     checksum=r.checksum,
                     ttl=max(0.0, r.expires - now),
@@ -235,6 +281,70 @@ class ClientOps:
             errors.append(None)
         return Leased(grants=grants, errors=errors)
 
+    def _copy_out(self, s: Session, results: list[StoreLease | KvfsError]) -> list[StoreLease | KvfsError]:
+        """For a session with a copy buffer: copy each leased block into a slot of it
+        and check the copy against the block's checksum (a copy that fails is re-checked
+        where it lies, dropped if bad, and leased once more from wherever the block is
+        now). In a worker thread."""
+        assert s.copies is not None
+        out: list[StoreLease | KvfsError] = []
+        for r in results:
+            for attempt in range(2):
+                if isinstance(r, KvfsError):
+                    break
+                got = self._copy_one(s.copies, r)
+                if isinstance(got, int):
+                    s.copy_slots[r.id] = got
+                    break
+                self.store.release(r)
+                if isinstance(got, NoSpace) or attempt == 1:
+                    r = got
+                    break
+                log.warning("copy of %s in %s failed its check for a copy-buffer client", r.name, r.tier)
+                self.store.check_copy(r.name, r.tier)
+                ttl = max(1.0, r.expires - self.store.leases.clock())
+                [r] = self.store.lease_many([r.name], ttl=ttl, promote=Promote.ALWAYS)
+            out.append(r)
+        return out
+
+    def _copy_one(self, copies: CopyBuffer, r: StoreLease) -> int | KvfsError:
+        """Copy leased block *r* into a new slot of *copies*: the slot's offset, or why not."""
+        off = copies.take(r.size)
+        if off is None:
+            return NoSpace(
+                f"{r.name!r} ({r.size} bytes) does not fit in this session's copy buffer ({copies.size} bytes, "
+                f"{copies.used} held: [client] copy_buffer); release views or read fewer blocks at once"
+            )
+        dst = copies.view(off, r.size)
+        if r.ref is not None:  # the source's pieces hashed right after each is copied, while in cache
+            good = copy_hashed(dst, [r.ref.data]) == r.checksum
+        else:
+            assert r.location is not None
+            fd = os.open(r.location.path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                got = os.preadv(fd, [dst], r.location.offset)
+            finally:
+                os.close(fd)
+            # the slot is the client's to write too: a client that does can only spoil its own copy
+            good = got == r.size and compute_checksum(dst) == r.checksum
+        if not good:
+            copies.give_back(off)
+            return BlockCorrupt(f"{r.name!r}: its copy in {r.tier} does not match the block's checksum")
+        return off
+
+    def _copy_in(self, copies: CopyBuffer, off: int, r: Reservation) -> None:
+        """Copy a put from its slot of *copies* into its reserved arena extent (which the
+        client cannot reach: the store then checks the bytes there)."""
+        if self._arena_rw is None:
+            assert self.arena is not None  # reservations exist only with an arena
+            fd = self.arena.share(writable=True)
+            try:
+                self._arena_rw = memoryview(mmap.mmap(fd, os.fstat(fd).st_size, mmap.MAP_SHARED))
+            finally:
+                os.close(fd)
+        at = r.location.offset  # the arena file's offset
+        self._arena_rw[at : at + r.size] = copies.view(off, r.size)
+
     def _own(self, conn: Connection, ids: list[int]) -> list[int]:
         held = conn.session.leases
         return [i for i in ids if i in held]
@@ -242,6 +352,7 @@ class ClientOps:
     async def op_release(self, conn: Connection, req: Release) -> Released:
         ids = self._own(conn, req.ids)
         conn.session.leases.difference_update(ids)
+        conn.session.free_slots(leases=ids)
         n = await call_store(self.store, self.store.leases.release_many, ids)
         return Released(count=n)
 
@@ -252,6 +363,9 @@ class ClientOps:
         out: list[float | None] = []
         for i in req.ids:
             expires = self.store.leases.renew(i, ttl) if i in held else None
+            if expires is None and i in held:  # it ended by its deadline: so does its slot
+                held.discard(i)
+                conn.session.free_slots(leases=[i])
             out.append(None if expires is None else expires - now)
         return Renewed(ttls=out)
 
@@ -260,6 +374,7 @@ class ClientOps:
             raise LeaseEnded(f"lease {req.lease} is not held by this session")
         lease = self.store.leases.get(req.lease)
         conn.session.leases.discard(req.lease)
+        conn.session.free_slots(leases=[req.lease])
         if lease is None:
             raise LeaseEnded(f"lease {req.lease} ended (released or expired) before it was reported")
         log.warning(
@@ -291,31 +406,52 @@ class ClientOps:
                     f"a put of {name!r} ({size} bytes) is larger than this mount takes from a client "
                     f"({self.max_put} bytes: [client] max_reserved, at most the DRAM tier); write it through the mount"
                 )
-        total = sum(req.sizes)
+        refused = conn.refused
+        parents = req.parents or [None] * n
+        todo = [t for i, t in enumerate(zip(req.names, req.sizes, parents)) if i not in refused]
+        total = sum(size for _, size, _ in todo)
         if s.reserved_bytes + total > self.max_reserved:
             raise NoSpace(
                 f"this session would hold {s.reserved_bytes + total} bytes reserved, more than the "
                 f"{self.max_reserved} bytes one session may ([client] max_reserved); commit or abort first, or put fewer at once"
             )
-        parents = req.parents or [None] * n
 
-        def reserve_all() -> list[Reservation]:
-            made: list[Reservation] = []
+        copies = s.copies
+
+        def reserve_all() -> list[tuple[Reservation, int]]:
+            made: list[tuple[Reservation, int]] = []
             try:
-                for name, size, parent in zip(req.names, req.sizes, parents):
-                    made.append(self.store.reserve(name, size, parent=parent, ttl=_RESERVE_TTL))
+                for name, size, parent in todo:
+                    r = self.store.reserve(name, size, parent=parent, ttl=_RESERVE_TTL)
+                    off = r.location.offset
+                    if copies is not None:  # the client writes a slot of its copy buffer; commit copies it in
+                        slot = copies.take(size)
+                        if slot is None:
+                            self.store.abort(r)
+                            raise NoSpace(
+                                f"this session's copy buffer ({copies.size} bytes, {copies.used} held: "
+                                "[client] copy_buffer) has no room for a put of "
+                                f"{name!r} ({size} bytes); commit, abort or release views first, or put fewer at once"
+                            )
+                        off = slot
+                    made.append((r, off))
             except BaseException:
-                for r in made:
+                for r, off in made:
                     self.store.abort(r)
+                    if copies is not None:
+                        copies.give_back(off)
                 raise
             return made
 
         made = await trio.to_thread.run_sync(reserve_all)
         now = self.store.ingest.clock()
-        for r in made:
+        for r, off in made:
             s.reservations[r.id] = r
+            if copies is not None:
+                s.put_slots[r.id] = off
         return Reserved(
-            slots=[Slot(id=r.id, offset=r.location.offset, length=r.size, ttl=r.expires - now) for r in made]
+            slots=[Slot(id=r.id, offset=off, length=r.size, ttl=r.expires - now) for r, off in made],
+            errors=_spread(refused, n, [None] * len(made), _wire) if refused else [],
         )
 
     def _reservations(self, conn: Connection, ids: list[int]) -> list[Reservation]:
@@ -332,16 +468,21 @@ class ClientOps:
         if len(req.checksums) != len(req.ids):
             raise ProtocolError("commit: ids and checksums must be lists of the same length")
         todo = self._reservations(conn, req.ids)
+        s = conn.session
 
         def commit_all() -> list[WireError | None]:
             out: list[WireError | None] = []
             for r, csum in zip(todo, req.checksums):
                 try:
+                    if s.copies is not None:  # into the arena extent only the daemon reaches; then verified there
+                        self._copy_in(s.copies, s.put_slots[r.id], r)
                     self.store.commit(r, csum)
                     out.append(None)
                 except KvfsError as exc:
                     self.store.abort(r)  # a commit refused before it claimed the extent leaves it reserved
                     out.append(_wire(exc))
+                finally:
+                    s.free_slots(reservations=[r.id])
             return out
 
         errors = await trio.to_thread.run_sync(commit_all)
@@ -351,5 +492,6 @@ class ClientOps:
 
     async def op_abort(self, conn: Connection, req: Abort) -> Aborted:
         todo = self._reservations(conn, req.ids)
+        conn.session.free_slots(reservations=[r.id for r in todo])
         n = await trio.to_thread.run_sync(lambda: sum(self.store.abort(r) for r in todo))
         return Aborted(count=n)

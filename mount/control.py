@@ -40,7 +40,10 @@ from kvfs.config import ClientConfig
 from kvfs.errors import BlockNotFound, KvfsError
 from kvfs.events import Event
 from kvfs.names import normalize
+from kvfs.policies import Hint
 from kvfs.protocol import (
+    Advise,
+    Advised,
     ControlError,
     CopyProblem,
     Df,
@@ -99,6 +102,7 @@ log = logging.getLogger("kvfs.mount.control")
 _BATCH = 64  # blocks handled per worker-thread call in multi-block ops
 _PROGRESS_EVERY = 0.1  # seconds between progress items
 _EVENT_POLL = 0.02  # seconds between drains of the store's event queue
+_MAX_ADVICE = 65536  # names one hint may carry
 
 
 class EventHub:
@@ -167,10 +171,11 @@ class ControlHandler:
     *opstats* (a :class:`~kvfs.mount.opstats.OpStats`, optional) adds FUSE op counts to
     ``top``. ``request_shutdown`` is set by the daemon that serves it."""
 
-    def __init__(self, store: Store, mountpoint: str, opstats: Any = None) -> None:
+    def __init__(self, store: Store, mountpoint: str, opstats: Any = None, access: AccessPolicy | None = None) -> None:
         self.store = store
         self.mountpoint = mountpoint
         self.opstats = opstats
+        self.access = access or AccessPolicy(store=store)
         self.hub = EventHub()
         self.request_shutdown: Callable[[], None] | None = None
 
@@ -198,6 +203,16 @@ class ControlHandler:
                     seen.add(n)
                     names.append(n)
         return names
+
+    @staticmethod
+    def _permitted(conn: Connection, paths: list[str]) -> tuple[list[str], list[Failure]]:
+        """The request's paths :meth:`Server.authorize` let through, and a failure for
+        each it refused (``conn.refused``)."""
+        refused = conn.refused
+        if not refused:
+            return paths, []
+        failed = [Failure(name=paths[i], error=str(e), type=error_type(e)) for i, e in sorted(refused.items())]
+        return [p for i, p in enumerate(paths) if i not in refused], failed
 
     async def _each(
         self, conn: Connection, names: list[str], fn: Callable[[str], Any]
@@ -339,8 +354,10 @@ class ControlHandler:
         """Pin (or unpin) blocks; a directory means every block under it; ``req.ttl``: a soft
         pin that ends by itself after that many seconds."""
 
+        paths, refused = self._permitted(conn, req.paths)
+
         def pin() -> PinResult:
-            names = self._expand(req.paths)
+            names = self._expand(paths)
             changed = 0
             for n in names:
                 try:
@@ -349,7 +366,7 @@ class ControlHandler:
                 except BlockNotFound:
                     continue  # removed since the expansion
                 changed += before != req.pinned
-            return PinResult(blocks=len(names), changed=changed)
+            return PinResult(blocks=len(names), changed=changed, failed=refused)
 
         return await trio.to_thread.run_sync(pin)
 
@@ -357,7 +374,8 @@ class ControlHandler:
         """Copy blocks into *tier* (the hottest by default)."""
         self._check_tier(req.tier)
         target = req.tier or self.store.tiers[0].name
-        names = await trio.to_thread.run_sync(self._expand, req.paths)
+        paths, refused = self._permitted(conn, req.paths)
+        names = await trio.to_thread.run_sync(self._expand, paths)
 
         def fetch(n: str) -> bool:
             before = self.store.stat(n)
@@ -370,14 +388,15 @@ class ControlHandler:
             tier=target,
             fetched=sum(1 for _, r, e in results if e is None and r),
             already=sum(1 for _, r, e in results if e is None and not r),
-            failed=self._failures(results),
+            failed=refused + self._failures(results),
         )
 
     async def op_evict(self, conn: Connection, req: Evict) -> EvictResult:
         """Drop copies from *tier* (default: every local tier), never a last copy unless
         *force*."""
         self._check_tier(req.tier)
-        names = await trio.to_thread.run_sync(self._expand, req.paths)
+        paths, refused = self._permitted(conn, req.paths)
+        names = await trio.to_thread.run_sync(self._expand, paths)
 
         def evict(n: str) -> tuple[bool, bool]:
             before = self.store.stat(n)
@@ -391,6 +410,7 @@ class ControlHandler:
             else f
             for f in self._failures(results)
         ]
+        failed = refused + failed
         ok = [r for _, r, e in results if e is None]
         return EvictResult(
             blocks=len(names),
@@ -398,6 +418,21 @@ class ControlHandler:
             removed=sum(1 for gone, _ in ok if gone),
             failed=failed,
         )
+
+    async def op_hint(self, conn: Connection, req: Advise) -> Advised:
+        """Pass an engine's or router's advice about a chain to every tier's policy."""
+        try:
+            when = Hint(req.when)
+        except ValueError:
+            raise ProtocolError(f"hint.when: {req.when!r} is not one of {', '.join(h.value for h in Hint)}") from None
+        if len(req.names) > _MAX_ADVICE:
+            raise ProtocolError(f"hint: {len(req.names)} names in one request, at most {_MAX_ADVICE}; split it")
+
+        def advise() -> int:
+            self.store.hint(req.names, when)
+            return sum(self.store.exists(n) for n in req.names)
+
+        return Advised(known=await trio.to_thread.run_sync(advise))
 
     async def op_fsck(self, conn: Connection, req: Fsck) -> FsckResult:
         """Read every copy of every block (under *name*) on every tier and check its
@@ -441,12 +476,14 @@ class ControlHandler:
             hung_up = True
             cancel.cancel()
 
+        owner = conn.session.owner
         with self.hub.subscribe() as events:
             await conn.send(Subscribed())
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(until_hangup, nursery.cancel_scope)
                 async for ev in events:
-                    await conn.send(EventItem(event=ev))
+                    if owner or self.access.may_read(conn.peer, ev.name):  # never another tenant's names
+                        await conn.send(EventItem(event=ev))
                 nursery.cancel_scope.cancel()  # the hub cut us off: stop watching
         if hung_up:
             return
@@ -484,8 +521,8 @@ class Server:
     ) -> None:
         self.store = store
         self.config = client
-        self.access = access or AccessPolicy(group_writes=client.group_writes)
-        self.control = ControlHandler(store, mountpoint, opstats)
+        self.access = access or AccessPolicy(group_writes=client.group_writes, store=store)
+        self.control = ControlHandler(store, mountpoint, opstats, self.access)
         self.clients = ClientOps(store, mountpoint, client, self.access, mount)
         self._ops: dict[str, _Op] = {}
         for handler in (self.control, self.clients):
@@ -498,8 +535,9 @@ class Server:
         return self.control.hub
 
     def authorize(self, conn: Connection, request: Request) -> None:
-        """The one place a request is authorized: raise to refuse it."""
-        self.access.authorize(conn.peer, request)
+        """The one place a request is authorized: raise to refuse it; the names of a
+        batch refused one by one are left in ``conn.refused`` for its op to fail."""
+        conn.refused = self.access.authorize(conn.peer, request)
 
     async def _answer(self, conn: Connection, frame: bytes) -> None:
         try:
@@ -522,7 +560,7 @@ class Server:
     async def serve_connection(self, stream: trio.SocketStream) -> None:
         """Serve one accepted connection until the peer hangs up; then give back what its
         session holds (leases, reservations)."""
-        peer = Peer.of(stream.socket)
+        peer = Peer.of_socket(stream.socket)  # type: ignore[arg-type]  # a trio socket has getsockopt
         conn = Connection(stream, Session(peer=peer, owner=self.access.is_owner(peer)))
         try:
             async with stream:
@@ -538,7 +576,7 @@ class Server:
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the client hung up mid-reply (how ``events`` normally ends)
         finally:
-            if conn.session.leases or conn.session.reservations:
+            if conn.session.holds_anything:
                 with trio.CancelScope(shield=True):
                     await trio.to_thread.run_sync(conn.session.close, self.store)
 

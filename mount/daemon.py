@@ -168,6 +168,11 @@ async def _serve(ops, store, mountpoint: str, sock: Path, on_ready, config: Conf
     from .control import Server, serve
 
     server = Server(store, mountpoint, opstats=ops.opstats, client=config.client, mount=ops)
+    publisher = None
+    if config.events.zmq is not None:  # bound before anything starts: a bad address fails the mount
+        from .kv_events import KvEventPublisher
+
+        publisher = KvEventPublisher(config.events.zmq, topic=config.events.topic)
     async with trio.open_nursery() as nursery:
         ops.attach_nursery(nursery)
         shutdown = trio.Event()
@@ -176,6 +181,10 @@ async def _serve(ops, store, mountpoint: str, sock: Path, on_ready, config: Conf
         await nursery.start(serve, server, sock)
         nursery.start_soon(_write_through, store)
         nursery.start_soon(_on_signals, nursery.cancel_scope)
+        if publisher is not None:
+            from .kv_events import publish_hub
+
+            await nursery.start(publish_hub, server.control.hub, store.tiers, config.events, publisher)
         on_ready()
         await pyfuse3.main(min_tasks=4, max_tasks=64)
         log.info("the kernel ended the session (unmounted from outside)")

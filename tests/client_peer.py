@@ -12,7 +12,12 @@ NAME`` (hold a zero-copy view), ``viewhash NAME`` (hash what a held view shows n
 ``lease NAME [never|always]`` (hold a lease, answer where the copy is), ``reserve NAME
 SIZE`` (hold a reservation, written, uncommitted), ``release``, ``mapwrite`` (make the
 arena mapping writable and write it), ``raw KIND JSON`` (send any request, answer the
-reply), ``exit``.
+reply), ``each OP NAME,NAME,...`` (one batch call of lookup, read, view, lease, put, pin,
+evict or prefetch, or stat/ls/du per name: per name "ok" or [error class, message]),
+``events start``/``events stop`` (subscribe; answer the names seen), ``views NAME,...``
+(hold views of them), ``readmany NAME,... ROOM`` (get_into buffers of ROOM bytes),
+``shrink`` (try to truncate a copy buffer), ``exit``.
+``become UID GID [G1,G2]`` also sets supplementary groups.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import mmap
 import os
 import random
 import sys
+import threading
 import traceback
 
 from kvfs.client import BatchError, Client
@@ -48,9 +54,11 @@ def main() -> None:
             out: dict = {}
             if cmd == "connect":
                 client = Client(args[0], write=len(args) > 1 and args[1] == "write", name="test peer")
-                out = {"owner": client.welcome.owner, "write": client.welcome.write, "max_put": client.welcome.max_put}
+                w = client.welcome
+                out = {"owner": w.owner, "write": w.write, "max_put": w.max_put, "arena": w.arena is not None}
+                out["copy_buffer"] = w.copy_buffer
             elif cmd == "become":
-                os.setgroups([])
+                os.setgroups([int(g) for g in args[2].split(",")] if len(args) > 2 else [])
                 os.setgid(int(args[1]))
                 os.setuid(int(args[0]))
             elif cmd == "put":
@@ -78,12 +86,35 @@ def main() -> None:
                 client.release([*views.values(), *holds])
                 views.clear()
                 holds.clear()
+            elif cmd == "views":
+                names = args[0].split(",")
+                try:
+                    got = client.get(names)
+                except BatchError as exc:
+                    got = exc.results
+                out = {"results": [sha(v.data) if hasattr(v, "data") else type(v).__name__ for v in got]}
+                views.update({n: v for n, v in zip(names, got) if hasattr(v, "data")})
+            elif cmd == "readmany":
+                names = args[0].split(",")
+                bufs = [bytearray(int(args[1])) for _ in names]
+                sizes = client.get_into(names, bufs)
+                out = {"sha": [sha(b[:n]) for b, n in zip(bufs, sizes)]}
+            elif cmd == "shrink":
+                out = _try_to_shrink_the_copy_buffer(client)
             elif cmd == "mapwrite":
                 out = _try_to_write_the_arena(client)
             elif cmd == "raw":
                 kind, body = args[0], json.loads(args[1])
                 reply = client._request(kinds()[kind](**body))
                 out = {"reply": reply.to_json()}
+            elif cmd == "each":
+                out = {"results": _each(client, args[0], args[1].split(","))}
+            elif cmd == "events":
+                if args[0] == "start":
+                    seen: list[str] = []
+                    threading.Thread(target=_collect, args=(client.events(), seen), daemon=True).start()
+                else:
+                    out = {"names": list(seen)}
             elif cmd == "exit":
                 if client is not None:
                     client.close()
@@ -99,6 +130,77 @@ def main() -> None:
                 json.dumps({"ok": False, "type": type(exc).__name__, "error": str(exc), "tb": traceback.format_exc()}),
                 flush=True,
             )
+
+
+def _collect(stream, seen: list[str]) -> None:
+    for e in stream:
+        seen.append(e.name)
+
+
+def _each(client: Client, op: str, names: list[str]) -> list:
+    """*op* on *names* in one call where the client batches it: per name "ok" or
+    [error class, message]."""
+    from kvfs.errors import KvfsError
+    from kvfs.protocol import Du, Ls
+
+    def one(fn):
+        try:
+            fn()
+            return "ok"
+        except KvfsError as exc:
+            return [type(exc).__name__, str(exc)]
+
+    if op in ("stat", "ls", "du"):
+        call = {
+            "stat": client.stat,
+            "ls": lambda n: client._request(Ls(name=n)),
+            "du": lambda n: client._request(Du(name=n)),
+        }[op]
+        return [one(lambda n=n: call(n)) for n in names]
+    if op in ("pin", "evict", "prefetch"):
+        try:
+            res = getattr(client, op)(names)
+        except KvfsError as exc:
+            return [[type(exc).__name__, str(exc)]] * len(names)
+        failed = {f.name: [f.type, f.error] for f in res.failed}
+        return [failed.get(n, "ok") for n in names]
+    try:
+        if op == "lookup":
+            client.lookup(names)
+        elif op == "read":
+            client.get_into(names, [bytearray(4 << 20) for _ in names])
+        elif op == "view":
+            client.release(client.get(names))
+        elif op == "lease":
+            client.release(client.lease(names, promote="always"))
+        elif op == "put":
+            client.put(names, [blob(7, 4096) for _ in names])
+        else:
+            raise ValueError(f"each: unknown op {op!r}")
+    except BatchError as exc:
+        for r in exc.results:
+            if hasattr(r, "release"):
+                r.release()
+        return [[type(e).__name__, str(e)] if (e := exc.errors.get(i)) else "ok" for i in range(len(names))]
+    return ["ok"] * len(names)
+
+
+def _try_to_shrink_the_copy_buffer(client: Client) -> dict:
+    """Truncate a copy buffer the daemon maps (it would fault on its next copy), as an
+    attacker would: on a second session's descriptor."""
+    from kvfs.client.connection import Connection
+    from kvfs.protocol import Hello
+
+    with Connection(client.socket) as conn:
+        conn.request(Hello(client="shrink"))
+        [fd] = conn.take_fds()
+        try:
+            os.ftruncate(fd, 0)
+            return {"shrunk": True}
+        except OSError as exc:
+            return {"shrunk": False, "errno": exc.errno}
+        finally:
+            os.close(fd)
 
 
 def _try_to_write_the_arena(client: Client) -> dict:

@@ -20,6 +20,8 @@ def test_bench_client_json(capsys, tmp_path):
     assert set(rows) == {
         ("client", "put"),
         ("client", "get"),
+        ("client copy", "put"),
+        ("client copy", "get"),
         ("client", "get (disk, direct)"),
         ("client", "lookup 100 names"),
         ("fuse", "put"),

@@ -55,6 +55,21 @@ def test_bench_engines_table_and_bad_client():
     assert lines[-1].startswith("load average ")
 
 
+def test_bench_engines_vllm_connector_json():
+    """The connector rows: KvfsConnector on the mount against ExampleConnector on the plain
+    directory and against no connector, the same tokens from all three."""
+    need_client("vllm")
+    res = _bench("--clients", "vllm-connector", "--json")
+    assert res.returncode == 0, res.stderr
+    (c,) = json.loads(res.stdout)["clients"]
+    assert c["client"] == "vllm-connector" and c["status"] == "ok", c.get("status")
+    for kind in ("plain", "kvfs"):
+        assert c[kind]["ttft_cold_ms"] > 0 and c[kind]["ttft_warm_ms"] > 0
+    assert c["none"]["ttft_cold_ms"] > 0
+    assert set(c["ratio"]) == {"ttft_cold", "ttft_warm", "ttft_warm_vs_none", "example_warm_vs_none"}
+    assert "vllm-connector: kvfs connector on" in res.stderr
+
+
 def test_bench_engines_json_sglang_backend():
     need_client("sglang-backend")
     res = _bench("--clients", "sglang-backend", "--json")

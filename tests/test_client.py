@@ -70,12 +70,13 @@ def sha(data) -> str:
 class Peer:
     """A client process (tests/client_peer.py), one command and one JSON answer at a time."""
 
-    def __init__(self, where: Path | str, *args: str, become: tuple[int, int] | None = None) -> None:
+    def __init__(self, where: Path | str, *args: str, become: tuple[int, ...] | None = None) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, str(PEER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1
         )
-        if become is not None:
-            self.ok(f"become {become[0]} {become[1]}")
+        if become is not None:  # uid, gid, supplementary groups
+            groups = ",".join(str(g) for g in become[2:])
+            self.ok(f"become {become[0]} {become[1]} {groups}".rstrip())
         self.connected = self.do(" ".join(["connect", str(where), *args]))
 
     def do(self, line: str) -> dict:
@@ -141,7 +142,14 @@ def test_puts_and_gets_are_byte_exact_across_processes_and_the_mount(mount):
     writer = Peer(mp, "write")
     reader = Peer(mp)
     try:
-        assert writer.connected == {"ok": True, "owner": True, "write": True, "max_put": 8 * MiB}
+        assert writer.connected == {
+            "ok": True,
+            "owner": True,
+            "write": True,
+            "max_put": 8 * MiB,
+            "arena": True,
+            "copy_buffer": 0,
+        }
         for i, (n, size) in enumerate(zip(names, sizes)):
             writer.ok(f"put {n} {i} {size} {names[i - 1] if i else ''}".rstrip())
         for i, (n, size) in enumerate(zip(names, sizes)):

@@ -444,7 +444,7 @@ def test_events_show_a_scripted_sequence_in_order(server, tmp_path):
     assert [(e["kind"], e["name"], e["tier"]) for e in events] == expected
     assert [e["seq"] for e in events] == sorted(e["seq"] for e in events)
     assert events[0]["size"] == BLOCK and events[4]["detail"] == "ev/a"
-    assert set(events[0]) == {"seq", "time", "kind", "name", "tier", "size", "detail"}
+    assert set(events[0]) == {"seq", "time", "kind", "name", "tier", "size", "detail", "parent"}
 
     lines = text.splitlines()
     assert [line.split()[1:4] for line in lines[:4]] == [

@@ -8,6 +8,9 @@ best of ``--passes``:
   copied straight into reserved arena extents, checksummed, committed) and
   ``Client.get_into`` (copied out of the arena under leases) against ``memcpy`` of the same
   bytes between the same buffers (numpy ``copyto``);
+- **put / get through a copy buffer** (``Client(copy=True)``: the path of a peer that a
+  namespace's access rule keeps off the arena): the same blocks, the daemon copying each
+  between the session's buffer and the arena, against the same memcpy;
 - **get from disk, direct**: the blocks evicted to the disk tier, ``get_into`` with
   ``promote="never"`` (the client ``preadv``s each block file at its payload offset and
   verifies xxh3-64) against raw ``os.preadv`` of the same files plus the same checksum;
@@ -98,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     cfg.write_text(
         f'[[tiers]]\nkind = "dram"\ncapacity = {dram}\n\n'
         f'[[tiers]]\nkind = "disk"\ncapacity = {4 * total + (256 << 20)}\npath = "{base}/disk"\n\n'
-        f"[client]\nmax_reserved = {dram // 2}\n"
+        f"[client]\nmax_reserved = {dram // 2}\ncopy_buffer = {dram // 2}\n"
     )
     mp = base / "mnt"
     load_before = os.getloadavg()
@@ -110,20 +113,34 @@ def run(args: argparse.Namespace) -> int:
             copy_in, copy_out = _memcpy(blocks, outs, args.passes)
             batches = _chunks(n, args.batch)
 
-            def put() -> None:
-                for s in batches:
-                    c.put(names[s], blocks[s])
-
             def get(promote: str | None = None) -> None:
                 for s in batches:
                     c.get_into(names[s], outs[s], promote=promote)
 
-            rows.append(_row("client", "put", best_of(put, args.passes), "memcpy", copy_in, total))
-            rows.append(_row("client", "get", best_of(get, args.passes), "memcpy", copy_out, total))
-            for o, b in zip(outs, blocks):
-                if not np.array_equal(o, b):
-                    raise SystemExit("kvfs bench client: the client read back the wrong bytes")
-            say("  dram put/get done")
+            def put_get(client: Client, path: str) -> None:
+                """Rows for puts and gets of every block through *client*; the bytes checked."""
+
+                def put() -> None:
+                    for s in batches:
+                        client.put(names[s], blocks[s])
+
+                def get_all() -> None:
+                    for s in batches:
+                        client.get_into(names[s], outs[s])
+
+                for o in outs:
+                    o.fill(0)
+                rows.append(_row(path, "put", best_of(put, args.passes), "memcpy", copy_in, total))
+                rows.append(_row(path, "get", best_of(get_all, args.passes), "memcpy", copy_out, total))
+                for o, b in zip(outs, blocks):
+                    if not np.array_equal(o, b):
+                        raise SystemExit(f"kvfs bench client: {path} read back the wrong bytes")
+                say(f"  {path} put/get done")
+
+            put_get(c, "client")
+            # -- the copy path: what a peer a namespace's rule keeps off the arena gets
+            with Client(mp, write=True, copy=True, name="kvfs bench client, copy path") as cc:
+                put_get(cc, "client copy")
 
             # -- disk, direct: the block files themselves
             c.evict(names, tier="dram")

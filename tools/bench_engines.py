@@ -9,6 +9,11 @@ on both, with the same workload, and prints per client:
 - **reads**: seconds a second process took to read them back, kvfs/plain (aim <= 1.15);
 - **warm TTFT** (vLLM): median first-token latency of a second engine process that loads
   the KV through ExampleConnector, kvfs/plain (aim <= 1.15); cold TTFT (it saves) too;
+- **the vLLM connector** (``vllm-connector``): kvfs's own ``KvfsConnector`` on the mount
+  (the batch client, the DRAM arena) against the stock ``ExampleConnector`` on the plain
+  directory, the same prompts: cold and warm TTFT, kvfs/example (aim <= 1.0), and warm
+  TTFT against the same engine with no connector (every token computed); ``ok`` when both
+  produced the same tokens and cached the same number of tokens;
 - **sglang-backend**: kvfs's own SGLang HiCache backend against SGLang's ``HiCacheFile`` on
   the plain directory, set and get GB/s, kvfs/plain (aim >= 1.5 on gets;
   ``tools/bench_sglang_backend.py``);
@@ -46,10 +51,12 @@ WORKLOADS = {
     "lmcache": "LMCache fs connector",
     "lmcache-disk": "LMCache LocalDiskBackend",
     "safetensors": "safetensors save/load_file",
+    "vllm-connector": "vLLM KvfsConnector vs ExampleConnector",
     "sglang-backend": bench_sglang_backend.WHAT,
 }
 
 AIM_WRITE, AIM_READ = 0.80, 1.15
+AIM_CONNECTOR = 1.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -160,6 +167,65 @@ def bench_client(name: str, plain_root: Path, kvfs_root: Path, args, model: Path
     return out
 
 
+def _vllm_args(model: Path, quick: bool, connector: str, kv: Path | None) -> list[str]:
+    n = "4" if quick else "8"
+    out = ["generate", "--model", str(model), "--connector", connector, "--prompts", n, "--prompt-len", "992"]
+    return out + (["--kv", str(kv)] if kv is not None else [])
+
+
+def _ttft_ms(res: dict) -> float:
+    return 1e3 * statistics.median(r["ttft_s"] for r in res["requests"])
+
+
+def bench_connector(plain_root: Path, mp: Path, args, model: Path) -> dict:
+    """``vllm-connector``: per round, the ExampleConnector on the plain directory (a cold
+    process, a warm one), KvfsConnector on the mount (its blocks removed first), and one
+    process with no connector; best of the rounds."""
+    out: dict = {"client": "vllm-connector", "what": WORKLOADS["vllm-connector"]}
+    venvs = Path(args.venvs) if args.venvs else None
+    figs: dict[str, list[dict]] = {"plain": [], "kvfs": [], "none": []}
+    status = "ok"
+    for r in range(args.rounds):
+        shutil.rmtree(mp / "vllm", ignore_errors=True)  # the connector's namespace: cold again
+        runs: dict[str, list[dict]] = {}
+        for kind, connector, kv in (
+            ("plain", "example", plain_root / f"vllm-connector-{r}"),
+            ("kvfs", "kvfs", mp),
+            ("none", "none", None),
+        ):
+            _progress(f"vllm-connector: {connector} connector{f' on {kv}' if kv else ''}")
+            a = _vllm_args(model, args.quick, connector, kv)
+            try:
+                runs[kind] = [run_client("vllm", *a, venvs=venvs, timeout=900) for _ in range(1 if kv is None else 2)]
+            except ClientFailed as exc:
+                if kind != "kvfs":
+                    raise
+                out["status"] = "failed: " + _first_error(exc.output)
+                return out
+        for kind in ("plain", "kvfs"):
+            cold, warm = runs[kind]
+            figs[kind].append({"ttft_cold_ms": _ttft_ms(cold), "ttft_warm_ms": _ttft_ms(warm)})
+        figs["none"].append({"ttft_cold_ms": _ttft_ms(runs["none"][0])})
+        seen = {
+            k: [[(q["tokens"], q["num_cached_tokens"]) for q in res["requests"]] for res in v] for k, v in runs.items()
+        }
+        if seen["kvfs"] != seen["plain"] or [t for t, _ in seen["kvfs"][1]] != [t for t, _ in seen["none"][0]]:
+            status = "differs: tokens or cached tokens"
+            break
+        if runs["kvfs"][1]["kvfs"]["load_failed"] or not runs["kvfs"][1]["kvfs"]["loaded"]:
+            status = f"differs: kvfs loads {runs['kvfs'][1]['kvfs']}"
+            break
+    plain, kvfs, none = _best(figs["plain"]), _best(figs["kvfs"]), _best(figs["none"])
+    out.update(status=status, plain=plain, kvfs=kvfs, none=none)
+    out["ratio"] = {
+        "ttft_cold": kvfs["ttft_cold_ms"] / plain["ttft_cold_ms"],
+        "ttft_warm": kvfs["ttft_warm_ms"] / plain["ttft_warm_ms"],
+        "ttft_warm_vs_none": kvfs["ttft_warm_ms"] / none["ttft_cold_ms"],
+        "example_warm_vs_none": plain["ttft_warm_ms"] / none["ttft_cold_ms"],
+    }
+    return out
+
+
 def _first_error(output: str) -> str:
     """The last line of *output* that names an error, without vLLM's ``[rank0]:`` prefix."""
     lines = [ln for ln in output.splitlines() if "Error" in ln or "error" in ln] or output.strip().splitlines()
@@ -184,14 +250,14 @@ def run(args: argparse.Namespace) -> int:
     try:
         available = []
         for name in names:
-            client = CLIENTS["lmcache" if name == "lmcache-disk" else name]
+            client = CLIENTS[{"lmcache-disk": "lmcache", "vllm-connector": "vllm"}.get(name, name)]
             try:
                 client_python(client, venvs)
                 available.append(name)
             except ClientMissing as exc:
                 result["clients"].append({"client": name, "what": WORKLOADS[name], "status": f"missing: {exc}"})
         model = None
-        if "vllm" in available:
+        if "vllm" in available or "vllm-connector" in available:
             model = base / "tiny-llama"
             _progress("writing the model config (8 layers, 4 KV heads of 64)")
             run_client(
@@ -204,10 +270,13 @@ def run(args: argparse.Namespace) -> int:
         mount(mp, dram_disk_config(base, dram, 4 * dram))
         try:
             for name in available:
-                if name == "sglang-backend":  # a backend of its own against SGLang's: its own rows
+                if name == "vllm-connector":
+                    assert model is not None
+                    result["clients"].append(bench_connector(plain_root, mp, args, model))
+                elif name == "sglang-backend":  # a backend of its own against SGLang's: its own rows
                     result["clients"].append(bench_sglang_backend.bench_sglang_backend(plain_root, mp, args, _progress))
-                    continue
-                result["clients"].append(bench_client(name, plain_root, mp, args, model))
+                else:
+                    result["clients"].append(bench_client(name, plain_root, mp, args, model))
         finally:
             umount(mp)
     finally:
@@ -259,7 +328,7 @@ def _rows(c: dict) -> list[list[str]]:
         )
     for key, label in (("ttft_cold_ms", "cold TTFT ms"), ("ttft_warm_ms", "warm TTFT ms")):
         if key in p:
-            aim = f"<= {AIM_READ:.2f}" if "warm" in key else "-"
+            aim = "-" if "warm" not in key else f"<= {AIM_CONNECTOR if 'none' in c else AIM_READ:.2f}"
             rows.append(
                 [
                     c["client"],
@@ -271,6 +340,30 @@ def _rows(c: dict) -> list[list[str]]:
                     status if not rows else "",
                 ]
             )
+    if "none" in c:  # the connector against the same engine computing every token
+        n = c["none"]["ttft_cold_ms"]
+        rows.append(
+            [
+                c["client"],
+                "warm TTFT vs none",
+                f"{n:.1f}",
+                f"{k['ttft_warm_ms']:.1f}",
+                _ratio(r["ttft_warm_vs_none"]),
+                "-",
+                "",
+            ]
+        )
+        rows.append(
+            [
+                c["client"],
+                "example warm vs none",
+                f"{n:.1f}",
+                f"{p['ttft_warm_ms']:.1f}",
+                _ratio(r["example_warm_vs_none"]),
+                "-",
+                "",
+            ]
+        )
     return rows
 
 

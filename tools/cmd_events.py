@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -26,10 +27,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--json",
         action="store_true",
-        help='one JSON object per line: {"seq", "time", "kind", "name", "tier", "size", "detail"}',
+        help='one JSON object per line: {"seq", "time", "kind", "name", "tier", "size", "detail", "parent"}',
     )
     parser.add_argument("--count", type=int, metavar="N", help="stop after N events")
+    parser.add_argument(
+        "--zmq",
+        metavar="ADDR",
+        help="publish them instead as vLLM KV events (msgpack over a ZMQ PUB socket bound at ADDR, e.g. "
+        "tcp://127.0.0.1:5557) for llm-d's indexer or Dynamo's router; [events] zmq makes the daemon do it",
+    )
+    parser.add_argument(
+        "--block-size", type=int, default=0, metavar="N", help="with --zmq: the engine's tokens per block"
+    )
     add_socket_option(parser)
+
+
+def _publish(args: argparse.Namespace, target) -> int:
+    """``--zmq``: the stream of the mount's events, republished as vLLM KV events."""
+    from kvfs.client import Client
+    from kvfs.mount.kv_events import KvEventPublisher, Translator, publish_stream, tier_places
+
+    with Client(target.socket) as client:
+        places = tier_places((t.name, t.kind, t.shared) for t in client.welcome.tiers)
+        tr = Translator(places, block_size=args.block_size)
+        pub = KvEventPublisher(args.zmq)
+        print(f"publishing KV events of {target.display('')} on {pub.address}", file=sys.stderr, flush=True)
+        events = client.events()
+        if args.count is not None:
+            events = itertools.islice(events, args.count)
+        try:
+            publish_stream(events, pub, tr)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            pub.close()
+    return 0
 
 
 def _line(ev: dict, display) -> str:
@@ -44,6 +76,9 @@ def run(args: argparse.Namespace) -> int:
     [(target, client)] = clients_for([args.mountpoint], args.socket)
     if args.count is not None and args.count <= 0:
         return 0
+    if args.zmq:
+        client.close()
+        return _publish(args, target)
     seen = 0
     with client:
         for item in client.stream(Events()):

@@ -42,6 +42,8 @@ from kvfs.catalog import BlockStat
 from kvfs.errors import BlockCorrupt, KvfsError
 from kvfs.protocol import (
     Abort,
+    Advise,
+    Advised,
     Commit,
     Evict,
     EvictResult,
@@ -105,7 +107,9 @@ class Client:
     (:class:`~kvfs.protocol.Promote`: ``"policy"``, ``"always"``, ``"never"``).
     *populate*: map the whole arena into this process now (one pass of page-table setup
     at connect, instead of a fault on every page of every block's first copy).
-    *io_threads*: blocks copied at once by one call."""
+    *io_threads*: blocks copied at once by one call. *copy*: read and put through a
+    private copy buffer instead of mapping the arena (what a peer that a namespace's
+    access rule keeps off the arena always gets; docs/client.md, "Security")."""
 
     def __init__(
         self,
@@ -118,6 +122,7 @@ class Client:
         promote: str = Promote.POLICY,
         populate: bool = True,
         io_threads: int = 4,
+        copy: bool = False,
     ) -> None:
         if promote not in Promote.ALL:
             raise ValueError(f"promote must be one of {', '.join(Promote.ALL)} (got {promote!r})")
@@ -134,17 +139,22 @@ class Client:
         self._map: mmap.mmap | None = None
         self._arena: memoryview | None = None
         try:
-            welcome = self._request(Hello(client=name or f"pid {os.getpid()}", write=write))
+            welcome = self._request(Hello(client=name or f"pid {os.getpid()}", write=write, copy=copy))
             fds = self._conn.take_fds()
             try:
-                if welcome.arena is not None:
+                if welcome.copy_buffer or welcome.arena is not None:
                     if not fds:
-                        raise KvfsError("the daemon did not pass the arena's descriptor")
-                    prot = mmap.PROT_READ | (mmap.PROT_WRITE if write else 0)
-                    self._map = mmap.mmap(fds[0], welcome.arena.size, mmap.MAP_SHARED, prot)
+                        raise KvfsError("the daemon did not pass the arena's (or copy buffer's) descriptor")
+                    if welcome.copy_buffer:  # a namespace's rule keeps us off the arena: our own buffer instead
+                        size, writable = welcome.copy_buffer, True
+                    else:
+                        assert welcome.arena is not None
+                        size, writable = welcome.arena.size, write
+                    prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
+                    self._map = mmap.mmap(fds[0], size, mmap.MAP_SHARED, prot)
                     self._arena = memoryview(self._map)
                     if populate:
-                        _populate(self._map, write)
+                        _populate(self._map, writable)
             finally:
                 for fd in fds:
                     os.close(fd)
@@ -156,6 +166,8 @@ class Client:
         self.tiers = [t.name for t in welcome.tiers]
         self.lease_ttl = lease_ttl or welcome.lease_ttl
         self.writable = write
+        self.copying = welcome.copy_buffer > 0
+        """Reads and puts go through this session's copy buffer (see :attr:`arena`)."""
 
     # -- plumbing ------------------------------------------------------------------------
 
@@ -202,7 +214,9 @@ class Client:
         """This process's mapping of the whole arena file (read-only unless the session
         writes), e.g. to register it with CUDA once (``cudaHostRegister``) so that copies
         from leased extents are DMA; offsets in holds and views index it. None without a
-        DRAM tier."""
+        DRAM tier. When :attr:`copying` (a namespace's access rule keeps this peer from
+        mapping the arena), the session's own copy buffer instead, which holds the
+        verified copies the daemon made for its holds and views, and its puts."""
         return self._arena
 
     def _arena_view(self) -> memoryview:
@@ -216,7 +230,10 @@ class Client:
         """Presence of every name and the cached prefix length, in one round trip."""
         names = list(names)
         r = self._request(Lookup(names=names))
-        return LookupResult(names, r.sizes, r.tiers, r.pinned, self.tiers, r.prefix)
+        found = LookupResult(names, r.sizes, r.tiers, r.pinned, self.tiers, r.prefix)
+        if any(e is not None for e in r.errors):  # refused names (another namespace's rule)
+            raise BatchError("lookup", [found[i] if e is None else _from_wire(e) for i, e in enumerate(r.errors)])
+        return found
 
     def stat(self, name: str) -> BlockStat:
         """One block's record (size, checksum, tiers, pin, hits, times)."""
@@ -292,11 +309,35 @@ class Client:
         positions: Sequence[int] | None = None,
     ) -> list[Any]:
         """Lease, copy and release one batch; per name a :class:`Read`, an error, or a
-        :class:`_Retry` (the copy failed its check and was reported)."""
+        :class:`_Retry` (the copy failed its check and was reported). Through a copy
+        buffer, in as many batches as it holds (by the buffers' room)."""
+        cap = self.welcome.copy_buffer
+        where = list(positions) if positions is not None else list(range(len(names)))
+        if cap and len(names) > 1 and sum(buffers.total(d) for d in dests) > cap:
+            out: list[Any] = []
+            i = 0
+            while i < len(names):
+                j, room = i, 0
+                while j < len(names) and (j == i or room + buffers.total(dests[j]) <= cap):
+                    room += buffers.total(dests[j])
+                    j += 1
+                out += self._read_batch(names[i:j], dests[i:j], verify, promote, then, where[i:j])
+                i = j
+            return out
+        return self._read_batch(names, dests, verify, promote, then, where)
+
+    def _read_batch(
+        self,
+        names: list[str],
+        dests: list[buffers.Segments],
+        verify: bool,
+        promote: str,
+        then: Callable[[int, Read], object] | None,
+        where: Sequence[int],
+    ) -> list[Any]:
         leased = self._lease(names, promote)
         out: list[Any] = [err for _, err, _ in leased]
         todo = [i for i, (g, _, _) in enumerate(leased) if g is not None]
-        where = positions if positions is not None else range(len(names))
         reported: set[int] = set()  # leases a Suspect ended
 
         def copy(i: int, nowait: bool = False) -> Any:
@@ -457,16 +498,32 @@ class Client:
         self, names: Sequence[str], sizes: Sequence[int], parents: Sequence[str | None] | None = None
     ) -> list[PutBuffer]:
         """Reserve an arena extent per block (all or none) to write in place; fill each
-        :attr:`PutBuffer.data`, then :meth:`commit` (or :meth:`abort`) them."""
+        :attr:`PutBuffer.data`, then :meth:`commit` (or :meth:`abort`) them. Names a
+        namespace's rule refuses raise :class:`BatchError` (abort the buffers in its
+        ``results``)."""
+        out = self._reserve(names, sizes, parents)
+        if any(isinstance(p, KvfsError) for p in out):
+            raise BatchError("reserve", out)
+        return out  # type: ignore[return-value]
+
+    def _reserve(
+        self, names: Sequence[str], sizes: Sequence[int], parents: Sequence[str | None] | None = None
+    ) -> list[PutBuffer | KvfsError]:
         if not self.writable:
             raise KvfsError("this client is read-only: open it with Client(..., write=True) to put")
         arena = self._arena_view()
         sent = time.monotonic()
         r = self._request(Reserve(names=list(names), sizes=list(sizes), parents=list(parents or [])))
-        return [
-            PutBuffer(n, s, arena[s.offset : s.offset + s.length], sent + s.ttl)
-            for n, s in zip(names, r.slots, strict=True)
-        ]
+        slots = iter(r.slots)
+        out: list[PutBuffer | KvfsError] = []
+        for i, n in enumerate(names):
+            e = r.errors[i] if r.errors else None
+            if e is not None:
+                out.append(_from_wire(e))
+                continue
+            s = next(slots)
+            out.append(PutBuffer(n, s, arena[s.offset : s.offset + s.length], sent + s.ttl))
+        return out
 
     def commit(self, puts: Sequence[PutBuffer]) -> list[KvfsError | None]:
         """Seal the reserved blocks (the daemon checks each checksum first); per block None
@@ -504,8 +561,10 @@ class Client:
             while j < len(names) and (j == i or room + sizes[j] <= cap):
                 room += sizes[j]
                 j += 1
-            puts = self.reserve(names[i:j], sizes[i:j], par[i:j])
-            results += self._fill_and_commit(puts, srcs[i:j])
+            made = self._reserve(names[i:j], sizes[i:j], par[i:j])
+            ok = [k for k, p in enumerate(made) if isinstance(p, PutBuffer)]
+            done = iter(self._fill_and_commit([made[k] for k in ok], [srcs[i + k] for k in ok]))  # type: ignore[misc]
+            results += [next(done) if isinstance(p, PutBuffer) else p for p in made]
             i = j
         if any(r is not None for r in results):
             raise BatchError("put", list(results))
@@ -548,6 +607,16 @@ class Client:
         """Copy blocks into *tier* (the hottest by default) now."""
         res: PrefetchResult = self._request(Prefetch(paths=list(names), tier=tier))
         return res
+
+    def hint(self, names: Sequence[str], when: str) -> int:
+        """Advise the eviction policies about a chain (*names*, root first): ``"soon"``,
+        queued requests will read it (it is kept ahead of other blocks for the policy's
+        ``hint_ttl``); ``"ended"``, its session is over (its own blocks go first, blocks it
+        shares with live sessions stay). Never moves or removes a block by itself.
+        Returns how many of the names the mount holds. Needs a write session's rights
+        (the owner, or ``[client] group_writes``)."""
+        res: Advised = self._request(Advise(names=list(names), when=when))
+        return res.known
 
     def pin(self, names: Sequence[str]) -> PinResult:
         """Keep blocks where they are: never evicted until unpinned."""

@@ -20,6 +20,8 @@ from .errors import (
 from .messages import (
     Abort,
     Aborted,
+    Advise,
+    Advised,
     ArenaInfo,
     Commit,
     Committed,
@@ -89,6 +91,8 @@ __all__ = [
     "VERSION",
     "Abort",
     "Aborted",
+    "Advise",
+    "Advised",
     "ArenaInfo",
     "Commit",
     "Committed",

@@ -15,6 +15,7 @@ import dataclasses
 from typing import ClassVar
 
 from kvfs import errors as core
+from kvfs.access import AccessDenied
 from kvfs.steering import LastCopy
 
 from .codec import Message, ProtocolError, UnknownKind, VersionMismatch
@@ -96,6 +97,7 @@ ERRORS: tuple[type[core.KvfsError], ...] = (
     UnknownKind,
     VersionMismatch,
     PermissionDenied,
+    AccessDenied,
     ControlError,
     SubscriberTooSlow,
     InternalError,

@@ -14,7 +14,8 @@ Operator commands (the ``kvfs`` tools): :class:`Ping`, :class:`Shutdown`, :class
 
 The batch client (:mod:`kvfs.client`): :class:`Hello`, :class:`Lookup`, :class:`Lease`,
 :class:`Release`, :class:`Renew`, :class:`Reserve`, :class:`Commit`, :class:`Abort`,
-:class:`Suspect`; plus the operator commands it shares (pin, prefetch, evict, stat, events).
+:class:`Suspect`, :class:`Advise`; plus the operator commands it shares (pin, prefetch, evict, stat,
+events).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from .codec import VERSION, Message
 __all__ = [
     "Abort",
     "Aborted",
+    "Advise",
+    "Advised",
     "ArenaInfo",
     "Commit",
     "Committed",
@@ -148,7 +151,8 @@ class ArenaInfo:
 @dataclass(**_MSG)
 class Grant:
     """One leased copy: *length* payload bytes at *offset* of the arena (``kind`` =
-    ``"arena"``) or of the block file *path* (``"file"``, 4 KiB-aligned offset), with the
+    ``"arena"``), of the session's copy buffer (``"copy"``: a verified copy made for it),
+    or of the block file *path* (``"file"``, 4 KiB-aligned offset), with the
     block's xxh3-64 *checksum*; valid for *ttl* seconds from the reply unless released."""
 
     id: int
@@ -388,6 +392,8 @@ class PinResult(Message):
     kind: ClassVar[str] = "pin_result"
     blocks: int
     changed: int
+    failed: list[Failure] = field(default_factory=list)
+    """Paths refused (a namespace's access rule), with why."""
 
 
 @dataclass(**_MSG)
@@ -549,16 +555,23 @@ class Welcome(Message):
     max_reserved: int
     lease_ttl: float
     max_ttl: float
+    copy_buffer: int = 0
+    """Bytes of this session's private copy buffer, whose descriptor comes instead of
+    the arena's when a namespace's access rule keeps the peer from mapping the arena
+    (grants of kind ``"copy"`` and reserved slots index it); 0: none."""
 
 
 @dataclass(**_MSG)
 class Hello(Request):
-    """Open a session: *write* asks for a read-write arena descriptor (puts)."""
+    """Open a session: *write* asks for a read-write arena descriptor (puts); *copy*
+    asks for a private copy buffer instead of the arena (what a peer a namespace's rule
+    keeps off the arena always gets)."""
 
     kind: ClassVar[str] = "hello"
     reply: ClassVar[type[Message]] = Welcome
     client: str = ""
     write: bool = False
+    copy: bool = False
 
 
 @dataclass(**_MSG)
@@ -572,6 +585,9 @@ class LookupResult(Message):
     tiers: list[int]
     pinned: list[bool]
     prefix: int
+    errors: list[WireError | None] = field(default_factory=list)
+    """Per name, when some were refused (a namespace's access rule): None or why; empty
+    when none was. A refused name reads as absent in the columns and ends the prefix."""
 
 
 @dataclass(**_MSG)
@@ -636,6 +652,9 @@ class Renew(Request):
 class Reserved(Message):
     kind: ClassVar[str] = "reserved"
     slots: list[Slot]
+    errors: list[WireError | None] = field(default_factory=list)
+    """Per name, when some were refused (a namespace's access rule): None (its slot is
+    the next in ``slots``) or why; empty when none was."""
 
 
 @dataclass(**_MSG)
@@ -700,3 +719,23 @@ class Suspect(Request):
     reply: ClassVar[type[Message]] = SuspectResult
     lease: int
     why: str
+
+
+@dataclass(**_MSG)
+class Advised(Message):
+    """``known``: how many of the names the store holds (the others were ignored)."""
+
+    kind: ClassVar[str] = "advised"
+    known: int
+
+
+@dataclass(**_MSG)
+class Advise(Request):
+    """Advice from an engine or router about *names* (a chain, root first) for the
+    eviction policies: ``when = "soon"`` (queued requests will read them) or ``"ended"``
+    (their session is over). Advice never moves or removes a block by itself."""
+
+    kind: ClassVar[str] = "hint"
+    reply: ClassVar[type[Message]] = Advised
+    names: list[str]
+    when: str

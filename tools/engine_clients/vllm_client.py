@@ -13,9 +13,17 @@ Run inside the vLLM virtualenv (``.ci/engines vllm``), by path:
   process finds them (``os.path.exists`` of the folder), loads them (``load_file``, mmap)
   and computes only the last tokens.
 
+``--connector kvfs`` runs kvfs's own connector instead (``KvfsConnector``, loaded by vLLM
+from ``kv_connector_module_path="kvfs.gpu.vllm_connector"``, with
+``kv_load_failure_policy="recompute"``; kvfs is installed in the vLLM virtualenv for it):
+the blocks go through the batch client, named by vLLM's block hashes. ``--connector
+none`` runs without a connector (the reference for tokens and first-token latency).
+
 The result: per prompt the output token ids, ``num_cached_tokens`` and the first-token
-latency vLLM measured; the connector's own log lines counted ("External Cache Hit!",
-"Inject KV cache of N tokens"); and the directory left (``client_report.tree``).
+latency vLLM measured; the connector's own log lines counted (ExampleConnector: "External
+Cache Hit!", "Inject KV cache of N tokens"; kvfs: blocks cached at lookup, loaded, failed,
+saved); and the directory left (``client_report.tree``; none for kvfs's connector, whose
+blocks are in the daemon).
 """
 
 from __future__ import annotations
@@ -49,21 +57,58 @@ def make_model(args: argparse.Namespace) -> dict:
 
 
 class _ConnectorLog(logging.Handler):
-    """Counts the ExampleConnector's own reports of hits and loads."""
+    """Counts the connectors' own reports of hits, loads and saves."""
 
     def __init__(self) -> None:
         super().__init__()
         self.hits = 0
         self.injected_tokens: list[int] = []
+        self.kvfs = {"cached": [], "loaded": 0, "load_failed": 0, "saved": 0, "save_failed": 0}
+        self.kvfs["times"] = {"lookup_ms": [], "load_ms": [], "save_ms": []}  # what the connector measured
 
     def emit(self, record: logging.LogRecord) -> None:
+        msg = record.getMessage()
+        if record.name == "vllm.kvfs_connector":
+            words = msg.split()
+            if msg.startswith("kvfs: lookup of "):
+                self.kvfs["cached"].append(int(words[5]))
+                self.kvfs["times"]["lookup_ms"].append(float(words[7].lstrip("(")))
+            elif msg.startswith("kvfs: loaded "):
+                self.kvfs["loaded"] += int(words[2])
+                self.kvfs["load_failed"] += int(words[4])
+                self.kvfs["times"]["load_ms"].append(float(words[6].lstrip("(")))
+            elif msg.startswith("kvfs: saved "):
+                self.kvfs["saved"] += int(words[2])
+                self.kvfs["save_failed"] += int(words[4])
+                self.kvfs["times"]["save_ms"].append(float(words[6].lstrip("(")))
+            return
         if not record.pathname.endswith("example_connector.py"):
             return
-        msg = record.getMessage()
         if msg.startswith("External Cache Hit"):
             self.hits += 1
         elif msg.startswith("Inject KV cache of "):
             self.injected_tokens.append(int(msg.split()[4]))
+
+
+def transfer_config(connector: str, kv: str):
+    """The ``KVTransferConfig`` of *connector* (``example``/``kvfs``) on the directory *kv*."""
+    from vllm.config import KVTransferConfig
+
+    if connector == "none":
+        return None
+    if connector == "example":
+        return KVTransferConfig(
+            kv_connector="ExampleConnector",
+            kv_role="kv_both",
+            kv_connector_extra_config={"shared_storage_path": kv},
+        )
+    return KVTransferConfig(
+        kv_connector="KvfsConnector",
+        kv_connector_module_path="kvfs.gpu.vllm_connector",
+        kv_role="kv_both",
+        kv_load_failure_policy="recompute",
+        kv_connector_extra_config={"kvfs_path": kv},
+    )
 
 
 def prompts(n: int, length: int) -> list[list[int]]:
@@ -77,7 +122,6 @@ def generate(args: argparse.Namespace) -> dict:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     from vllm import LLM, SamplingParams
-    from vllm.config import KVTransferConfig
     from vllm.inputs import TokensPrompt
 
     t0 = time.perf_counter()
@@ -89,13 +133,10 @@ def generate(args: argparse.Namespace) -> dict:
         enforce_eager=True,
         seed=0,
         block_size=32,  # the CPU attention backend wants multiples of 32
-        enable_prefix_caching=False,  # every request goes to the connector
+        enable_prefix_caching=args.prefix_caching,  # off by default: every request goes to the connector
         disable_log_stats=False,  # for the per-request first-token latency
-        kv_transfer_config=KVTransferConfig(
-            kv_connector="ExampleConnector",
-            kv_role="kv_both",
-            kv_connector_extra_config={"shared_storage_path": args.kv},
-        ),
+        prefix_caching_hash_algo="sha256_cbor",  # stable across processes (with PYTHONHASHSEED)
+        kv_transfer_config=transfer_config(args.connector, args.kv),
     )
     startup = time.perf_counter() - t0
     # after LLM(): its start re-applies vLLM's logging config, dropping foreign handlers
@@ -103,7 +144,10 @@ def generate(args: argparse.Namespace) -> dict:
     logging.getLogger("vllm").addHandler(log)  # the connector's module logger propagates there
     sp = SamplingParams(temperature=0, max_tokens=args.max_tokens, detokenize=False)
     requests = []
-    for ids in prompts(args.prompts, args.prompt_len):
+    todo = prompts(args.prompts, args.prompt_len)
+    if args.warmup_prefix:  # first a request sharing the first prompt's first N tokens only
+        todo.insert(0, todo[0][: args.warmup_prefix] + [501 + j % 10 for j in range(40)])
+    for ids in todo:
         t0 = time.perf_counter()
         out = llm.generate([TokensPrompt(prompt_token_ids=ids)], sp, use_tqdm=False)[0]
         wall = time.perf_counter() - t0
@@ -115,13 +159,32 @@ def generate(args: argparse.Namespace) -> dict:
                 "wall_s": wall,
             }
         )
-    return {
-        "startup_s": startup,
-        "requests": requests,
-        "connector_hits": log.hits,
-        "connector_injected_tokens": log.injected_tokens,
-        "tree": tree(args.kv) if os.path.isdir(args.kv) else None,
-    }
+    out = {"startup_s": startup, "requests": requests}
+    if args.connector == "example":
+        out["connector_hits"] = log.hits
+        out["connector_injected_tokens"] = log.injected_tokens
+        out["tree"] = tree(args.kv) if os.path.isdir(args.kv) else None
+    elif args.connector == "kvfs":
+        out["kvfs"] = log.kvfs
+        out["block_hashes"] = vllm_block_hashes(prompts(args.prompts, args.prompt_len), 32)
+    return out
+
+
+def vllm_block_hashes(token_lists: list[list[int]], block_size: int) -> list[list[str]]:
+    """vLLM's own hashes (hex) of each prompt's full blocks, computed here with its
+    ``hash_block_tokens`` and the ``NONE_HASH`` its engine core set in this process."""
+    from vllm.utils.hashing import get_hash_fn_by_name
+    from vllm.v1.core.kv_cache_utils import hash_block_tokens
+
+    fn = get_hash_fn_by_name("sha256_cbor")
+    out = []
+    for ids in token_lists:
+        parent, hs = None, []
+        for i in range(0, len(ids) - block_size + 1, block_size):
+            parent = hash_block_tokens(fn, parent, ids[i : i + block_size])
+            hs.append(bytes(parent).hex())
+        out.append(hs)
+    return out
 
 
 def main() -> None:
@@ -135,10 +198,15 @@ def main() -> None:
     m.add_argument("--head-dim", type=int, default=64)
     g = sub.add_parser("generate")
     g.add_argument("--model", required=True)
-    g.add_argument("--kv", required=True, help="the connector's shared_storage_path")
+    g.add_argument("--kv", default="", help="the connector's directory (ExampleConnector) or kvfs mount")
+    g.add_argument("--connector", choices=("example", "kvfs", "none"), default="example")
     g.add_argument("--prompts", type=int, default=2)
     g.add_argument("--prompt-len", type=int, default=100)
     g.add_argument("--max-tokens", type=int, default=8)
+    g.add_argument("--prefix-caching", action="store_true", help="vLLM's own prefix cache on")
+    g.add_argument(
+        "--warmup-prefix", type=int, default=0, metavar="N", help="first a request of the first prompt's first N tokens"
+    )
     args = parser.parse_args()
     emit(make_model(args) if args.cmd == "model" else generate(args))
 

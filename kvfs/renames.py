@@ -1,0 +1,180 @@
+"""Changing a block's name or removing it: :meth:`Store.delete` and :meth:`Store.rename`.
+
+:class:`Renames` is the store's collaborator for both. Local copies change in place (a DRAM
+entry under the store's lock, a disk file with the lock let go and both names held busy);
+shared copies are deleted, and re-published under a new name, in the background, so a hung
+shared tier never stalls the caller.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from .errors import BlockCorrupt, BlockNotFound, IsADirectory, StoreBusy, TierUnavailable
+from .events import EventKind
+from .names import normalize, parent_of
+from .namespaces import CrossNamespace, NamespaceRetired, NamespaceState
+
+if TYPE_CHECKING:
+    from .catalog import BlockRecord
+    from .slot import TierSlot
+    from .store import Store
+
+__all__ = ["Renames"]
+
+log = logging.getLogger("kvfs.store")
+
+
+class Renames:
+    """Delete and rename on *store* (see the module doc)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def delete(self, name: str) -> None:
+        """Remove the block from every tier (shared ones too). :class:`BlockNotFound` if absent.
+
+        Local copies go now; every shared tier gets a delete even where this node has no
+        record of a copy (another node may have written one since). Those deletes run in
+        the background, so a hung shared tier does not stall the caller (which waits for
+        them at most ``shared_wait``); until they ran, no shared copy of the name is
+        believed here, and nothing republishes the name there first.
+        """
+        name = normalize(name)
+        self.store.records.refresh(name)
+        p = self.store.placement
+        with p.locked():
+            rec = self.store.catalog.require(name)
+            if p.waiting_forbidden:
+                for i in rec.tier_indexes():
+                    if self.store.slots[i].persistent and not self.store.slots[i].shared:
+                        p.require_io(i, "deleting a file")
+            self.store.records.drop_record(rec, "deleted")
+            for slot in self.store.shared.slots:
+                p.delete_copy(slot, name)
+            self.store.shared.remember_missing(name)
+            self.store.shared.forget_listing(parent_of(name))
+            nowait = p.waiting_forbidden
+        self.store.records.run_deletes(name, wait=not nowait)
+
+    def rename(self, old: str, new: str) -> None:
+        """Rename block *old* to *new*, atomically replacing a block named *new*.
+
+        Local copies are renamed in place (a DRAM entry under the lock, a disk file with
+        the lock let go); shared copies are deleted under the old name and written under
+        the new one in the background, unless the block has no local copy, when they are
+        renamed now (outside the lock).
+        """
+        old, new = normalize(old), normalize(new)
+        src, dst = self.store.namespaces.of(old), self.store.namespaces.of(new)
+        if src is not dst:
+            raise CrossNamespace(
+                f"{old!r} is in {_ns_label(src)} and {new!r} in {_ns_label(dst)}: a block cannot move between "
+                "namespaces by rename (their quotas and owners differ); copy it and remove the original"
+            )
+        if dst is not None and dst.retired:
+            raise NamespaceRetired(f"{new!r}: namespace {dst.path!r} is retired")
+        self.store.records.refresh(old)
+        p = self.store.placement
+        with p.locked():
+            rec = self.store.catalog.require(old)
+            if old == new:
+                return
+            if self.store.catalog.is_dir(new):
+                raise IsADirectory(f"{new!r} is a directory")
+            has_local = bool(rec.tiers & p.local_mask)
+            moves = [
+                self.store.slots[i]
+                for i in rec.tier_indexes()
+                if self.store.slots[i].persistent and (not self.store.slots[i].shared or not has_local)
+            ]
+            for slot in moves:
+                p.require_io(slot.index, "renaming a copy")
+                if slot.is_busy(old) or slot.is_busy(new):
+                    raise StoreBusy(f"the copy of {old!r} or {new!r} in {slot.name!r} is in use; try again", slot.index)
+            if self.store.catalog.get(new) is None:
+                self.store.catalog.ensure_dir(parent_of(new))
+            moved = self._rename_copies(rec, old, new, moves)
+            if not p.is_current(rec):
+                for slot in moved:  # deleted or replaced meanwhile: the renamed files are nobody's
+                    if not (target := self.store.catalog.get(new)) or not target.tiers & slot.bit:
+                        p.delete_copy(slot, new)
+                raise BlockNotFound(old)
+            target = self.store.catalog.get(new)
+            if target is not None:
+                for j in list(target.tier_indexes()):
+                    slot = self.store.slots[j]
+                    if slot in moved or (not slot.persistent and rec.tiers & slot.bit):
+                        p.forget_copy(slot, target)  # replaced by the renamed copy
+                    else:
+                        p.drop_copy(slot, target)
+                self.store.catalog.discard(target)
+            for i in list(rec.tier_indexes()):
+                slot = self.store.slots[i]
+                if slot.shared and slot not in moved:  # re-published under the new name below
+                    p.forget_copy(slot, rec)
+                    p.delete_copy(slot, old)
+                    self.store.queue.copy(rec, slot.index)
+                elif not slot.persistent:
+                    slot.tier.rename(old, new)  # memory: under the lock, atomic for readers
+            # footprints depend on the name (header length): recount under the new name
+            for i in rec.tier_indexes():
+                slot = self.store.slots[i]
+                self.store.catalog.count_out(i, p.footprint(slot, rec), rec.name)
+                slot.policy.remove(old)
+            self.store.catalog.rename(rec, new)
+            for i in rec.tier_indexes():
+                slot = self.store.slots[i]
+                self.store.catalog.count_in(i, p.footprint(slot, rec), rec.name)
+                if not rec.pinned:
+                    p.policy_insert(slot, rec)
+            self.store.shared.forget_missing(new)
+            self.store.shared.forget_listing(parent_of(old))
+            self.store.shared.forget_listing(parent_of(new))
+            p.emit(EventKind.RENAMED, rec, detail=old)
+            if not rec.tiers:
+                p.lose_if_empty(rec, "no copy survived the rename")
+                raise BlockNotFound(old)
+
+    def _rename_copies(self, rec: BlockRecord, old: str, new: str, moves: list[TierSlot]) -> list[TierSlot]:
+        """Rename the persistent copies of *rec* in *moves* with the lock let go (both
+        names held busy meanwhile); returns the tiers where it worked. Under the lock."""
+        p = self.store.placement
+        if not moves:
+            return []
+        moving = 0
+        for slot in moves:
+            slot.hold(old)
+            slot.hold(new)
+            moving |= slot.bit
+        rec.moving |= moving
+        errors: dict[int, Exception] = {}
+        try:
+            with p.unlocked():
+                for slot in moves:
+                    try:
+                        slot.tier.rename(old, new)
+                    except (BlockNotFound, BlockCorrupt, TierUnavailable) as exc:
+                        errors[slot.index] = exc
+        finally:
+            rec.moving &= ~moving
+            for slot in moves:
+                if slot.index not in errors:
+                    slot.doomed.discard(new)  # the file a waiting delete meant is replaced
+                p.release_hold(slot, old)
+                p.release_hold(slot, new)
+        for slot in moves:
+            err = errors.get(slot.index)
+            if err is None:
+                continue
+            log.warning("rename %s -> %s failed in tier %s: %s", old, new, slot.name, err)
+            if isinstance(err, TierUnavailable):
+                slot.failed(err)
+            if p.is_current(rec):
+                p.forget_copy(slot, rec)
+        return [s for s in moves if s.index not in errors]
+
+
+def _ns_label(ns: NamespaceState | None) -> str:
+    return "no namespace" if ns is None else f"namespace {ns.path!r}"

@@ -1,0 +1,106 @@
+"""Namespaces' settings at run time and their figures: :meth:`Store.set_quota`,
+:meth:`Store.set_retention`, :meth:`Store.enforce_quotas`, :meth:`Store.namespace_statistics`.
+
+:class:`Tenancy` is the store's collaborator for them; the quotas themselves are kept by
+the placement (:class:`~kvfs.placement.Placement`) on every put and move, and the
+lifetimes by :class:`~kvfs.lifetimes.Lifetimes` (docs/tenants.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from .names import normalize
+from .namespaces import NamespaceState, NamespaceStatistics, NamespaceTierUse
+
+if TYPE_CHECKING:
+    from .store import Store
+
+__all__ = ["Tenancy"]
+
+
+class Tenancy:
+    """Quotas, retention and statistics of the namespaces of *store* (see the module doc)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def set_quota(self, path: str, tier: str, quota: int | None) -> NamespaceStatistics:
+        """Give namespace *path* (made now if the config has none there) a quota of
+        *quota* bytes in *tier* (None: none). Lowering it below the namespace's use
+        evicts its blocks there by policy now (demoting as usual); blocks that cannot go
+        (pinned, busy) stay, and new ones are refused until it is under. Not kept across
+        a restart: put quotas to keep in the config."""
+        k = self.store.tier_index(tier)
+        if quota is not None and quota < 0:
+            raise ValueError(f"a quota is a size in bytes, not {quota}")
+        p = self.store.placement
+        with p.locked():
+            ns = self.store.namespaces.ensure(path)
+            p.set_quota(ns, self.store.slots[k], quota)
+            if ns.path not in self.store.catalog.blocks:
+                self.store.catalog.ensure_dir(ns.path)
+        self.enforce_quotas([ns])
+        return self.namespace_statistics(ns.path)[0]
+
+    def set_retention(self, path: str, seconds: float | None) -> NamespaceStatistics:
+        """Give namespace *path* a retention of *seconds* since last access (None: keep
+        blocks); the next :meth:`sweep` applies it. Not kept across a restart."""
+        if seconds is not None and not seconds > 0:
+            raise ValueError(f"a retention is longer than 0 seconds (got {seconds})")
+        with self.store.placement.locked():
+            ns = self.store.namespaces.ensure(path)
+            ns.retention = seconds
+            self.store.lifetimes.reschedule()
+        return self.namespace_statistics(ns.path)[0]
+
+    def enforce_quotas(self, spaces: Sequence[NamespaceState] | None = None) -> None:
+        """Evict until every namespace (of *spaces*, default all) is within its quotas,
+        as far as unpinned, idle blocks allow (after a restart, or a lowered quota)."""
+        p = self.store.placement
+        with p.locked():
+            for ns in list(self.store.namespaces) if spaces is None else spaces:
+                for slot in self.store.slots:
+                    if p.ns_over(ns, slot, 0):
+                        p.make_room(slot, 0, ns=ns)
+
+    def namespace_statistics(self, path: str | None = None) -> list[NamespaceStatistics]:
+        """A snapshot of every namespace (or of the one at *path*: KeyError if none)."""
+        p = self.store.placement
+        with p.locked():
+            if path is not None:
+                one = self.store.namespaces.get(normalize(path))
+                if one is None:
+                    raise KeyError(f"no namespace at {path!r}")
+                spaces = [one]
+            else:
+                spaces = list(self.store.namespaces)
+            out = []
+            for ns in spaces:
+                t = self.store.catalog.totals.get(ns.path)
+                out.append(
+                    NamespaceStatistics(
+                        path=ns.path,
+                        tiers=tuple(
+                            NamespaceTierUse(
+                                name=s.name,
+                                used=t.used[s.index] if t else 0,
+                                quota=ns.quota[s.index],
+                                blocks=t.copies[s.index] if t else 0,
+                                evictions=ns.evictions[s.index],
+                            )
+                            for s in self.store.slots
+                        ),
+                        blocks=t.blocks if t else 0,
+                        size=t.size if t else 0,
+                        refused=ns.refused,
+                        expired=ns.expired,
+                        retention=ns.retention,
+                        retired=ns.retired,
+                        access=ns.access,
+                        configured=ns.configured,
+                        model=ns.model,
+                    )
+                )
+            return out

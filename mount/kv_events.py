@@ -1,0 +1,228 @@
+"""KV events for routers: kvfs's block events in vLLM's format, msgpack over ZMQ PUB.
+
+llm-d's KV-cache indexer and Dynamo's router consume the events vLLM publishes
+(``vllm.distributed.kv_events``: a ``KVEventBatch`` of ``BlockStored`` /
+``BlockRemoved`` / ``AllBlocksCleared``, each message ``(topic, seq: 8 bytes big-endian,
+msgpack payload)`` on a PUB socket). kvfs publishes the same messages for what it holds,
+so a router can send a request to the node whose kvfs has its prefix.
+
+- **Which blocks.** Blocks named by a hash, as the naming contract lays them out:
+  ``<namespace>/<ab>/<hex>`` (the last part hex, the folder its first two characters) --
+  the names kvfs's vLLM connector gives vLLM's blocks (``kvfs.gpu.vllm_connector``) and
+  kvfs's own hash chain. The event's block hash is that hex as bytes: for the connector's
+  blocks exactly vLLM's own block hash. Other files (a safetensors folder, a temp name)
+  publish nothing.
+- **Medium and locality** from the tier: the DRAM tier is ``CPU``, the others ``STORAGE``;
+  node-local tiers are ``LOCAL``, shared ones (posix, S3) ``REMOTE``.
+- **Mapping.** ``stored`` (a block sealed into a tier), ``promoted``, ``demoted`` (a copy
+  made in a tier): ``BlockStored`` for that tier, with the parent's hash where the writer
+  gave its prefix chain; ``evicted``, ``corrupt`` (a copy dropped from a tier):
+  ``BlockRemoved`` for that tier; ``removed`` (the block is gone): ``BlockRemoved`` with
+  no medium; ``renamed``: removed under the old hash, stored under the new. The publisher
+  starts with ``AllBlocksCleared`` (a subscriber forgets what it knew of this node), and
+  sends it again when it stops (the daemon unmounts).
+- kvfs knows no token ids: ``token_ids`` is empty and ``block_size`` is ``[events]
+  block_size`` (the engine's tokens per block; 0 when not set).
+
+Run by the daemon with ``[events] zmq = "tcp://127.0.0.1:5557"`` (:func:`publish_hub`), or
+by ``kvfs events --zmq ADDR`` beside a running daemon (:func:`publish_stream`).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kvfs.errors import KvfsError
+from kvfs.events import Event, EventKind
+
+__all__ = [
+    "MEDIUM_CPU",
+    "MEDIUM_STORAGE",
+    "EventsUnavailable",
+    "KvEventPublisher",
+    "TierPlace",
+    "Translator",
+    "block_hash_of",
+    "publish_hub",
+    "publish_stream",
+    "tier_places",
+]
+
+log = logging.getLogger(__name__)
+
+MEDIUM_CPU = "CPU"
+MEDIUM_STORAGE = "STORAGE"
+LOCAL, REMOTE = "LOCAL", "REMOTE"
+
+_HASHED = re.compile(r"(?:^|/)([0-9a-f]{2})/(\1[0-9a-f]{6,126})$")
+
+
+class EventsUnavailable(KvfsError):
+    """The ZMQ publisher cannot run (pyzmq or msgpack missing, an address that cannot be bound)."""
+
+
+def block_hash_of(name: str) -> bytes | None:
+    """The block hash a name carries (``.../<ab>/<abcdef...>``, an even number of hex
+    digits), or None for a name that is not a hash."""
+    m = _HASHED.search(name)
+    if m is None or len(m.group(2)) % 2:
+        return None
+    return bytes.fromhex(m.group(2))
+
+
+@dataclass(frozen=True, kw_only=True)
+class TierPlace:
+    """How a tier appears in events: ``medium`` and ``locality``."""
+
+    medium: str
+    locality: str
+
+    @classmethod
+    def of(cls, kind: str, shared: bool) -> TierPlace:
+        return cls(medium=MEDIUM_CPU if kind == "dram" else MEDIUM_STORAGE, locality=REMOTE if shared else LOCAL)
+
+
+class Translator:
+    """kvfs :class:`Event` -> vLLM event records (plain dicts, as msgspec encodes vLLM's
+    tagged structs: ``{"type": "BlockStored", field: value, ...}``).
+
+    *tiers*: tier name -> :class:`TierPlace`. A stored block's parent is the one its
+    event carries (the prefix chain its writer gave)."""
+
+    def __init__(self, tiers: dict[str, TierPlace], *, block_size: int = 0) -> None:
+        self.tiers = tiers
+        self.block_size = block_size
+
+    def _stored(self, h: bytes, tier: str | None, parent: str | None) -> dict[str, Any]:
+        place = self.tiers.get(tier or "")
+        rec: dict[str, Any] = {
+            "type": "BlockStored",
+            "block_hashes": [h],
+            "parent_block_hash": block_hash_of(parent) if parent else None,
+            "token_ids": [],
+            "block_size": self.block_size,
+            "lora_id": None,
+            "medium": place.medium if place else None,
+            "lora_name": None,
+        }
+        if place is not None:
+            rec["locality"] = place.locality
+        return rec
+
+    def _removed(self, h: bytes, tier: str | None) -> dict[str, Any]:
+        place = self.tiers.get(tier or "")
+        rec: dict[str, Any] = {"type": "BlockRemoved", "block_hashes": [h], "medium": place.medium if place else None}
+        if place is not None:
+            rec["locality"] = place.locality
+        return rec
+
+    def translate(self, ev: Event) -> list[dict[str, Any]]:
+        h = block_hash_of(ev.name)
+        if ev.kind is EventKind.RENAMED:
+            out = []
+            old = block_hash_of(ev.detail)
+            if old is not None:
+                out.append(self._removed(old, None))
+            if h is not None:
+                out.append(self._stored(h, ev.tier, ev.parent))
+            return out
+        if h is None:
+            return []
+        if ev.kind in (EventKind.STORED, EventKind.PROMOTED, EventKind.DEMOTED):
+            return [self._stored(h, ev.tier, ev.parent)]
+        if ev.kind in (EventKind.EVICTED, EventKind.CORRUPT):
+            return [self._removed(h, ev.tier)]
+        if ev.kind is EventKind.REMOVED:
+            return [self._removed(h, None)]
+        return []
+
+
+ALL_CLEARED: dict[str, Any] = {"type": "AllBlocksCleared"}
+
+
+class KvEventPublisher:
+    """A ZMQ PUB socket bound at *address* sending vLLM ``KVEventBatch`` messages:
+    ``(topic, seq, msgpack([ts, [event, ...]]))``, seq counting from 0. A PUB socket never
+    blocks: a subscriber that cannot keep up loses messages (it sees the gap in seq)."""
+
+    def __init__(self, address: str, *, topic: str = "") -> None:
+        try:
+            import msgpack
+            import zmq
+        except ImportError as exc:
+            raise EventsUnavailable(
+                f"KV events need pyzmq and msgpack ({exc.name} is missing): pip install 'kvfs[events]'"
+            ) from None
+        self._pack = msgpack.Packer(use_bin_type=True)
+        self._ctx = zmq.Context.instance()
+        self._sock = self._ctx.socket(zmq.PUB)
+        self._sock.setsockopt(zmq.LINGER, 500)
+        self._sock.setsockopt(zmq.SNDHWM, 100_000)
+        try:
+            self._sock.bind(address)
+        except zmq.ZMQError as exc:
+            self._sock.close(linger=0)
+            raise EventsUnavailable(f"cannot publish KV events on {address!r}: {exc}") from None
+        self.address = self._sock.getsockopt(zmq.LAST_ENDPOINT).decode()
+        self._topic = topic.encode()
+        self.seq = 0
+        self.sent = 0  # events sent
+
+    def send(self, events: Sequence[dict[str, Any]]) -> None:
+        if not events:
+            return
+        payload = self._pack.pack([time.time(), list(events)])
+        self._sock.send_multipart((self._topic, self.seq.to_bytes(8, "big"), payload), copy=False)
+        self.seq += 1
+        self.sent += len(events)
+
+    def close(self) -> None:
+        try:
+            self.send([ALL_CLEARED])
+        finally:
+            self._sock.close()
+
+
+def tier_places(tiers: Iterable[tuple[str, str, bool]]) -> dict[str, TierPlace]:
+    """(name, kind, shared) of each tier -> its :class:`TierPlace`."""
+    return {name: TierPlace.of(kind, shared) for name, kind, shared in tiers}
+
+
+async def publish_hub(hub: Any, tiers: Any, config: Any, pub: KvEventPublisher, *, task_status: Any = None) -> None:
+    """The daemon's publisher (``[events] zmq``): every event of *hub* (the daemon's
+    :class:`~kvfs.mount.control.EventHub`), translated, one batch per burst, on *pub*
+    until cancelled (then it is closed). *tiers*: the store's tiers."""
+    import trio
+
+    places = tier_places((t.name, t.kind.value, t.shared) for t in tiers)
+    tr = Translator(places, block_size=config.block_size)
+    log.info("publishing KV events on %s", pub.address)
+    try:
+        with hub.subscribe() as events:
+            pub.send([ALL_CLEARED])
+            if task_status is not None:
+                task_status.started(pub.address)
+            async for ev in events:
+                batch = tr.translate(ev)
+                while True:  # the rest of this burst in the same batch
+                    try:
+                        batch.extend(tr.translate(events.receive_nowait()))
+                    except trio.WouldBlock:
+                        break
+                pub.send(batch)
+    finally:
+        pub.close()
+
+
+def publish_stream(events: Iterable[Event], pub: KvEventPublisher, tr: Translator) -> int:
+    """``kvfs events --zmq``: publish each event of *events* (a control-socket stream) as
+    it arrives; returns the number of events sent."""
+    pub.send([ALL_CLEARED])
+    for ev in events:
+        pub.send(tr.translate(ev))
+    return pub.sent
