@@ -68,3 +68,16 @@ def test_bench_engines_vllm_connector_json():
     assert c["none"]["ttft_cold_ms"] > 0
     assert set(c["ratio"]) == {"ttft_cold", "ttft_warm", "ttft_warm_vs_none", "example_warm_vs_none"}
     assert "vllm-connector: kvfs connector on" in res.stderr
+
+
+def test_bench_engines_json_sglang_backend():
+    need_client("sglang-backend")
+    res = _bench("--clients", "sglang-backend", "--json")
+    assert res.returncode == 0, res.stderr
+    (c,) = json.loads(res.stdout)["clients"]
+    assert c["client"] == "sglang-backend" and c["status"] == "ok", c.get("status")
+    assert c["baseline"] == "HiCacheFile on a plain directory"
+    for kind in ("plain", "kvfs"):
+        assert c[kind]["bytes"] == 16 * 2 * 64 * 8 * 8 * 128 * 2  # 16 pages of 2 MiB, read back byte-exact
+        assert c[kind]["set_s"] > 0 and c[kind]["get_s"] > 0
+    assert set(c["ratio"]) == {"set", "get"} and all(v > 0 for v in c["ratio"].values())

@@ -14,6 +14,9 @@ on both, with the same workload, and prints per client:
   directory, the same prompts: cold and warm TTFT, kvfs/example (aim <= 1.0), and warm
   TTFT against the same engine with no connector (every token computed); ``ok`` when both
   produced the same tokens and cached the same number of tokens;
+- **sglang-backend**: kvfs's own SGLang HiCache backend against SGLang's ``HiCacheFile`` on
+  the plain directory, set and get GB/s, kvfs/plain (aim >= 1.5 on gets;
+  ``tools/bench_sglang_backend.py``);
 - whether the kvfs run did what the plain run did (same results, same files and bytes):
   ``ok``, ``differs: <where>``, or ``failed: <why>`` when the client crashed on kvfs.
 
@@ -33,6 +36,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from . import bench_sglang_backend
 from .engine_clients import CLIENTS, ClientFailed, ClientMissing, client_python, differences, run_client, without
 from .render import table
 from .scratch import dram_disk_config, mount, umount
@@ -48,6 +52,7 @@ WORKLOADS = {
     "lmcache-disk": "LMCache LocalDiskBackend",
     "safetensors": "safetensors save/load_file",
     "vllm-connector": "vLLM KvfsConnector vs ExampleConnector",
+    "sglang-backend": bench_sglang_backend.WHAT,
 }
 
 AIM_WRITE, AIM_READ = 0.80, 1.15
@@ -268,6 +273,8 @@ def run(args: argparse.Namespace) -> int:
                 if name == "vllm-connector":
                     assert model is not None
                     result["clients"].append(bench_connector(plain_root, mp, args, model))
+                elif name == "sglang-backend":  # a backend of its own against SGLang's: its own rows
+                    result["clients"].append(bench_sglang_backend.bench_sglang_backend(plain_root, mp, args, _progress))
                 else:
                     result["clients"].append(bench_client(name, plain_root, mp, args, model))
         finally:
@@ -287,6 +294,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _rows(c: dict) -> list[list[str]]:
+    if c["client"] == "sglang-backend":
+        return bench_sglang_backend.rows(c)
     status = c.get("status", "")
     if "plain" not in c:
         return [[c["client"], "-", "-", "-", "-", "-", status]]

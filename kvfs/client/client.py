@@ -589,6 +589,9 @@ class Client:
         one group while the next is copied."""
         out: list[KvfsError | None] = []
         with self._lock:
+            # another thread's release may have been submitted since our reserve: read its
+            # reply first, or this put would take it for the reply to its first commit
+            self._conn.settle()
             sent = done = 0
             group: list[PutBuffer] = []
             sums: list[int] = []

@@ -132,8 +132,7 @@ class Connection:
         """Send *req* and return its reply (of class *reply*, by default ``req.reply``);
         the daemon's error is raised as its own class. Items of a streaming reply are
         skipped. Replies still owed to :meth:`submit` are read (and checked) first."""
-        while self._pending:
-            self.result()
+        self.settle()
         self.send(req)
         answer: R = self._reply(req, reply)
         return answer
@@ -143,6 +142,12 @@ class Connection:
         and dropped, before the next :meth:`request`). The daemon answers in order."""
         self.send(req)
         self._pending.append(req)
+
+    def settle(self) -> None:
+        """Read (and check) every reply still owed to :meth:`submit`, so that the next
+        :meth:`result` is the reply to the next request submitted."""
+        while self._pending:
+            self.result()
 
     def result(self) -> Any:
         """The reply to the oldest request sent with :meth:`submit` (its error raised)."""

@@ -3,9 +3,11 @@
 The engines (vLLM, SGLang, LMCache) pin dependencies that cannot share one environment
 (numpy 2.2 vs 2.3, different transformers), so ``.ci/engines`` builds one virtualenv per
 engine under ``.venvs/`` and the scripts in this folder are run there *by path*, as
-subprocesses: the scripts import nothing of kvfs (only ``client_report``, beside them);
-the engine itself imports kvfs's own connector where a run asks for it
-(``vllm_client.py --connector kvfs``: ``.ci/engines`` installs kvfs into that venv). ``tests/test_engine_*.py`` and ``kvfs bench engines`` run
+subprocesses: the scripts import nothing of kvfs (only ``client_report``, beside them) --
+except ``sglang_backend_client.py``, which drives kvfs's own SGLang HiCache backend
+(``kvfs.gpu.sglang_backend``); the engine itself imports kvfs's own connector where a run
+asks for it (``vllm_client.py --connector kvfs``: ``.ci/engines`` installs kvfs into the
+vllm and sglang venvs). ``tests/test_engine_*.py`` and ``kvfs bench engines`` run
 the same script on a kvfs mount and on a plain directory and compare what each printed.
 
 - :data:`CLIENTS`: name -> :class:`Client` (the virtualenv and the script).
@@ -92,6 +94,12 @@ CLIENTS: dict[str, Client] = {
             about="safetensors save_file/load_file and transformers save_pretrained",
         ),
         Client(name="sglang", script="sglang_client.py", venv="sglang", about="sglang 0.5.23, HiCacheFile"),
+        Client(
+            name="sglang-backend",
+            script="sglang_backend_client.py",
+            venv="sglang",
+            about="sglang 0.5.23 with kvfs installed: kvfs.gpu.sglang_backend and HiCacheFile on a host pool",
+        ),
         Client(
             name="lmcache",
             script="lmcache_client.py",

@@ -28,24 +28,29 @@ from client_report import emit, step, timed, tree
 PAGE_TOKENS = 64
 
 
-def _storage(directory: str, metadata_cache: bool):
-    from sglang.srt.mem_cache.hicache_storage import HiCacheFile, HiCacheStorageConfig
+def storage_config(extra: dict, *, page_first: bool = True):
+    """The ``HiCacheStorageConfig`` of one unsharded rank of the test model."""
+    from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
 
-    return HiCacheFile(
-        HiCacheStorageConfig(
-            tp_rank=0,
-            tp_size=1,
-            pp_rank=0,
-            pp_size=1,
-            attn_cp_rank=0,
-            attn_cp_size=1,
-            is_mla_model=False,
-            enable_storage_metrics=False,
-            is_page_first_layout=True,
-            model_name="kvfs-test/tiny-llama",
-            extra_config={"file_storage_path": directory, "enable_metadata_cache": metadata_cache},
-        )
+    return HiCacheStorageConfig(
+        tp_rank=0,
+        tp_size=1,
+        pp_rank=0,
+        pp_size=1,
+        attn_cp_rank=0,
+        attn_cp_size=1,
+        is_mla_model=False,
+        enable_storage_metrics=False,
+        is_page_first_layout=page_first,
+        model_name="kvfs-test/tiny-llama",
+        extra_config=extra,
     )
+
+
+def _storage(directory: str, metadata_cache: bool):
+    from sglang.srt.mem_cache.hicache_storage import HiCacheFile
+
+    return HiCacheFile(storage_config({"file_storage_path": directory, "enable_metadata_cache": metadata_cache}))
 
 
 def _pages(n: int, layers: int, heads: int, head_dim: int):

@@ -1,0 +1,78 @@
+"""The ``sglang-backend`` row of ``kvfs bench engines``: kvfs's SGLang HiCache backend
+against SGLang's own ``HiCacheFile`` on a plain directory, in the same run.
+
+Both run in ``.venvs/sglang`` under SGLang's own code (``sglang_backend_client.py --phase
+bench``): a real ``MHATokenToKVPoolHost`` (page-first, bf16), the backend from SGLang's
+``StorageBackendFactory``, and the HiCache controller's own page functions --
+``_page_set_zero_copy``/``_page_get_zero_copy`` (``batch_set_v1``/``batch_get_v1``) for
+kvfs, ``_generic_page_set``/``_generic_page_get`` (``batch_set``/``batch_get`` of flat
+pages, then ``set_from_flat_data_page``) for ``HiCacheFile``, which is what SGLang runs
+for each. Per round, fresh keys: a set of every page, then a fresh backend instance gets
+them into other host-pool indices (the bytes are checked); the best round of each is
+kept. Figures: GB/s of sets and gets, kvfs/HiCacheFile (aim >= 1.5 on gets).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .engine_clients import ClientFailed, run_client
+
+__all__ = ["AIM_GET", "bench_sglang_backend", "rows"]
+
+AIM_GET = 1.5
+WHAT = "SGLang HiCache: kvfs backend vs HiCacheFile"
+
+
+def _run(backend: str, d: Path, pages: int, rounds: int, venvs: Path | None) -> dict:
+    d.mkdir(parents=True, exist_ok=True)
+    shape = ["--layers", "8", "--heads", "8", "--head-dim", "128", "--layout", "page_first"]
+    args = ["--backend", backend, "--dir", str(d), "--phase", "bench", "--pages", str(pages), *shape]
+    args += ["--offset", str(pages), "--rounds", str(rounds)]
+    return run_client("sglang-backend", *args, venvs=venvs, timeout=900)
+
+
+def bench_sglang_backend(plain_root: Path, mountpoint: Path, args, progress) -> dict:
+    """Run both backends; their figures and kvfs/HiCacheFile ratios (higher is better)."""
+    venvs = Path(args.venvs) if args.venvs else None
+    pages, rounds = (16 if args.quick else 64), max(3, args.rounds)
+    out: dict = {"client": "sglang-backend", "what": WHAT, "baseline": "HiCacheFile on a plain directory"}
+    figs = {}
+    for kind, backend, d in (("plain", "file", plain_root / "sglang-backend"), ("kvfs", "kvfs", mountpoint)):
+        progress(f"sglang-backend: {backend} on {kind} ({d})")
+        try:
+            r = _run(backend, d, pages, rounds, venvs)
+        except ClientFailed as exc:
+            if kind == "plain":
+                raise
+            out["status"] = f"failed: {exc.output.strip().splitlines()[-1][-160:] if exc.output.strip() else exc}"
+            return out
+        if not r["ok"]:
+            out["status"] = f"failed: the {backend} backend did not read back every page byte-exact"
+            return out
+        figs[kind] = {"bytes": r["bytes"], "set_s": r["times"]["set_s"], "get_s": r["times"]["get_s"]}
+    out["status"] = "ok"
+    out["plain"], out["kvfs"] = figs["plain"], figs["kvfs"]
+    out["ratio"] = {op: figs["plain"][f"{op}_s"] / figs["kvfs"][f"{op}_s"] for op in ("set", "get")}
+    return out
+
+
+def rows(c: dict) -> list[list[str]]:
+    """Table rows (the columns of ``kvfs bench engines``)."""
+    if "plain" not in c:
+        return [[c["client"], "-", "-", "-", "-", "-", c.get("status", "")]]
+    out = []
+    for op, aim in (("set", "-"), ("get", f">= {AIM_GET}")):
+        p, k = (c[kind]["bytes"] / c[kind][f"{op}_s"] / 1e9 for kind in ("plain", "kvfs"))
+        out.append(
+            [
+                c["client"],
+                f"{op} GB/s",
+                f"{p:.3f}",
+                f"{k:.3f}",
+                f"{c['ratio'][op]:.2f}x",
+                aim,
+                c["status"] if op == "set" else "",
+            ]
+        )
+    return out
