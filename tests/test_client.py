@@ -302,12 +302,12 @@ def test_bad_requests_get_clear_errors_and_change_nothing(mount):
     # a socket closed in the middle of a batch: reserved, half a commit sent, gone
     s = socket.socket(socket.AF_UNIX)
     s.connect(str(control_socket_path(mp)))
-    s.sendall(b'{"v":1,"kind":"hello","write":true}\n')
+    s.sendall(b'{"v":2,"kind":"hello","write":true}\n')
     s.recv(65536)
-    s.sendall(b'{"v":1,"kind":"reserve","names":["mid/a","mid/b"],"sizes":[4096,4096]}\n')
+    s.sendall(b'{"v":2,"kind":"reserve","names":["mid/a","mid/b"],"sizes":[4096,4096]}\n')
     assert b'"kind":"reserved"' in s.recv(65536)
     assert statistics(mp).reserved == 2
-    s.sendall(b'{"v":1,"kind":"commit","ids":[')
+    s.sendall(b'{"v":2,"kind":"commit","ids":[')
     s.close()
     wait_for(lambda: statistics(mp).reserved == 0, timeout=5)
     with Client(mp) as c:
@@ -315,12 +315,12 @@ def test_bad_requests_get_clear_errors_and_change_nothing(mount):
     # a client of another protocol version
     with socket.socket(socket.AF_UNIX) as s:
         s.connect(str(control_socket_path(mp)))
-        s.sendall(b'{"v":2,"kind":"hello"}\n')
+        s.sendall(b'{"v":1,"kind":"hello"}\n')
         assert json.loads(s.makefile().readline()) == {
-            "v": 1,
+            "v": 2,
             "kind": "error",
             "type": "VersionMismatch",
-            "message": "protocol version 2 is not spoken here (this side speaks version 1); use the same kvfs "
+            "message": "protocol version 1 is not spoken here (this side speaks version 2); use the same kvfs "
             "release on both sides (remount after upgrading)",
         }
 

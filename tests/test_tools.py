@@ -577,10 +577,10 @@ def test_bad_requests_get_errors_and_the_server_keeps_serving(server):
         for line, kind, message in [
             (b"not json", "ProtocolError", "a frame is not JSON; each message is one JSON object per line"),
             (b"[1, 2]", "ProtocolError", "a frame is a JSON object, not list"),
-            (b'{"v": 1, "kind": "nope"}', "UnknownKind", "unknown message kind 'nope'"),
-            (b'{"v": 1, "kind": "stat", "bogus": 1}', "ProtocolError", "stat: unknown field 'bogus'; fields are name"),
-            (b'{"v": 1, "kind": "stat", "name": 3}', "ProtocolError", "stat.name: expected a string, got int"),
-            (b'{"v": 1, "kind": "pong", "mountpoint": "x", "pid": 1}', "ProtocolError", "'pong' is not a request"),
+            (b'{"v": 2, "kind": "nope"}', "UnknownKind", "unknown message kind 'nope'"),
+            (b'{"v": 2, "kind": "stat", "bogus": 1}', "ProtocolError", "stat: unknown field 'bogus'; fields are name"),
+            (b'{"v": 2, "kind": "stat", "name": 3}', "ProtocolError", "stat.name: expected a string, got int"),
+            (b'{"v": 2, "kind": "pong", "mountpoint": "x", "pid": 1}', "ProtocolError", "'pong' is not a request"),
             (
                 b'{"v": 7, "kind": "ping"}',
                 "VersionMismatch",
@@ -592,8 +592,8 @@ def test_bad_requests_get_errors_and_the_server_keeps_serving(server):
         ]:
             s.sendall(line + b"\n")
             reply = json.loads(f.readline())
-            assert reply == {"v": 1, "kind": "error", "type": kind, "message": message}
-        s.sendall(b'{"v": 1, "kind": "ping"}\n')
+            assert reply == {"v": 2, "kind": "error", "type": kind, "message": message}
+        s.sendall(b'{"v": 2, "kind": "ping"}\n')
         assert json.loads(f.readline())["mountpoint"] == "/mnt/kvfs"
         f.close()
 
