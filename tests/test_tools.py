@@ -585,7 +585,7 @@ def test_bad_requests_get_errors_and_the_server_keeps_serving(server):
                 b'{"v": 7, "kind": "ping"}',
                 "VersionMismatch",
                 (
-                    "protocol version 7 is not spoken here (this side speaks version 1); use the same kvfs release on "
+                    "protocol version 7 is not spoken here (this side speaks version 2); use the same kvfs release on "
                     "both sides (remount after upgrading)"
                 ),
             ),
