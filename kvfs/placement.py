@@ -54,6 +54,7 @@ log = logging.getLogger("kvfs.store")
 T = TypeVar("T")
 
 _TIER_FULL_RETRIES = 8  # evictions tried when a tier says it is full although the count says not
+_RENAMED_RETRIES = 4  # writes of a copy tried again under the new name when the block was renamed meanwhile
 
 
 class _ThreadState(threading.local):
@@ -489,28 +490,33 @@ class Placement:
         phases: reserve (evicting by policy), write with the lock let go, commit. False
         when the tier cannot take it now (unavailable, too small, full of pinned blocks,
         the name busy there). *new*: *rec* is a block being sealed, not yet in the catalog.
-        *lossless*: no block loses its last copy to make the room.
+        *lossless*: no block loses its last copy to make the room. A block renamed while
+        its persistent copy was written is written again under its new name.
         """
-        name = rec.name
-        if not slot.usable() or slot.is_busy(name):
-            return False
-        if slot.persistent:
-            self.require_io(slot.index, "writing a copy")
-        fp = self.footprint(slot, rec)
-        ns = self.namespaces.of(name) if self.namespaces else None
-        if not self.make_room(slot, fp, lossless=lossless, ns=ns):
-            return False
-        if not new and not self.is_current(rec):
-            return False  # deleted or replaced while room was made
-        if rec.tiers & slot.bit:
-            return True  # another reader promoted it meanwhile
-        if not slot.persistent:
-            if not self._put_volatile(slot, rec, data, lossless):
+        for _ in range(_RENAMED_RETRIES):
+            name = rec.name
+            if not slot.usable() or slot.is_busy(name):
                 return False
-        elif not self._put_persistent(slot, rec, data, fp, ns, new=new, lossless=lossless):
-            return False
-        self._added(slot, rec, kind, detail)
-        return True
+            if slot.persistent:
+                self.require_io(slot.index, "writing a copy")
+            fp = self.footprint(slot, rec)
+            ns = self.namespaces.of(name) if self.namespaces else None
+            if not self.make_room(slot, fp, lossless=lossless, ns=ns):
+                return False
+            if not new and not self.is_current(rec):
+                return False  # deleted or replaced while room was made
+            if rec.tiers & slot.bit:
+                return True  # another reader promoted it meanwhile
+            if not slot.persistent:
+                if not self._put_volatile(slot, rec, data, lossless):
+                    return False
+            elif not self._put_persistent(slot, rec, data, fp, ns, new=new, lossless=lossless):
+                if rec.name != name and self.is_current(rec):
+                    continue  # renamed while written: that file was deleted, write it under the new name
+                return False
+            self._added(slot, rec, kind, detail)
+            return True
+        return False
 
     def _added(self, slot: TierSlot, rec: BlockRecord, kind: EventKind, detail: str = "") -> None:
         """Record *slot*'s new copy of *rec*: the catalog, the counters, the event."""
@@ -623,9 +629,12 @@ class Placement:
                 return False
             if error is None:
                 slot.answered()
-                if new or self.is_current(rec):
+                if new or (rec.name == name and self.is_current(rec)):
                     return True
-                self.delete_copy(slot, name)  # deleted or replaced while written: nobody's file
+                # deleted, replaced or renamed while written: a file under a name that is
+                # not this record's, nobody's (a record claiming it would send every
+                # reader, here and on other nodes, to a name this tier does not hold)
+                self.delete_copy(slot, name)
                 return False
             if not self._evict_one(slot, lossless):  # TierFull: fuller than the count says
                 return False

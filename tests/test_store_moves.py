@@ -498,3 +498,43 @@ def test_mkdir_under_a_directory_another_node_created(tmp_path):
     b.mkdir("ns/ab/sub")  # ns/ab exists here only through the shared tier
     assert b.listdir("ns/ab") == {"blk": False, "sub": True}
     a.close(), b.close()
+
+
+def test_a_rename_while_the_write_through_runs_copies_the_block_under_its_new_name(stalling, tmp_path):
+    """The engines' publish (write a temporary name, rename it into place) racing the
+    write-through: the copy into posix is being written under the temporary name when the
+    rename runs. The record must never claim a posix copy that posix does not hold under
+    the block's name (another node would never find it there: tests/test_two_mounts.py
+    saw B learn only the s3 copy), and the file left under the old name is nobody's."""
+    data = blob(11)
+    a = Store([dram(), posix(stalling.mountpoint / "shared", timeout=60.0)])
+    b = Store([dram(), posix(stalling.source / "shared")])  # another node, on the same files
+    renamer: threading.Thread | None = None
+    try:
+        a.put("m/ab/.x1.tmp", data)
+        stalling.stall()
+        copier = threading.Thread(target=a.run_pending)
+        copier.start()
+        deadline = time.monotonic() + 10
+        while not a.slots[1].busy and time.monotonic() < deadline:  # the copy into posix is in flight
+            time.sleep(0.01)
+        assert a.slots[1].busy == {"m/ab/.x1.tmp": 1}, "the write-through never started"
+        renamer = threading.Thread(target=a.rename, args=("m/ab/.x1.tmp", "m/ab/x1"))
+        renamer.start()
+        renamer.join(30)  # a DRAM block's rename needs no posix I/O: the stall does not hold it
+        assert not renamer.is_alive(), "the rename waited for the stalled write-through"
+        stalling.resume()
+        copier.join(30)
+        assert not copier.is_alive()
+        a.run_pending()  # whatever the copy left queued (the old name's delete)
+        assert a.read("m/ab/x1") == data
+        tier = a.slots[1].tier
+        if "posix" in a.stat("m/ab/x1").tiers:
+            assert tier.stat("m/ab/x1") is not None, "the record claims a posix copy that is not there"
+        assert tier.stat("m/ab/.x1.tmp") is None, "the copy written under the old name was left behind"
+        assert a.stat("m/ab/x1").tiers == ("dram", "posix")  # written through under the new name
+        assert b.read("m/ab/x1") == data and b.stat("m/ab/x1").tiers == ("dram", "posix")
+        assert b.lookup("m/ab/.x1.tmp") is None
+    finally:
+        stalling.resume()
+        a.close(), b.close()
