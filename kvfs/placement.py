@@ -495,7 +495,7 @@ class Placement:
         """
         for _ in range(_RENAMED_RETRIES):
             name = rec.name
-            if not slot.usable() or slot.is_busy(name):
+            if slot.is_busy(name) or not slot.usable():  # health last: a half-open probe must call it
                 return False
             if slot.persistent:
                 self.require_io(slot.index, "writing a copy")

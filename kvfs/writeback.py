@@ -107,7 +107,7 @@ class WriteBack:
     def _run_one(self, slot: TierSlot) -> int:
         p = self.placement
         with p.locked():
-            if not slot.usable():
+            if not self.queue.pending(slot.index) or not slot.usable():
                 return _STOP
             job = self.queue.pop(slot.index)
             if job is None:
@@ -120,10 +120,12 @@ class WriteBack:
         """Run the queued delete of *name* from *slot* now, if it is still queued (from a
         limiter's thread, so the caller of ``delete`` need not wait); True if it ran."""
         with self.placement.locked():
-            if not slot.usable():
-                return False
             job = self.queue.take_delete(slot.index, name)
             if job is None:
+                return False
+            # asked only now: a thread that takes a half-open tier's probe must call the tier
+            if not slot.usable():
+                self.queue.push_back(job)
                 return False
             return self._delete(slot, job) == _DONE
 

@@ -167,6 +167,57 @@ def test_shared_view_alone(tmp_path):
     tier.close()
 
 
+def _half_open(slot: TierSlot, clock: Clock) -> None:
+    slot.failed(TierUnavailable("a hiccup"))
+    clock.now += slot.health.retry_after  # half-open: the next thread to ask probes it
+
+
+def _in_thread(fn):
+    out: list = []
+    t = threading.Thread(target=lambda: out.append(fn()))
+    t.start()
+    t.join(30)
+    assert not t.is_alive()
+    return out[0]
+
+
+def test_a_background_question_that_does_not_start_leaves_the_probe_to_others(tmp_path):
+    """A revalidation or listing refresh that starts nothing (too many in flight) must not
+    take a half-open tier's probe: its thread never calls the tier, and every other thread
+    would skip the tier for another retry_after (a tier that answers again stays unused)."""
+    clock = Clock()
+    tier = posix(tmp_path / "shared")
+    slot = TierSlot.build(0, tier, eviction="lru", clock=clock)
+    view = SharedView([slot], clock=clock, listing_ttl=1.0)
+    assert view.listing("ns") == {}  # cached, stale later
+    view.max_pending = 0  # nothing more starts in the background
+    _half_open(slot, clock)
+    assert _in_thread(lambda: view.stat_later("ns/a", lambda name, answer: None)) is None
+    assert _in_thread(lambda: view.listing("ns")) == {}  # the stale listing; no refresh started
+    assert slot.usable(), "a thread that started nothing took the probe"
+    view.close()
+    tier.close()
+
+
+def test_a_delete_reaches_a_half_open_shared_tier_in_the_background(tmp_path):
+    """The caller of delete does not take the half-open probe for the background delete it
+    starts (the limiter's thread, which calls the tier, does), so the delete runs and the
+    tier is healthy again without waiting for the write-through task."""
+    clock = Clock()
+    s = Store([dram(), posix(tmp_path / "shared")], clock=clock, negative_ttl=60.0)  # no revalidation due
+    s.put("m/x", blob(1))
+    s.run_pending()
+    posix_slot = s.slots[1]
+    _half_open(posix_slot, clock)
+    _in_thread(lambda: s.delete("m/x"))
+    deadline = time.monotonic() + 10
+    while posix_slot.busy and time.monotonic() < deadline:  # held until the delete ran
+        time.sleep(0.01)
+    assert not posix_slot.busy and s.pending == 0, "the background delete never ran"
+    assert posix_slot.tier.stat("m/x") is None and posix_slot.health.healthy
+    s.close()
+
+
 def test_leases_alone(tmp_path):
     clock = Clock()
     slots = [TierSlot.build(0, dram(2), eviction="lru", clock=clock)]
