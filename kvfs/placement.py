@@ -283,11 +283,17 @@ class Placement:
         self.require_io(slot.index, "reading a copy")
         error: Exception | None = None
         result: T | None = None
+        name = rec.name
         with self.unlocked():
             try:
-                result = fetch(slot.tier, rec.name)
+                result = fetch(slot.tier, name)
             except (BlockNotFound, BlockCorrupt, TierUnavailable) as exc:
                 error = exc
+        renamed = rec.name != name or rec.moving & slot.bit
+        if isinstance(error, (BlockNotFound, BlockCorrupt)) and renamed:
+            # renamed while read: a missing file, or a header already naming the new name,
+            # says nothing about the copy (bytes that were read are still the block's)
+            return None
         if isinstance(error, BlockNotFound):
             if self.is_current(rec) and not slot.is_busy(rec.name):  # busy: being renamed or rewritten
                 self.forget_copy(slot, rec)  # vanished (another node deleted it)

@@ -158,8 +158,12 @@ class WriteBack:
         if slot.is_busy(rec.name):
             self.queue.copy(rec, slot.index)  # a delete of the old name runs first
             return _SKIPPED
+        name = rec.name
         ref = p.open_copy(p.slots[next(rec.tier_indexes())], rec)
         if ref is None:
+            if p.is_current(rec) and rec.tiers and (rec.name != name or rec.moving):
+                self.queue.copy(rec, slot.index)  # renamed while read: copy it under its new name
+                return _SKIPPED
             log.warning("write-through of %s skipped: cannot read it", rec.name)
             return _SKIPPED
         with ref:

@@ -589,3 +589,85 @@ def test_a_rename_while_the_write_through_runs_copies_the_block_under_its_new_na
     finally:
         stalling.resume()
         a.close(), b.close()
+
+
+class _GatedReads:
+    """Holds reads of block files by the threads that :meth:`enter` until :meth:`open`:
+    a thread caught inside its tier call with the store's lock let go."""
+
+    def __init__(self, monkeypatch, directory) -> None:
+        self._real = directory.read
+        self._threads: set[int] = set()
+        self.inside, self._go = threading.Event(), threading.Event()
+        monkeypatch.setattr(directory, "read", self._read)
+
+    def enter(self) -> None:
+        self._threads.add(threading.get_ident())
+
+    def open(self) -> None:
+        self._go.set()
+
+    def _read(self, name: str):
+        if threading.get_ident() in self._threads:
+            self.inside.set()
+            self._go.wait(10)
+        return self._real(name)
+
+
+def test_a_read_racing_a_rename_never_loses_the_copy(tmp_path, monkeypatch):
+    """A read of a disk copy runs with the lock let go; a rename of the block may run
+    meanwhile (the engines' publish renames a name just written). The read then finds no
+    file under the old name, or a header already naming the new one: neither says anything
+    about the copy, which must stay the block's (it was its only one here)."""
+    s = Store([dram(), disk(tmp_path / "d")])
+    s.put("m/.x.tmp", blob(3))
+    s.evict("m/.x.tmp", "dram")
+    assert s.stat("m/.x.tmp").tiers == ("disk",)
+    gate = _GatedReads(monkeypatch, s.slots[1].tier.dir)
+    got: list[object] = []
+
+    def read() -> None:
+        gate.enter()
+        try:
+            got.append(s.read("m/.x.tmp"))
+        except BlockNotFound as exc:  # renamed away while it was read: a miss is right too
+            got.append(exc)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    assert gate.inside.wait(10)
+    s.rename("m/.x.tmp", "m/x")
+    gate.open()
+    reader.join(30)
+    assert not reader.is_alive() and got and (got[0] == blob(3) or isinstance(got[0], BlockNotFound))
+    assert s.stat("m/x").tiers == ("disk",), "the read dropped the copy it raced"
+    assert s.read("m/x") == blob(3)
+    assert s.statistics().tiers[1].corrupt == 0
+    s.close()
+
+
+def test_a_write_through_reading_a_block_being_renamed_copies_it_under_the_new_name(tmp_path, monkeypatch):
+    """The write-through reads the block's hottest copy (here on disk, DRAM evicted it)
+    with the lock let go; renamed meanwhile, the copy is queued again under the new name
+    instead of being skipped (the shared tier would never get the block)."""
+    s = Store([dram(), disk(tmp_path / "d"), posix(tmp_path / "shared")])
+    s.put("m/.x.tmp", blob(4))
+    s.evict("m/.x.tmp", "dram")
+    assert s.stat("m/.x.tmp").tiers == ("disk",) and s.pending == 1
+    gate = _GatedReads(monkeypatch, s.slots[1].tier.dir)
+
+    def copy() -> None:
+        gate.enter()
+        s.run_pending()
+
+    copier = threading.Thread(target=copy)
+    copier.start()
+    assert gate.inside.wait(10)
+    s.rename("m/.x.tmp", "m/x")
+    gate.open()
+    copier.join(30)
+    assert not copier.is_alive()
+    s.run_pending()
+    assert s.stat("m/x").tiers == ("disk", "posix")
+    assert s.slots[2].tier.stat("m/x") is not None and s.slots[2].tier.stat("m/.x.tmp") is None
+    s.close()
