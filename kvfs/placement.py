@@ -289,10 +289,11 @@ class Placement:
                 result = fetch(slot.tier, name)
             except (BlockNotFound, BlockCorrupt, TierUnavailable) as exc:
                 error = exc
-        renamed = rec.name != name or rec.moving & slot.bit
+        # renamed while read (or being renamed: moving, both names held): a missing file,
+        # or a header already naming the new name, says nothing about the copy; bytes
+        # that were read are still the block's. (A demotion sets moving but holds nothing.)
+        renamed = rec.name != name or (rec.moving & slot.bit and slot.is_busy(name))
         if isinstance(error, (BlockNotFound, BlockCorrupt)) and renamed:
-            # renamed while read: a missing file, or a header already naming the new name,
-            # says nothing about the copy (bytes that were read are still the block's)
             return None
         if isinstance(error, BlockNotFound):
             if self.is_current(rec) and not slot.is_busy(rec.name):  # busy: being renamed or rewritten
