@@ -613,6 +613,22 @@ class _GatedReads:
             self._go.wait(10)
         return self._real(name)
 
+    def rename_while_held(self, s: Store, fn, old: str, new: str) -> None:
+        """Run *fn* in a thread whose reads are held; rename *old* to *new* while it is
+        inside one, then let it go on and wait for it."""
+
+        def held() -> None:
+            self.enter()
+            fn()
+
+        t = threading.Thread(target=held)
+        t.start()
+        assert self.inside.wait(10)
+        s.rename(old, new)
+        self.open()
+        t.join(30)
+        assert not t.is_alive()
+
 
 def test_a_read_racing_a_rename_never_loses_the_copy(tmp_path, monkeypatch):
     """A read of a disk copy runs with the lock let go; a rename of the block may run
@@ -627,19 +643,13 @@ def test_a_read_racing_a_rename_never_loses_the_copy(tmp_path, monkeypatch):
     got: list[object] = []
 
     def read() -> None:
-        gate.enter()
         try:
             got.append(s.read("m/.x.tmp"))
         except BlockNotFound as exc:  # renamed away while it was read: a miss is right too
             got.append(exc)
 
-    reader = threading.Thread(target=read)
-    reader.start()
-    assert gate.inside.wait(10)
-    s.rename("m/.x.tmp", "m/x")
-    gate.open()
-    reader.join(30)
-    assert not reader.is_alive() and got and (got[0] == blob(3) or isinstance(got[0], BlockNotFound))
+    gate.rename_while_held(s, read, "m/.x.tmp", "m/x")
+    assert got and (got[0] == blob(3) or isinstance(got[0], BlockNotFound))
     assert s.stat("m/x").tiers == ("disk",), "the read dropped the copy it raced"
     assert s.read("m/x") == blob(3)
     assert s.statistics().tiers[1].corrupt == 0
@@ -655,18 +665,7 @@ def test_a_write_through_reading_a_block_being_renamed_copies_it_under_the_new_n
     s.evict("m/.x.tmp", "dram")
     assert s.stat("m/.x.tmp").tiers == ("disk",) and s.pending == 1
     gate = _GatedReads(monkeypatch, s.slots[1].tier.dir)
-
-    def copy() -> None:
-        gate.enter()
-        s.run_pending()
-
-    copier = threading.Thread(target=copy)
-    copier.start()
-    assert gate.inside.wait(10)
-    s.rename("m/.x.tmp", "m/x")
-    gate.open()
-    copier.join(30)
-    assert not copier.is_alive()
+    gate.rename_while_held(s, s.run_pending, "m/.x.tmp", "m/x")
     s.run_pending()
     assert s.stat("m/x").tiers == ("disk", "posix")
     assert s.slots[2].tier.stat("m/x") is not None and s.slots[2].tier.stat("m/.x.tmp") is None
