@@ -54,7 +54,6 @@ log = logging.getLogger("kvfs.store")
 T = TypeVar("T")
 
 _TIER_FULL_RETRIES = 8  # evictions tried when a tier says it is full although the count says not
-_RENAMED_RETRIES = 4  # writes of a copy tried again under the new name when the block was renamed meanwhile
 
 
 class _ThreadState(threading.local):
@@ -497,33 +496,29 @@ class Placement:
         phases: reserve (evicting by policy), write with the lock let go, commit. False
         when the tier cannot take it now (unavailable, too small, full of pinned blocks,
         the name busy there). *new*: *rec* is a block being sealed, not yet in the catalog.
-        *lossless*: no block loses its last copy to make the room. A block renamed while
-        its persistent copy was written is written again under its new name.
+        *lossless*: no block loses its last copy to make the room. A copy written under a
+        name its block no longer has (renamed meanwhile) is deleted, not committed: False.
         """
-        for _ in range(_RENAMED_RETRIES):
-            name = rec.name
-            if slot.is_busy(name) or not slot.usable():  # health last: a half-open probe must call it
+        name = rec.name
+        if slot.is_busy(name) or not slot.usable():  # health last: a half-open probe must call it
+            return False
+        if slot.persistent:
+            self.require_io(slot.index, "writing a copy")
+        fp = self.footprint(slot, rec)
+        ns = self.namespaces.of(name) if self.namespaces else None
+        if not self.make_room(slot, fp, lossless=lossless, ns=ns):
+            return False
+        if not new and not self.is_current(rec):
+            return False  # deleted or replaced while room was made
+        if rec.tiers & slot.bit:
+            return True  # another reader promoted it meanwhile
+        if not slot.persistent:
+            if not self._put_volatile(slot, rec, data, lossless):
                 return False
-            if slot.persistent:
-                self.require_io(slot.index, "writing a copy")
-            fp = self.footprint(slot, rec)
-            ns = self.namespaces.of(name) if self.namespaces else None
-            if not self.make_room(slot, fp, lossless=lossless, ns=ns):
-                return False
-            if not new and not self.is_current(rec):
-                return False  # deleted or replaced while room was made
-            if rec.tiers & slot.bit:
-                return True  # another reader promoted it meanwhile
-            if not slot.persistent:
-                if not self._put_volatile(slot, rec, data, lossless):
-                    return False
-            elif not self._put_persistent(slot, rec, data, fp, ns, new=new, lossless=lossless):
-                if rec.name != name and self.is_current(rec):
-                    continue  # renamed while written: that file was deleted, write it under the new name
-                return False
-            self._added(slot, rec, kind, detail)
-            return True
-        return False
+        elif not self._put_persistent(slot, rec, data, fp, ns, new=new, lossless=lossless):
+            return False
+        self._added(slot, rec, kind, detail)
+        return True
 
     def _added(self, slot: TierSlot, rec: BlockRecord, kind: EventKind, detail: str = "") -> None:
         """Record *slot*'s new copy of *rec*: the catalog, the counters, the event."""

@@ -169,6 +169,9 @@ class WriteBack:
         with ref:
             if p.copy_into(slot, rec, ref.data, EventKind.DEMOTED, "write-through"):
                 return _DONE
+        if p.is_current(rec) and rec.name != name and not rec.tiers & slot.bit:
+            self.queue.copy(rec, slot.index)  # renamed while written: the copy is made under its new name
+            return _SKIPPED
         if not slot.usable():
             self.queue.push_back(job)  # keep it for when the tier answers
             return _STOP
