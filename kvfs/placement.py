@@ -285,11 +285,18 @@ class Placement:
         self.require_io(slot.index, "reading a copy")
         error: Exception | None = None
         result: T | None = None
+        name = rec.name
         with self.unlocked():
             try:
-                result = fetch(slot.tier, rec.name)
+                result = fetch(slot.tier, name)
             except (BlockNotFound, BlockCorrupt, TierUnavailable) as exc:
                 error = exc
+        # renamed while read (or being renamed: moving, both names held): a missing file,
+        # or a header already naming the new name, says nothing about the copy; bytes
+        # that were read are still the block's. (A demotion sets moving but holds nothing.)
+        renamed = rec.name != name or (rec.moving & slot.bit and slot.is_busy(name))
+        if isinstance(error, (BlockNotFound, BlockCorrupt)) and renamed:
+            return None
         if isinstance(error, BlockNotFound):
             if self.is_current(rec) and not slot.is_busy(rec.name):  # busy: being renamed or rewritten
                 self.forget_copy(slot, rec)  # vanished (another node deleted it)
@@ -492,10 +499,11 @@ class Placement:
         phases: reserve (evicting by policy), write with the lock let go, commit. False
         when the tier cannot take it now (unavailable, too small, full of pinned blocks,
         the name busy there). *new*: *rec* is a block being sealed, not yet in the catalog.
-        *lossless*: no block loses its last copy to make the room.
+        *lossless*: no block loses its last copy to make the room. A copy written under a
+        name its block no longer has (renamed meanwhile) is deleted, not committed: False.
         """
         name = rec.name
-        if not slot.usable() or slot.is_busy(name):
+        if slot.is_busy(name) or not slot.usable():  # health last: a half-open probe must call it
             return False
         if slot.persistent:
             self.require_io(slot.index, "writing a copy")
@@ -626,9 +634,12 @@ class Placement:
                 return False
             if error is None:
                 slot.answered()
-                if new or self.is_current(rec):
+                if new or (rec.name == name and self.is_current(rec)):
                     return True
-                self.delete_copy(slot, name)  # deleted or replaced while written: nobody's file
+                # deleted, replaced or renamed while written: a file under a name that is
+                # not this record's, nobody's (a record claiming it would send every
+                # reader, here and on other nodes, to a name this tier does not hold)
+                self.delete_copy(slot, name)
                 return False
             if not self._evict_one(slot, lossless):  # TierFull: fuller than the count says
                 return False

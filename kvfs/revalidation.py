@@ -192,7 +192,9 @@ class SharedRecords:
         wait for them at most ``shared_wait`` when *wait*."""
         done: list[threading.Event] = []
         for slot in self.shared.slots:
-            if slot.usable() and slot.limiter is not None:
+            # run_delete asks the tier's health in the limiter's thread, the one that calls
+            # it: asked here, a half-open tier's probe would go to a thread that never does
+            if slot.limiter is not None:
                 job = slot.limiter.submit(self.writeback.run_delete, slot, name, on_done=_ignore)
                 if job is not None:
                     done.append(job.finished)

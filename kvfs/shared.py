@@ -136,7 +136,7 @@ class SharedView:
         self._lock = threading.Lock()
         self._negative: dict[str, float] = {}  # name -> until when "no shared tier has it" holds
         self._listings: dict[str, tuple[float, dict[str, bool]]] = {}  # dir -> (until, listing)
-        self._pending: dict[str, _Gather] = {}  # name or "/dir" -> background question in flight
+        self._pending: dict[str, _Gather | None] = {}  # name or "/dir" -> background question in flight
 
     def __bool__(self) -> bool:
         return bool(self.slots)
@@ -188,21 +188,43 @@ class SharedView:
         """Stat *name* in the background; ``on_answer(name, answer)`` runs in a limiter's
         thread. Returns an event set once it ran, or None when nothing was started (one
         is in flight for *name*, too many are, or no shared tier is usable)."""
+
+        def done(answers: list[tuple[TierSlot, Any]], complete: bool) -> None:
+            found = tuple((slot, info) for slot, info in answers if info is not None)
+            on_answer(name, SharedAnswer(found, complete))
+
+        return self._in_background(name, _stat_of(name), done)
+
+    def _in_background(
+        self, key: str, ask: Callable[[Tier], Any], on_done: Callable[[list[tuple[TierSlot, Any]], bool], None]
+    ) -> threading.Event | None:
+        """``ask(tier)`` on every usable shared tier in their limiters, at most one question
+        per *key* and ``max_pending`` in all; ``on_done(answers, complete)`` once all are in
+        (not complete either when a tier was skipped as unusable). None when nothing started.
+
+        The tiers' health is asked only once the question will start: ``usable()`` makes the
+        calling thread the probe of a tier that is half-open, and a probe that never calls
+        the tier would keep every other thread off it for another ``retry_after``."""
+        with self._lock:
+            if key in self._pending or len(self._pending) >= self.max_pending:
+                return None
+            self._pending[key] = None  # taken: nobody else starts this question meanwhile
         slots = [s for s in self.slots if s.usable()]
         if not slots:
+            with self._lock:
+                self._pending.pop(key, None)
             return None
+        everyone = len(slots) == len(self.slots)
 
         def done(answers: list[tuple[TierSlot, Any]], complete: bool) -> None:
             with self._lock:
-                self._pending.pop(name, None)
-            found = tuple((slot, info) for slot, info in answers if info is not None)
-            on_answer(name, SharedAnswer(found, complete and len(slots) == len(self.slots)))
+                self._pending.pop(key, None)
+            on_done(answers, complete and everyone)
 
-        gather = _Gather(slots, _stat_of(name), done)
+        gather = _Gather(slots, ask, done)
         with self._lock:
-            if name in self._pending or len(self._pending) >= self.max_pending:
-                return None
-            self._pending[name] = gather
+            if key in self._pending:  # not cleared by close() meanwhile
+                self._pending[key] = gather
         gather.start()
         return gather.done
 
@@ -233,26 +255,17 @@ class SharedView:
 
     def _refresh_listing(self, directory: str) -> threading.Event | None:
         key = "/" + directory  # block names never start with "/": no clash with stat_later
-        slots = [s for s in self.slots if s.usable()]
         started = self.clock()
 
         def done(answers: list[tuple[TierSlot, Any]], complete: bool) -> None:
-            with self._lock:
-                self._pending.pop(key, None)
             merged: dict[str, bool] = {}
             for _, listing in answers:
                 _merge(merged, listing)
-            if complete and len(slots) == len(self.slots):
+            if complete:
                 self._cache_listing(directory, merged, True, started)
             # an incomplete answer keeps the old listing (a tier down says nothing new)
 
-        gather = _Gather(slots, _listing_of(directory), done)
-        with self._lock:
-            if key in self._pending or len(self._pending) >= self.max_pending or not slots:
-                return None
-            self._pending[key] = gather
-        gather.start()
-        return gather.done
+        return self._in_background(key, _listing_of(directory), done)
 
     def _cache_listing(self, directory: str, merged: dict[str, bool], complete: bool, now: float) -> None:
         # a partial answer (a tier down) is cached briefly, so it is retried soon

@@ -107,7 +107,7 @@ class WriteBack:
     def _run_one(self, slot: TierSlot) -> int:
         p = self.placement
         with p.locked():
-            if not slot.usable():
+            if not self.queue.pending(slot.index) or not slot.usable():
                 return _STOP
             job = self.queue.pop(slot.index)
             if job is None:
@@ -120,10 +120,12 @@ class WriteBack:
         """Run the queued delete of *name* from *slot* now, if it is still queued (from a
         limiter's thread, so the caller of ``delete`` need not wait); True if it ran."""
         with self.placement.locked():
-            if not slot.usable():
-                return False
             job = self.queue.take_delete(slot.index, name)
             if job is None:
+                return False
+            # asked only now: a thread that takes a half-open tier's probe must call the tier
+            if not slot.usable():
+                self.queue.push_back(job)
                 return False
             return self._delete(slot, job) == _DONE
 
@@ -156,13 +158,20 @@ class WriteBack:
         if slot.is_busy(rec.name):
             self.queue.copy(rec, slot.index)  # a delete of the old name runs first
             return _SKIPPED
+        name = rec.name
         ref = p.open_copy(p.slots[next(rec.tier_indexes())], rec)
         if ref is None:
+            if p.is_current(rec) and rec.tiers and (rec.name != name or rec.moving):
+                self.queue.copy(rec, slot.index)  # renamed while read: copy it under its new name
+                return _SKIPPED
             log.warning("write-through of %s skipped: cannot read it", rec.name)
             return _SKIPPED
         with ref:
             if p.copy_into(slot, rec, ref.data, EventKind.DEMOTED, "write-through"):
                 return _DONE
+        if p.is_current(rec) and rec.name != name and not rec.tiers & slot.bit:
+            self.queue.copy(rec, slot.index)  # renamed while written: the copy is made under its new name
+            return _SKIPPED
         if not slot.usable():
             self.queue.push_back(job)  # keep it for when the tier answers
             return _STOP

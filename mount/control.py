@@ -37,7 +37,7 @@ from typing import Any
 import trio
 
 from kvfs.config import ClientConfig
-from kvfs.errors import BlockNotFound, KvfsError
+from kvfs.errors import BlockNotFound, InvalidName, KvfsError
 from kvfs.events import Event
 from kvfs.names import normalize
 from kvfs.policies import Hint
@@ -169,17 +169,40 @@ class _Progress:
 class ControlHandler:
     """The operator commands on the store. *mountpoint* is reported by ``ping``;
     *opstats* (a :class:`~kvfs.mount.opstats.OpStats`, optional) adds FUSE op counts to
-    ``top``. ``request_shutdown`` is set by the daemon that serves it."""
+    ``top``; *mount*, the FUSE side of the daemon, seals files just closed there before a
+    command names them. ``request_shutdown`` is set by the daemon that serves it."""
 
-    def __init__(self, store: Store, mountpoint: str, opstats: Any = None, access: AccessPolicy | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        mountpoint: str,
+        opstats: Any = None,
+        access: AccessPolicy | None = None,
+        mount: MountSide | None = None,
+    ) -> None:
         self.store = store
         self.mountpoint = mountpoint
         self.opstats = opstats
         self.access = access or AccessPolicy(store=store)
+        self.mount = mount
         self.hub = EventHub()
         self.request_shutdown: Callable[[], None] | None = None
 
     # -- helpers -------------------------------------------------------------------
+
+    async def _sealed(self, *paths: str) -> None:
+        """Close-to-open for the tools: the kernel releases a file after ``close`` returned,
+        so ``cp big /mnt/kvfs/x && kvfs stat /mnt/kvfs/x`` would otherwise find no block
+        yet. Waits for the seals of the blocks named (as an operation on the name does)."""
+        if self.mount is None:
+            return
+        names = []
+        for p in paths:
+            try:
+                names.append(normalize(p))
+            except InvalidName:
+                continue  # the store call says what is wrong with it
+        await self.mount.settle_outside(names)
 
     def _check_tier(self, tier: str | None) -> None:
         if tier is not None and tier not in (t.name for t in self.store.tiers):
@@ -255,6 +278,7 @@ class ControlHandler:
         return ShuttingDown(pid=os.getpid())
 
     async def op_stat(self, conn: Connection, req: Stat) -> StatResult:
+        await self._sealed(req.name)
         return StatResult(block=await trio.to_thread.run_sync(self.store.stat, req.name))
 
     async def op_statistics(self, conn: Connection, req: Statistics) -> StatisticsResult:
@@ -263,6 +287,7 @@ class ControlHandler:
     async def op_ls(self, conn: Connection, req: Ls) -> LsResult:
         """A directory's children (directories, then blocks with their records, by
         name), or the block itself."""
+        await self._sealed(req.name)
 
         def ls() -> LsResult:
             path = normalize(req.name)
@@ -284,6 +309,7 @@ class ControlHandler:
     async def op_du(self, conn: Connection, req: Du) -> DuResult:
         """``used`` is bytes against the tier's capacity, ``size`` payload bytes;
         ``quota`` when the path is a namespace."""
+        await self._sealed(req.name)
         path = normalize(req.name)
         u = await trio.to_thread.run_sync(self.store.usage, req.name)
         ns = self.store.namespaces.get(path)
@@ -353,8 +379,8 @@ class ControlHandler:
     async def op_pin(self, conn: Connection, req: Pin) -> PinResult:
         """Pin (or unpin) blocks; a directory means every block under it; ``req.ttl``: a soft
         pin that ends by itself after that many seconds."""
-
         paths, refused = self._permitted(conn, req.paths)
+        await self._sealed(*paths)
 
         def pin() -> PinResult:
             names = self._expand(paths)
@@ -375,6 +401,7 @@ class ControlHandler:
         self._check_tier(req.tier)
         target = req.tier or self.store.tiers[0].name
         paths, refused = self._permitted(conn, req.paths)
+        await self._sealed(*paths)
         names = await trio.to_thread.run_sync(self._expand, paths)
 
         def fetch(n: str) -> bool:
@@ -396,6 +423,7 @@ class ControlHandler:
         *force*."""
         self._check_tier(req.tier)
         paths, refused = self._permitted(conn, req.paths)
+        await self._sealed(*paths)
         names = await trio.to_thread.run_sync(self._expand, paths)
 
         def evict(n: str) -> tuple[bool, bool]:
@@ -437,6 +465,7 @@ class ControlHandler:
     async def op_fsck(self, conn: Connection, req: Fsck) -> FsckResult:
         """Read every copy of every block (under *name*) on every tier and check its
         checksum; with *repair* drop bad copies."""
+        await self._sealed(req.name)
         names = await trio.to_thread.run_sync(self._expand, [req.name])
 
         def verify(n: str) -> dict[str, str | None]:
@@ -522,7 +551,7 @@ class Server:
         self.store = store
         self.config = client
         self.access = access or AccessPolicy(group_writes=client.group_writes, store=store)
-        self.control = ControlHandler(store, mountpoint, opstats, self.access)
+        self.control = ControlHandler(store, mountpoint, opstats, self.access, mount)
         self.clients = ClientOps(store, mountpoint, client, self.access, mount)
         self._ops: dict[str, _Op] = {}
         for handler in (self.control, self.clients):

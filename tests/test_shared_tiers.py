@@ -159,14 +159,17 @@ def test_posix_hung_filesystem_times_out(tmp_path, monkeypatch):
     gate = threading.Event()
     real_read = t.dir.read
     monkeypatch.setattr(t.dir, "read", lambda name: (gate.wait(10), real_read(name))[1])
-    for _ in range(4):  # more calls than the pool admits: none waits longer than the timeout
-        t0 = time.monotonic()
+    # more calls than the pool admits: each gives up (one that waited for the stuck call
+    # would get the bytes once the gate opens, below); how long each waits is a figure of
+    # kvfs bench faults, not a timed assertion that a loaded machine can break
+    for _ in range(4):
         with pytest.raises(TierUnavailable, match="posix tier 'nfs'"):
             t.open("h/1")
-        assert time.monotonic() - t0 < 1.0
     gate.set()
     monkeypatch.setattr(t.dir, "read", real_read)
-    time.sleep(0.1)
+    deadline = time.monotonic() + 10
+    while t._exec.running and time.monotonic() < deadline:  # the stuck calls end
+        time.sleep(0.01)
     with t.open("h/1") as ref:  # answers again
         assert bytes(ref.data) == b"x"
     t.close()

@@ -167,6 +167,57 @@ def test_shared_view_alone(tmp_path):
     tier.close()
 
 
+def _half_open(slot: TierSlot, clock: Clock) -> None:
+    slot.failed(TierUnavailable("a hiccup"))
+    clock.now += slot.health.retry_after  # half-open: the next thread to ask probes it
+
+
+def _in_thread(fn):
+    out: list = []
+    t = threading.Thread(target=lambda: out.append(fn()))
+    t.start()
+    t.join(30)
+    assert not t.is_alive()
+    return out[0]
+
+
+def test_a_background_question_that_does_not_start_leaves_the_probe_to_others(tmp_path):
+    """A revalidation or listing refresh that starts nothing (too many in flight) must not
+    take a half-open tier's probe: its thread never calls the tier, and every other thread
+    would skip the tier for another retry_after (a tier that answers again stays unused)."""
+    clock = Clock()
+    tier = posix(tmp_path / "shared")
+    slot = TierSlot.build(0, tier, eviction="lru", clock=clock)
+    view = SharedView([slot], clock=clock, listing_ttl=1.0)
+    assert view.listing("ns") == {}  # cached, stale later
+    view.max_pending = 0  # nothing more starts in the background
+    _half_open(slot, clock)
+    assert _in_thread(lambda: view.stat_later("ns/a", lambda name, answer: None)) is None
+    assert _in_thread(lambda: view.listing("ns")) == {}  # the stale listing; no refresh started
+    assert slot.usable(), "a thread that started nothing took the probe"
+    view.close()
+    tier.close()
+
+
+def test_a_delete_reaches_a_half_open_shared_tier_in_the_background(tmp_path):
+    """The caller of delete does not take the half-open probe for the background delete it
+    starts (the limiter's thread, which calls the tier, does), so the delete runs and the
+    tier is healthy again without waiting for the write-through task."""
+    clock = Clock()
+    s = Store([dram(), posix(tmp_path / "shared")], clock=clock, negative_ttl=60.0)  # no revalidation due
+    s.put("m/x", blob(1))
+    s.run_pending()
+    posix_slot = s.slots[1]
+    _half_open(posix_slot, clock)
+    _in_thread(lambda: s.delete("m/x"))
+    deadline = time.monotonic() + 10
+    while posix_slot.busy and time.monotonic() < deadline:  # held until the delete ran
+        time.sleep(0.01)
+    assert not posix_slot.busy and s.pending == 0, "the background delete never ran"
+    assert posix_slot.tier.stat("m/x") is None and posix_slot.health.healthy
+    s.close()
+
+
 def test_leases_alone(tmp_path):
     clock = Clock()
     slots = [TierSlot.build(0, dram(2), eviction="lru", clock=clock)]
@@ -498,3 +549,124 @@ def test_mkdir_under_a_directory_another_node_created(tmp_path):
     b.mkdir("ns/ab/sub")  # ns/ab exists here only through the shared tier
     assert b.listdir("ns/ab") == {"blk": False, "sub": True}
     a.close(), b.close()
+
+
+def test_a_rename_while_the_write_through_runs_copies_the_block_under_its_new_name(stalling, tmp_path):
+    """The engines' publish (write a temporary name, rename it into place) racing the
+    write-through: the copy into posix is being written under the temporary name when the
+    rename runs. The record must never claim a posix copy that posix does not hold under
+    the block's name (another node would never find it there: tests/test_two_mounts.py
+    saw B learn only the s3 copy), and the file left under the old name is nobody's."""
+    data = blob(11)
+    a = Store([dram(), posix(stalling.mountpoint / "shared", timeout=60.0)])
+    b = Store([dram(), posix(stalling.source / "shared")])  # another node, on the same files
+    renamer: threading.Thread | None = None
+    try:
+        a.put("m/ab/.x1.tmp", data)
+        stalling.stall()
+        copier = threading.Thread(target=a.run_pending)
+        copier.start()
+        deadline = time.monotonic() + 10
+        while not a.slots[1].busy and time.monotonic() < deadline:  # the copy into posix is in flight
+            time.sleep(0.01)
+        assert a.slots[1].busy == {"m/ab/.x1.tmp": 1}, "the write-through never started"
+        renamer = threading.Thread(target=a.rename, args=("m/ab/.x1.tmp", "m/ab/x1"))
+        renamer.start()
+        renamer.join(30)  # a DRAM block's rename needs no posix I/O: the stall does not hold it
+        assert not renamer.is_alive(), "the rename waited for the stalled write-through"
+        stalling.resume()
+        copier.join(30)
+        assert not copier.is_alive()
+        a.run_pending()  # whatever the copy left queued (the old name's delete)
+        assert a.read("m/ab/x1") == data
+        tier = a.slots[1].tier
+        if "posix" in a.stat("m/ab/x1").tiers:
+            assert tier.stat("m/ab/x1") is not None, "the record claims a posix copy that is not there"
+        assert tier.stat("m/ab/.x1.tmp") is None, "the copy written under the old name was left behind"
+        assert a.stat("m/ab/x1").tiers == ("dram", "posix")  # written through under the new name
+        assert b.read("m/ab/x1") == data and b.stat("m/ab/x1").tiers == ("dram", "posix")
+        assert b.lookup("m/ab/.x1.tmp") is None
+    finally:
+        stalling.resume()
+        a.close(), b.close()
+
+
+class _GatedReads:
+    """Holds reads of block files by the threads that :meth:`enter` until :meth:`open`:
+    a thread caught inside its tier call with the store's lock let go."""
+
+    def __init__(self, monkeypatch, directory) -> None:
+        self._real = directory.read
+        self._threads: set[int] = set()
+        self.inside, self._go = threading.Event(), threading.Event()
+        monkeypatch.setattr(directory, "read", self._read)
+
+    def enter(self) -> None:
+        self._threads.add(threading.get_ident())
+
+    def open(self) -> None:
+        self._go.set()
+
+    def _read(self, name: str):
+        if threading.get_ident() in self._threads:
+            self.inside.set()
+            self._go.wait(10)
+        return self._real(name)
+
+    def rename_while_held(self, s: Store, fn, old: str, new: str) -> None:
+        """Run *fn* in a thread whose reads are held; rename *old* to *new* while it is
+        inside one, then let it go on and wait for it."""
+
+        def held() -> None:
+            self.enter()
+            fn()
+
+        t = threading.Thread(target=held)
+        t.start()
+        assert self.inside.wait(10)
+        s.rename(old, new)
+        self.open()
+        t.join(30)
+        assert not t.is_alive()
+
+
+def test_a_read_racing_a_rename_never_loses_the_copy(tmp_path, monkeypatch):
+    """A read of a disk copy runs with the lock let go; a rename of the block may run
+    meanwhile (the engines' publish renames a name just written). The read then finds no
+    file under the old name, or a header already naming the new one: neither says anything
+    about the copy, which must stay the block's (it was its only one here)."""
+    s = Store([dram(), disk(tmp_path / "d")])
+    s.put("m/.x.tmp", blob(3))
+    s.evict("m/.x.tmp", "dram")
+    assert s.stat("m/.x.tmp").tiers == ("disk",)
+    gate = _GatedReads(monkeypatch, s.slots[1].tier.dir)
+    got: list[object] = []
+
+    def read() -> None:
+        try:
+            got.append(s.read("m/.x.tmp"))
+        except BlockNotFound as exc:  # renamed away while it was read: a miss is right too
+            got.append(exc)
+
+    gate.rename_while_held(s, read, "m/.x.tmp", "m/x")
+    assert got and (got[0] == blob(3) or isinstance(got[0], BlockNotFound))
+    assert s.stat("m/x").tiers == ("disk",), "the read dropped the copy it raced"
+    assert s.read("m/x") == blob(3)
+    assert s.statistics().tiers[1].corrupt == 0
+    s.close()
+
+
+def test_a_write_through_reading_a_block_being_renamed_copies_it_under_the_new_name(tmp_path, monkeypatch):
+    """The write-through reads the block's hottest copy (here on disk, DRAM evicted it)
+    with the lock let go; renamed meanwhile, the copy is queued again under the new name
+    instead of being skipped (the shared tier would never get the block)."""
+    s = Store([dram(), disk(tmp_path / "d"), posix(tmp_path / "shared")])
+    s.put("m/.x.tmp", blob(4))
+    s.evict("m/.x.tmp", "dram")
+    assert s.stat("m/.x.tmp").tiers == ("disk",) and s.pending == 1
+    gate = _GatedReads(monkeypatch, s.slots[1].tier.dir)
+    gate.rename_while_held(s, s.run_pending, "m/.x.tmp", "m/x")
+    s.run_pending()
+    assert s.stat("m/x").tiers == ("disk", "posix")
+    assert s.slots[2].tier.stat("m/x") is not None and s.slots[2].tier.stat("m/.x.tmp") is None
+    s.close()

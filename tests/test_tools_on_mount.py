@@ -52,6 +52,20 @@ def test_ls_du_stat_df_on_a_written_block(mp, capsys):
     assert df["mountpoint"] == str(mp) and df["blocks"] >= 1
 
 
+def test_a_tool_right_after_a_program_closed_the_file_sees_the_block(kvfs_mount, capsys, monkeypatch):
+    """``cp big /mnt/kvfs/x && kvfs stat /mnt/kvfs/x``: the kernel releases (and kvfs
+    seals) a file after close returned, and a tool's request names the block without a
+    lookup on the mount; it waits for that seal as an operation on the name does. A
+    probe of 40 such 4 MiB files on a loaded machine missed 33 before."""
+    monkeypatch.delenv(ENV_SOCKET, raising=False)
+    mp = kvfs_mount(disk="128MiB")
+    for i in range(8):
+        blk = mp / "big" / f"b{i}"
+        write(blk, bytes([i]) * (4 << 20))
+        st = kvfs_json(capsys, "stat", str(blk))
+        assert st["size"] == 4 << 20 and st["tiers"], st
+
+
 def test_prefetch_after_evict_on_a_mount(mp, capsys):
     tiers = [t["name"] for t in kvfs_json(capsys, "df", str(mp))["tiers"]]
     if len(tiers) < 2:
