@@ -31,7 +31,6 @@ import argparse
 import json
 import os
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
@@ -92,22 +91,18 @@ def _row(path: str, op: str, seconds: float, base: str, base_seconds: float, nby
 def run(args: argparse.Namespace) -> int:
     from kvfs.client import Client
 
-    from .scratch import mount, umount
+    from .scratch import dram_disk_config, mount, progress, umount
 
     size = parse_size(args.block_size)
     n = args.blocks
     total = size * n
-    say = (lambda *a: print(*a, file=sys.stderr, flush=True)) if args.json else (lambda *a: print(*a, flush=True))
+    say = progress(args.json)
     blocks, names = random_blocks(size, n)
     outs = [np.empty(size, dtype=np.uint8) for _ in range(n)]
     base = args.dir or Path(tempfile.mkdtemp(prefix="kvfs-bench-client-", dir="/var/tmp"))
-    cfg = base / "kvfs.toml"
     dram = max(2 * total + (64 << 20), 2 * args.batch * size + (64 << 20))
-    cfg.write_text(
-        f'[[tiers]]\nkind = "dram"\ncapacity = {dram}\n\n'
-        f'[[tiers]]\nkind = "disk"\ncapacity = {4 * total + (256 << 20)}\npath = "{base}/disk"\n\n'
-        f"[client]\nmax_reserved = {dram // 2}\ncopy_buffer = {dram // 2}\n"
-    )
+    client = f"[client]\nmax_reserved = {dram // 2}\ncopy_buffer = {dram // 2}\n"
+    cfg = dram_disk_config(base, dram, 4 * total + (256 << 20), "kvfs.toml", lean=False, extra=client)
     mp = base / "mnt"
     load_before = os.getloadavg()
     say(f"kvfs bench client: {n} blocks of {format_size(size)}, {args.batch} per call, best of {args.passes} passes")

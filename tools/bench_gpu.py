@@ -35,7 +35,6 @@ import argparse
 import json
 import os
 import shutil
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -192,21 +191,18 @@ def _cpu_rows(c: Any, names: list[str], blocks: list[np.ndarray], args: argparse
 def run(args: argparse.Namespace) -> int:
     from kvfs.client import Client
 
-    from .scratch import mount, umount
+    from .scratch import dram_disk_config, mount, progress, umount
 
     size = parse_size(args.block_size)
     n = args.blocks
     total = size * n
-    say = (lambda *a: print(*a, file=sys.stderr, flush=True)) if args.json else (lambda *a: print(*a, flush=True))
+    say = progress(args.json)
     blocks, names = random_blocks(size, n)
     base = args.dir or Path(tempfile.mkdtemp(prefix="kvfs-bench-gpu-", dir="/var/tmp"))
     base.mkdir(parents=True, exist_ok=True)
-    cfg = base / "kvfs.toml"
     dram = 2 * total + (256 << 20)
-    cfg.write_text(
-        f'[[tiers]]\nkind = "dram"\ncapacity = {dram}\nmlock = false\nprefault = false\n\n'
-        f'[[tiers]]\nkind = "disk"\ncapacity = {4 * total + (1 << 30)}\npath = "{base}/disk"\n\n'
-        f"[client]\nmax_reserved = {dram // 2}\n"
+    cfg = dram_disk_config(
+        base, dram, 4 * total + (1 << 30), "kvfs.toml", extra=f"[client]\nmax_reserved = {dram // 2}\n"
     )
     mp = base / "mnt"
     load_before = os.getloadavg()

@@ -47,7 +47,7 @@ from pathlib import Path
 
 from kvfs.errors import ConfigError
 
-from .scratch import drop_page_cache_under
+from .scratch import drop_page_cache_under, progress
 
 __all__ = ["add_arguments", "run"]
 
@@ -325,7 +325,7 @@ def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    say = (lambda *a: print(*a, file=sys.stderr, flush=True)) if args.json else (lambda *a: print(*a, flush=True))
+    say = progress(args.json)
     labels = [label for label, _ in args.dirs]
     if len(set(labels)) != len(labels):
         raise ConfigError("--dir", "labels must be distinct")

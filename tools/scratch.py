@@ -13,22 +13,35 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["dram_disk_config", "drop_page_cache_under", "mount", "start_moto", "umount"]
+__all__ = ["dram_disk_config", "drop_page_cache_under", "mount", "progress", "start_moto", "umount"]
 
 
-def dram_disk_config(base: Path, dram: int | str, disk: int | str, name: str = "bench.toml") -> Path:
-    """A config file under *base*: a DRAM tier of *dram* (no mlock, no prefault) over a
-    disk tier of *disk* in ``base/disk`` (sizes in bytes or like ``"64MiB"``)."""
+def progress(as_json: bool) -> Callable[..., None]:
+    """Where a bench says what it is doing: stderr when stdout is its ``--json``."""
+    if as_json:
+        return lambda *a: print(*a, file=sys.stderr, flush=True)
+    return lambda *a: print(*a, flush=True)
+
+
+def dram_disk_config(
+    base: Path, dram: int | str, disk: int | str, name: str = "bench.toml", *, lean: bool = True, extra: str = ""
+) -> Path:
+    """A config file under *base*: a DRAM tier of *dram* over a disk tier of *disk* in
+    ``base/disk`` (sizes in bytes or like ``"64MiB"``). *lean*: no mlock, no prefault (the
+    tier's defaults otherwise); *extra*: more TOML after the tiers (e.g. a ``[client]``)."""
 
     def size(v: int | str) -> str:
         return str(v) if isinstance(v, int) else f'"{v}"'
 
+    tune = "mlock = false\nprefault = false\n" if lean else ""
     cfg = base / name
     cfg.write_text(
-        f'[[tiers]]\nkind = "dram"\nname = "dram"\ncapacity = {size(dram)}\nmlock = false\nprefault = false\n\n'
+        f'[[tiers]]\nkind = "dram"\nname = "dram"\ncapacity = {size(dram)}\n{tune}\n'
         f'[[tiers]]\nkind = "disk"\nname = "disk"\ncapacity = {size(disk)}\npath = "{base}/disk"\n'
+        + (f"\n{extra}" if extra else "")
     )
     return cfg
 
