@@ -588,15 +588,17 @@ class Store:
 
     # -- advice from engines and routers ---------------------------------------------------
 
-    def hint(self, names: Sequence[str], when: Hint) -> None:
+    def hint(self, names: Sequence[str], when: Hint) -> int:
         """Pass advice about *names* (a chain, root first) to every tier's policy:
         ``Hint.SOON``, they are about to be read (queued requests); ``Hint.ENDED``, their
         session is over. A hint never moves or removes a block by itself; names this
-        store does not hold are ignored. Raises :class:`InvalidName` for a bad name."""
+        store does not hold are ignored; returns how many it holds (its own catalog: no question
+        to a shared tier). Raises :class:`InvalidName` for a bad name."""
         keys = [normalize(n) for n in names]
         with self.placement.locked():
             for slot in self.slots:
                 slot.policy.hint(keys, when)
+            return sum(k in self.catalog.blocks for k in keys)
 
     # -- operator commands (kvfs pin, prefetch, evict, du, fsck) ----------------------------
 

@@ -93,7 +93,7 @@ from kvfs.protocol import (
 from kvfs.store import LastCopy, Store
 
 from .clientserver import ClientOps, MountSide
-from .session import AccessPolicy, Connection, Peer, Session, is_request
+from .session import AccessPolicy, Connection, Peer, Session, call_store, is_request
 
 __all__ = ["ControlError", "ControlHandler", "EventHub", "Server", "SubscriberTooSlow", "serve"]
 
@@ -103,6 +103,7 @@ _BATCH = 64  # blocks handled per worker-thread call in multi-block ops
 _PROGRESS_EVERY = 0.1  # seconds between progress items
 _EVENT_POLL = 0.02  # seconds between drains of the store's event queue
 _MAX_ADVICE = 65536  # names one hint may carry
+_ADVICE_ON_LOOP = 4096  # names a hint handles on the loop when the store's lock is free
 
 
 class EventHub:
@@ -455,12 +456,9 @@ class ControlHandler:
             raise ProtocolError(f"hint.when: {req.when!r} is not one of {', '.join(h.value for h in Hint)}") from None
         if len(req.names) > _MAX_ADVICE:
             raise ProtocolError(f"hint: {len(req.names)} names in one request, at most {_MAX_ADVICE}; split it")
-
-        def advise() -> int:
-            self.store.hint(req.names, when)
-            return sum(self.store.exists(n) for n in req.names)
-
-        return Advised(known=await trio.to_thread.run_sync(advise))
+        if len(req.names) > _ADVICE_ON_LOOP:  # a long chain's policy updates leave the FUSE loop
+            return Advised(known=await trio.to_thread.run_sync(self.store.hint, req.names, when))
+        return Advised(known=await call_store(self.store, self.store.hint, req.names, when))
 
     async def op_fsck(self, conn: Connection, req: Fsck) -> FsckResult:
         """Read every copy of every block (under *name*) on every tier and check its
