@@ -34,11 +34,10 @@ import trio
 from kvfs.blockfile import checksum as compute_checksum
 from kvfs.client.buffers import copy_hashed
 from kvfs.config import ClientConfig
-from kvfs.errors import BlockCorrupt, InvalidName, KvfsError, NoSpace
+from kvfs.errors import BlockCorrupt, KvfsError, NoSpace
 from kvfs.ingest import Reservation
 from kvfs.leases import MAX_TTL
 from kvfs.leases import Lease as StoreLease
-from kvfs.names import normalize
 from kvfs.protocol import (
     Abort,
     Aborted,
@@ -107,7 +106,8 @@ class MountSide(Protocol):
     that a program on the mount and an engine on the client see one namespace."""
 
     async def settle_outside(self, names: list[str]) -> None:
-        """Before names are read: wait for seals of files just closed on the mount."""
+        """Before names are read: wait for seals of files just closed on the mount (names as
+        the request gave them; an invalid one is skipped)."""
 
     async def published_outside(self, names: list[str]) -> None:
         """After names were published: the kernel drops what it cached of them."""
@@ -212,10 +212,7 @@ class ClientOps:
 
     async def _settle(self, names: list[str]) -> None:
         if self.mount is not None:
-            try:
-                await self.mount.settle_outside([normalize(n) for n in names])
-            except InvalidName:
-                pass  # the store call answers it with the name's error
+            await self.mount.settle_outside(names)
 
     async def op_lookup(self, conn: Connection, req: Lookup) -> LookupResult:
         refused = conn.refused

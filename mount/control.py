@@ -37,7 +37,7 @@ from typing import Any
 import trio
 
 from kvfs.config import ClientConfig
-from kvfs.errors import BlockNotFound, InvalidName, KvfsError
+from kvfs.errors import BlockNotFound, KvfsError
 from kvfs.events import Event
 from kvfs.names import normalize
 from kvfs.policies import Hint
@@ -195,15 +195,8 @@ class ControlHandler:
         """Close-to-open for the tools: the kernel releases a file after ``close`` returned,
         so ``cp big /mnt/kvfs/x && kvfs stat /mnt/kvfs/x`` would otherwise find no block
         yet. Waits for the seals of the blocks named (as an operation on the name does)."""
-        if self.mount is None:
-            return
-        names = []
-        for p in paths:
-            try:
-                names.append(normalize(p))
-            except InvalidName:
-                continue  # the store call says what is wrong with it
-        await self.mount.settle_outside(names)
+        if self.mount is not None:
+            await self.mount.settle_outside(list(paths))
 
     def _check_tier(self, tier: str | None) -> None:
         if tier is not None and tier not in (t.name for t in self.store.tiers):

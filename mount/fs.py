@@ -28,7 +28,7 @@ import trio
 from pyfuse3 import FUSEError
 
 from kvfs.access import Operation, Peer, check
-from kvfs.errors import KvfsError
+from kvfs.errors import InvalidName, KvfsError
 from kvfs.names import normalize
 from kvfs.store import BlockStat, Store, StoreBusy
 from kvfs.tier import BlockRef
@@ -114,8 +114,16 @@ class KvfsOperations(pyfuse3.Operations):
         """Before a read of *names* from outside the mount (the batch client): wait for the
         seals of files closed on the mount (the kernel's release comes after ``close``
         returned), so close-to-open holds between a program writing through the mount and
-        an engine reading through the client."""
-        pending = [n for n in names if self.writes.has(n)]
+        an engine reading through the client. Names as the caller got them: one that is not a
+        valid kvfs name is skipped (the store's call answers it with its error)."""
+        pending = []
+        for n in names:
+            try:
+                key = normalize(n)
+            except InvalidName:
+                continue
+            if self.writes.has(key):
+                pending.append(key)
         if pending:
             await self._settle(*pending)
 
