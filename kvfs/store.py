@@ -62,7 +62,7 @@ from .events import EventKind, EventLog
 from .ingest import Ingest, Reservation
 from .leases import Lease, Leases
 from .lifetimes import Lifetimes, SweepReport
-from .names import normalize, parent_of, split
+from .names import check_creatable, normalize, parent_of, split
 from .namespaces import (
     NamespaceRetired,
     Namespaces,
@@ -259,7 +259,10 @@ class Store:
 
     def check_writable(self, name: str) -> None:
         """Raise :class:`NamespaceRetired` when *name* lies in a retired namespace (its
-        model's KV is stale): every way of writing a block asks this first."""
+        model's KV is stale), :class:`InvalidName` when a component of it is reserved for
+        kvfs's own files (:func:`kvfs.names.check_creatable`): every way of writing a
+        block asks this first."""
+        check_creatable(name)
         ns = self.namespaces.of(name)
         if ns is not None and ns.retired:
             raise NamespaceRetired(
@@ -556,6 +559,7 @@ class Store:
         """Make directory *name*; its parent must exist here or in a shared tier (a
         directory another node created), unless *parents*."""
         name = normalize(name)
+        check_creatable(name)
         parent = parent_of(name)
         p = self.placement
         if not parents and self.shared:
