@@ -34,6 +34,7 @@ from .hashing import Namespace, differ_only_by_weights
 from .policies import EvictionPolicy, Hint
 
 __all__ = [
+    "DEFAULT_MODE",
     "CrossNamespace",
     "NamespaceRetired",
     "NamespaceState",
@@ -42,6 +43,11 @@ __all__ = [
     "PartitionedPolicy",
     "fingerprint_warnings",
 ]
+
+
+DEFAULT_MODE = 0o755
+"""The mode of everything outside the namespaces with an access rule (directories
+``drwxr-xr-x``, blocks ``-rw-r--r--``)."""
 
 
 class CrossNamespace(KvfsError):
@@ -141,7 +147,8 @@ class Namespaces:
 
     *policy_factory* builds the per-namespace eviction orders (the store's, so they use
     its policy and clock); *uid*/*gid* fill an access rule's owner or group when the
-    config leaves one out (the mounting user).
+    config leaves one out (the mounting user), and own everything outside the namespaces
+    with rules (:attr:`default`).
     """
 
     def __init__(
@@ -155,6 +162,9 @@ class Namespaces:
     ) -> None:
         self.tier_names = list(tier_names)
         self.policy_factory = policy_factory
+        self.default = AccessRule(uid=uid, gid=gid, mode=DEFAULT_MODE)
+        """The rule of every name outside the namespaces with an access rule: the mounting
+        user's, ``0755`` (everyone reads, the owner writes, pins and evicts)."""
         self._by_path: dict[str, NamespaceState] = {}
         self._depth = 0
         for c in configs:
@@ -203,6 +213,16 @@ class Namespaces:
             if ns is not None or i < 0:
                 return ns
         return None
+
+    def rule(self, name: str | None) -> AccessRule:
+        """The access rule that decides for *name* (a block or directory; None: no name):
+        its namespace's, or :attr:`default` outside every namespace with one. The mount's
+        attributes and every access check (mount and client socket) ask this."""
+        if name and self._by_path:
+            ns = self.of(name)
+            if ns is not None and ns.access is not None:
+                return ns.access
+        return self.default
 
     def rules(self) -> list[AccessRule]:
         """Every access rule (for :func:`kvfs.access.may_map_arena`)."""

@@ -652,11 +652,17 @@ class Store:
 
     def check_access(self, peer: Peer, name: str, op: Operation) -> None:
         """Raise :class:`~kvfs.access.AccessDenied` unless *peer* may do *op* to *name*
-        under its namespace's rule (:func:`kvfs.access.check`; the client socket's
-        question, with ``Peer.of_socket``). Memory only: safe on an event loop."""
-        ns = self.namespaces.of(normalize(name))
-        if ns is not None:
+        under the rule that decides for it (:meth:`Namespaces.rule`: its namespace's, or
+        the mount's default outside every namespace with one; :func:`kvfs.access.check`).
+        The one access decision: the client socket asks it (with ``Peer.of_socket``) and
+        so does the mount (with the request's credentials). Memory only: safe on an
+        event loop."""
+        name = normalize(name)
+        ns = self.namespaces.of(name)
+        if ns is not None and ns.access is not None:
             check(peer, ns.access, op, namespace=ns.path)
+        else:
+            check(peer, self.namespaces.default, op, namespace=None, name=name)
 
     def may_map_arena(self, peer: Peer) -> bool:
         """Whether *peer* may map the DRAM arena itself (it may read every namespace);

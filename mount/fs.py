@@ -27,9 +27,9 @@ import pyfuse3
 import trio
 from pyfuse3 import FUSEError
 
-from kvfs.access import Operation, Peer, check
+from kvfs.access import Operation, Peer
 from kvfs.errors import InvalidName, KvfsError
-from kvfs.names import normalize
+from kvfs.names import check_creatable, normalize
 from kvfs.store import BlockStat, Store, StoreBusy
 from kvfs.tier import BlockRef
 from kvfs.units import parse_duration
@@ -332,6 +332,7 @@ class KvfsOperations(pyfuse3.Operations):
     @handler
     async def mkdir(self, parent_inode, name, mode, ctx):
         path = self._child(parent_inode, name)
+        self._allow(path, ctx, Operation.WRITE)
         if self.writes.has(path):
             raise FUSEError(errno.EEXIST)
         await self._meta(self.store.mkdir, path)
@@ -342,6 +343,7 @@ class KvfsOperations(pyfuse3.Operations):
     @handler
     async def rmdir(self, parent_inode, name, ctx):
         path = self._child(parent_inode, name)
+        self._allow(path, ctx, Operation.WRITE)
         is_dir, st = await self._meta(self._probe, path)
         if not is_dir:
             raise FUSEError(errno.ENOTDIR if st is not None or self.writes.has(path) else errno.ENOENT)
@@ -353,6 +355,7 @@ class KvfsOperations(pyfuse3.Operations):
     @handler
     async def unlink(self, parent_inode, name, ctx):
         path = self._child(parent_inode, name)
+        self._allow(path, ctx, Operation.WRITE)
         await self._settle(path)
         is_dir, st = await self._meta(self._probe, path)
         pending = self.writes.has(path)
@@ -369,6 +372,9 @@ class KvfsOperations(pyfuse3.Operations):
         new = self._child(parent_inode_new, name_new)
         if flags & pyfuse3.RENAME_EXCHANGE:
             raise FUSEError(errno.EINVAL)
+        check_creatable(new)  # a reserved name is never a block's (kvfs.names): EINVAL
+        self._allow(old, ctx, Operation.WRITE)
+        self._allow(new, ctx, Operation.WRITE)
         await self._settle(old, new)
         is_dir, st = await self._meta(self._probe, old)
         pending = self.writes.has(old)
@@ -460,6 +466,8 @@ class KvfsOperations(pyfuse3.Operations):
     @handler
     async def create(self, parent_inode, name, mode, flags, ctx):
         path = self._child(parent_inode, name)
+        check_creatable(path)  # a reserved name is never a block's (kvfs.names): EINVAL
+        self._allow(path, ctx, Operation.WRITE)
         await self._settle(path)
         is_dir, st = await self._meta(self._probe, path)
         if is_dir:
@@ -491,6 +499,7 @@ class KvfsOperations(pyfuse3.Operations):
             await self._bounce(node.was, flags, ctx.pid)
         if flags & os.O_ACCMODE == os.O_RDONLY:
             return await self._open_read(node, name, ctx.pid)
+        self._allow(name, ctx, Operation.WRITE)
         return await self._open_write(node, name, flags, ctx.pid)
 
     async def _bounce(self, name: str | None, flags: int, pid: int, ref: BlockRef | None = None) -> None:
@@ -682,19 +691,18 @@ class KvfsOperations(pyfuse3.Operations):
     # -- access ----------------------------------------------------------------------
 
     def _allow(self, name: str, ctx, op: Operation) -> None:
-        """The namespace's rule, asked again for operations that change or reveal state
-        (the kernel has checked the attributes it was given; this keeps the decision
-        :func:`kvfs.access.check`'s even for requests it does not check, and for a
-        mount without ``default_permissions``)."""
-        rule = self.attrs.rule(name)
-        if rule is None or ctx is None:
+        """The one access decision (``Store.check_access``, the client socket's too),
+        asked for operations that change or reveal state: the kernel has checked the
+        attributes it was given (the same rule), and this keeps the decision kvfs's own
+        for requests it does not check and for a transport without ``default_permissions``."""
+        if ctx is None:
             return
+        rule = self.attrs.rule(name)
         if ctx.uid in (0, rule.uid) or ctx.gid == rule.gid:  # the class is known: no groups needed
             peer = Peer(ctx.uid, ctx.gid, pid=ctx.pid)
         else:
             peer = Peer.of_process(ctx.pid, ctx.uid, ctx.gid)
-        ns = self.store.namespaces.of(name)
-        check(peer, rule, op, namespace=ns.path if ns else name)
+        self.store.check_access(peer, name, op)
 
     # -- extended attributes ---------------------------------------------------------
 
