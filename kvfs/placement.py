@@ -369,6 +369,7 @@ class Placement:
         skipped: list[str] = []
         try:
             while True:  # both bounds are checked again after each eviction: the lock may be let go
+                self.absorb_held(slot)  # an evicted copy a reader holds frees nothing yet
                 if ns is not None and self.ns_over(ns, slot, need):
                     order, quota = ns.parts[i], ns.quota[i]
                     fits = quota is not None and need <= quota
@@ -377,7 +378,7 @@ class Placement:
                         ns.evictions[i] += 1
                         continue
                     return False
-                if cap is not None and self.catalog.used[i] + slot.reserved + need > cap:
+                if cap is not None and self.catalog.used[i] + slot.held + slot.reserved + need > cap:
                     victim = self.victim(slot, skipped)
                     if victim is None or not self.evict_copy(slot, victim, lossless=lossless):
                         return False
@@ -394,11 +395,37 @@ class Placement:
         return 0 if t is None else t.used[tier]
 
     def ns_over(self, ns: NamespaceState | None, slot: TierSlot, need: int) -> bool:
-        """True when *need* more bytes of *ns* do not fit its quota in *slot* now."""
+        """True when *need* more bytes of *ns* do not fit its quota in *slot* now: its
+        copies, its dropped copies readers still hold and its reservations count."""
         if ns is None:
             return False
-        quota = ns.quota[slot.index]
-        return quota is not None and self.ns_used(ns, slot.index) + ns.reserved[slot.index] + need > quota
+        i = slot.index
+        quota = ns.quota[i]
+        return quota is not None and self.ns_used(ns, i) + ns.held[i] + ns.reserved[i] + need > quota
+
+    def absorb_held(self, slot: TierSlot) -> None:
+        """Under the lock: count what *slot*'s tier reports of dropped copies readers still
+        hold (``Tier.held_changes``) in ``slot.held`` and in the held bytes of the
+        namespace of the name each had, until its last reader lets go. Their room is not
+        free, whoever holds them: without this a namespace holding its old versions open
+        passed its quota unseen and the tier, fuller than its count said, evicted anyone's
+        blocks to find the room."""
+        if not slot.tier.keeps_held:
+            return
+        for change in slot.tier.held_changes():
+            if change.size > 0:
+                ns = self.namespaces.of(change.name) if self.namespaces else None
+                slot.held_by[change.token] = (ns, change.size)
+                slot.held += change.size
+                if ns is not None:
+                    ns.held[slot.index] += change.size
+                continue
+            counted = slot.held_by.pop(change.token, None)
+            if counted is not None:
+                ns, size = counted
+                slot.held -= size
+                if ns is not None:
+                    ns.held[slot.index] -= size
 
     def set_quota(self, ns: NamespaceState, slot: TierSlot, quota: int | None) -> None:
         """Give *ns* a quota of *quota* bytes in *slot* (None: none), under the lock. The

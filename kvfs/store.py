@@ -772,7 +772,12 @@ class Store:
 
     def statistics(self) -> StoreStatistics:
         with self.placement.locked():
-            tiers = tuple(s.statistics(self.catalog.used[s.index], self.catalog.counts[s.index]) for s in self.slots)
+            for s in self.slots:
+                self.placement.absorb_held(s)
+            # a dropped copy a reader still holds takes its room: used, for df and the metrics
+            tiers = tuple(
+                s.statistics(self.catalog.used[s.index] + s.held, self.catalog.counts[s.index]) for s in self.slots
+            )
             return StoreStatistics(
                 blocks=len(self.catalog),
                 lookups=self._lookups,
