@@ -566,8 +566,13 @@ class KvfsOperations(pyfuse3.Operations):
     async def _open_reserved(self, r: Reservation, flags: int, ctx) -> pyfuse3.FileInfo:
         """The retried open of an inode set aside for it (see :meth:`_bounce`)."""
         reading = flags & os.O_ACCMODE == os.O_RDONLY
-        if ctx.pid != r.pid or reading != (r.ref is not None):
+        if ctx.pid != r.pid:
             raise FUSEError(errno.ESTALE)  # someone else came through the retry's name: look again
+        if reading != (r.ref is not None):
+            # its own thread, but another kind of open: the retry never came (the kernel
+            # refused it): give the reservation up so its next lookup finds the name's inode
+            self.reserved.release(r)
+            raise FUSEError(errno.ESTALE)
         self.reserved.claim(r)
         node = r.node
         try:
