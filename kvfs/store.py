@@ -51,14 +51,13 @@ from .catalog import BlockRecord, BlockStat, Catalog
 from .config import NamespaceConfig, PolicyConfig, PromoteMode, WriteMode
 from .errors import (
     BlockNotFound,
-    InvalidName,
     IsADirectory,
     KvfsError,
     NoSpace,
     StoreBusy,
     TierUnavailable,
 )
-from .events import EventKind, EventLog
+from .events import EventLog
 from .ingest import Ingest, Reservation
 from .leases import Lease, Leases
 from .lifetimes import Lifetimes, SweepReport
@@ -71,6 +70,7 @@ from .namespaces import (
 )
 from .placement import Placement
 from .policies import EvictionPolicy, Hint, make_policy
+from .rebuild import rebuild_catalog
 from .renames import Renames
 from .revalidation import SharedRecords
 from .shared import SharedView
@@ -728,46 +728,8 @@ class Store:
         that is corrupt (its header, or a name that is not a valid kvfs name or not its
         own path) is counted in the tier's ``corrupt`` and never becomes a block. Runs
         before the store serves (it reads the tiers under the lock)."""
-        found = 0
-        now = self.clock()
-        p = self.placement
-        with p.locked():
-            for slot in self.slots:
-                if not slot.persistent or slot.shared:
-                    continue
-                for info in slot.tier.scan():
-                    if info.problem is None:
-                        try:
-                            if normalize(info.name) != info.name or not info.name:
-                                raise InvalidName(f"{info.name!r} is not a normalized kvfs name")
-                        except InvalidName as exc:
-                            info = type(info)(info.name, info.size, info.checksum, str(exc))
-                    if info.problem is not None:
-                        slot.counters.corrupt += 1
-                        self.rebuilt_corrupt += 1
-                        log.error("rebuild: corrupt file in tier %s skipped: %s", slot.name, info.problem)
-                        p.emit(EventKind.CORRUPT, info.name, slot, info.problem)
-                        continue
-                    rec = self.catalog.get(info.name)
-                    if rec is None:
-                        rec = BlockRecord(
-                            info.name,
-                            info.size,
-                            info.checksum,
-                            created=now,
-                            accessed=now,
-                            learn_shared=bool(self.shared),
-                        )
-                        try:
-                            self.catalog.add(rec)
-                        except KvfsError as exc:
-                            log.warning("rebuild: %s in tier %s skipped: %s", info.name, slot.name, exc)
-                            continue
-                    elif rec.checksum != info.checksum or rec.size != info.size or rec.tiers & slot.bit:
-                        log.warning("rebuild: %s in tier %s differs from a hotter copy; ignored", info.name, slot.name)
-                        continue
-                    p.add_copy(slot, rec)
-                    found += 1
+        found, corrupt = rebuild_catalog(self.placement, now=self.clock(), learn_shared=bool(self.shared))
+        self.rebuilt_corrupt += corrupt
         return found
 
     def statistics(self) -> StoreStatistics:

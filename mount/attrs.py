@@ -21,6 +21,7 @@ import pyfuse3
 
 from kvfs.access import AccessRule, mode_of
 from kvfs.namespaces import Namespaces
+from kvfs.stats import StoreStatistics
 
 from .inodes import Inode
 from .options import FsOptions
@@ -80,6 +81,26 @@ class Attributes:
         a.st_ctime_ns = mt
         a.st_atime_ns = int(atime * 1e9) if atime is not None else mt
         return a
+
+    @staticmethod
+    def statfs(s: StoreStatistics, *, namemax: int) -> pyfuse3.StatvfsData:
+        """What ``statfs`` (``df``) says: the bounded tiers' capacity and the part not used
+        (their ``used`` counts dropped copies readers still hold: that room is not free),
+        in 4 KiB units."""
+        bs = 4096
+        cap = sum(t.capacity for t in s.tiers if t.capacity is not None)
+        used = sum(t.used for t in s.tiers if t.capacity is not None)
+        st = pyfuse3.StatvfsData()
+        st.f_bsize = bs
+        st.f_frsize = bs
+        st.f_blocks = cap // bs
+        st.f_bfree = max(cap - used, 0) // bs
+        st.f_bavail = st.f_bfree
+        st.f_files = s.blocks + st.f_bfree
+        st.f_ffree = st.f_bfree
+        st.f_favail = st.f_bfree
+        st.f_namemax = namemax
+        return st
 
     def negative(self) -> pyfuse3.EntryAttributes:
         """A miss the kernel may cache (``st_ino`` 0) for the negative timeout."""

@@ -32,7 +32,6 @@ from kvfs.errors import InvalidName, KvfsError
 from kvfs.names import check_creatable, normalize
 from kvfs.store import BlockStat, Store, StoreBusy
 from kvfs.tier import BlockRef
-from kvfs.units import parse_duration
 
 from .attrs import Attributes
 from .buffer import keep_freed_memory
@@ -43,6 +42,7 @@ from .opstats import OpStats
 from .options import FsOptions
 from .reservations import Reservation, Reservations
 from .writes import Version, WriteHandle, Writes, default_write_buffer
+from .xattrs import XATTR_PARENT, XATTR_PINNED, XATTRS, pin_request, value_of
 
 __all__ = ["XATTRS", "FsOptions", "KvfsOperations", "errno_of"]
 
@@ -51,13 +51,6 @@ log = logging.getLogger("kvfs.mount.fs")
 _NAME_MAX = 255
 _SMALL_SEAL = 4 << 20  # blocks up to this size seal on the loop when DRAM has room (a memcpy)
 _UNBOUNDED_BLOCK = 5 << 40  # the largest block an unbounded tier takes (S3's largest object)
-
-XATTR_TIERS = b"user.kvfs.tiers"
-XATTR_PINNED = b"user.kvfs.pinned"
-XATTR_HITS = b"user.kvfs.hits"
-XATTR_CHECKSUM = b"user.kvfs.checksum"
-XATTR_PARENT = b"user.kvfs.parent"
-XATTRS = (XATTR_TIERS, XATTR_PINNED, XATTR_HITS, XATTR_CHECKSUM)
 
 
 @dataclass(slots=True, eq=False)
@@ -673,21 +666,7 @@ class KvfsOperations(pyfuse3.Operations):
 
     @handler
     async def statfs(self, ctx):
-        s = await self._meta(self.store.statistics)
-        bs = 4096
-        cap = sum(t.capacity for t in s.tiers if t.capacity is not None)
-        used = sum(t.used for t in s.tiers if t.capacity is not None)
-        st = pyfuse3.StatvfsData()
-        st.f_bsize = bs
-        st.f_frsize = bs
-        st.f_blocks = cap // bs
-        st.f_bfree = max(cap - used, 0) // bs
-        st.f_bavail = st.f_bfree
-        st.f_files = s.blocks + st.f_bfree
-        st.f_ffree = st.f_bfree
-        st.f_favail = st.f_bfree
-        st.f_namemax = _NAME_MAX
-        return st
+        return self.attrs.statfs(await self._meta(self.store.statistics), namemax=_NAME_MAX)
 
     @handler
     async def access(self, inode, mode, ctx):
@@ -735,18 +714,7 @@ class KvfsOperations(pyfuse3.Operations):
             if name == XATTR_PARENT and node.version.parent:
                 return node.version.parent.encode()
             raise FUSEError(pyfuse3.ENOATTR)
-        st = await self._block_stat(node)
-        if name == XATTR_TIERS:
-            return ",".join(st.tiers).encode()
-        if name == XATTR_PINNED:
-            return b"1" if st.pinned else b"0"
-        if name == XATTR_HITS:
-            return str(st.hits).encode()
-        if name == XATTR_CHECKSUM:
-            return st.checksum_hex.encode()
-        if name == XATTR_PARENT and st.parent:
-            return st.parent.encode()
-        raise FUSEError(pyfuse3.ENOATTR)
+        return value_of(await self._block_stat(node), name)
 
     @handler
     async def listxattr(self, inode, ctx):
@@ -775,17 +743,8 @@ class KvfsOperations(pyfuse3.Operations):
         st = await self._block_stat(node)
         if name == XATTR_PINNED:
             self._allow(st.name, ctx, Operation.PIN)
-            v = value.strip()
-            if v in (b"0", b"1"):
-                await self._meta(self.store.pin, st.name, v == b"1")
-                return
-            try:  # a duration: a soft pin (line 41)
-                ttl = parse_duration(v.decode())
-            except (UnicodeDecodeError, ValueError):
-                raise FUSEError(errno.EINVAL) from None
-            if not ttl > 0:
-                raise FUSEError(errno.EINVAL)
-            await self._meta(functools.partial(self.store.pin, ttl=ttl), st.name, True)
+            pinned, ttl = pin_request(value)  # ttl: a soft pin (line 41)
+            await self._meta(functools.partial(self.store.pin, ttl=ttl), st.name, pinned)
             return
         if name in XATTRS:
             raise FUSEError(errno.EPERM)  # read-only kvfs state
