@@ -53,7 +53,6 @@ from .errors import (
     BlockNotFound,
     IsADirectory,
     KvfsError,
-    NoSpace,
     StoreBusy,
     TierUnavailable,
 )
@@ -70,6 +69,7 @@ from .namespaces import (
 )
 from .placement import Placement
 from .policies import EvictionPolicy, Hint, make_policy
+from .promises import Promise, Promises
 from .rebuild import rebuild_catalog
 from .renames import Renames
 from .revalidation import SharedRecords
@@ -161,6 +161,7 @@ class Store:
         self.leases = Leases(self.placement, clock=lease_clock)
         self.lifetimes = Lifetimes(self)
         self.ingest = Ingest(self, clock=lease_clock)
+        self.promises = Promises(self.placement, check=self.check_writable)
         self.batch = BatchReads(self)
         self._through = [s for s in self.slots if s.index > 0 and s.tier.config.write is WriteMode.THROUGH]
         self._lookups = 0
@@ -217,17 +218,17 @@ class Store:
 
     # -- writing -------------------------------------------------------------------------
 
-    def put(self, name: str, data: Any, *, parent: str | None = None) -> BlockStat:
+    def put(self, name: str, data: Any, *, parent: str | None = None, promise: Promise | None = None) -> BlockStat:
         """Seal *data* as block *name*, replacing an existing block atomically.
 
-        The block lands in the hottest tier that can take it (evicting by policy);
-        write-through tiers below get a copy when :meth:`run_pending` runs. Readers that
-        opened the old block keep its bytes. Raises :class:`NoSpace` when no tier can
-        take it, :class:`IsADirectory` when *name* is a directory.
+        The block lands in the hottest tier that can take it (evicting by policy), or in
+        the room *promise* holds for it (:meth:`promise`); write-through tiers below get a
+        copy when :meth:`run_pending` runs. Readers that opened the old block keep its
+        bytes. Raises :class:`NoSpace` when no tier can take it, :class:`IsADirectory`
+        when *name* is a directory.
         """
         name = normalize(name)
         self.check_writable(name)
-        ns = self.namespaces.of(name)
         mv = memoryview(data).cast("B")
         csum = compute_checksum(mv)
         now = self.clock()
@@ -238,24 +239,23 @@ class Store:
             if old is not None:
                 for j in old.tier_indexes():
                     self.slots[j].policy.remove(name)
-            placed = p.place(rec, mv)
+            placed = self.promises.keep(promise, rec, mv) if promise is not None else None
+            placed = placed or p.place(rec, mv)
             if placed is None:
                 old = self.catalog.get(name)  # again: the lock may have been let go meanwhile
                 if old is not None and not old.pinned:
                     for j in old.tier_indexes():
                         p.policy_insert(self.slots[j], old)
-                if ns is not None and any(q is not None for q in ns.quota):
-                    ns.refused += 1
-                    raise NoSpace(
-                        f"no tier can take {name!r} ({len(mv)} bytes) within namespace {ns.path!r}'s quotas: "
-                        + "; ".join(f"{s.name} {p.refusal(s, rec)}" for s in self.slots)
-                        + "; unpin blocks of it or raise its quota (kvfs quota set)"
-                    )
-                raise NoSpace(
-                    f"no tier can take {name!r} ({len(mv)} bytes): every tier is full of pinned blocks "
-                    "or too small; unpin blocks or add capacity"
-                )
+                raise p.no_space(rec)
             return self.seal_end(rec, placed)
+
+    def promise(self, name: str, size: int) -> Promise:
+        """Room for *size* bytes to be sealed as *name* later by :meth:`put` (see :meth:`Promises.make`)."""
+        return self.promises.make(name, size)
+
+    def give_up_promise(self, promise: Promise) -> None:
+        """*promise* will not be kept (see :meth:`Promises.give_up`). Never waits."""
+        self.promises.give_up(promise)
 
     def check_writable(self, name: str) -> None:
         """Raise :class:`NamespaceRetired` when *name* lies in a retired namespace (its

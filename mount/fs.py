@@ -30,6 +30,7 @@ from pyfuse3 import FUSEError
 from kvfs.access import Operation, Peer
 from kvfs.errors import InvalidName, KvfsError
 from kvfs.names import check_creatable, normalize
+from kvfs.promises import Promise
 from kvfs.store import BlockStat, Store, StoreBusy
 from kvfs.tier import BlockRef
 
@@ -94,7 +95,12 @@ class KvfsOperations(pyfuse3.Operations):
         largest = max((t.capacity if t.capacity is not None else _UNBOUNDED_BLOCK) for t in store.tiers)
         cap = write_buffer if write_buffer is not None else default_write_buffer()
         self.writes = Writes(
-            cap=cap, max_block=min(largest, cap), release_wait=options.release_wait, opstats=self.opstats
+            cap=cap,
+            max_block=min(largest, cap),
+            release_wait=options.release_wait,
+            opstats=self.opstats,
+            promise=self._promise,
+            give_up=store.give_up_promise,
         )
         self.attrs = Attributes(options, negative_timeout=self._negative_timeout, namespaces=store.namespaces)
         self.notices = KernelNotices(self.inodes)
@@ -195,15 +201,25 @@ class KvfsOperations(pyfuse3.Operations):
                 pass
         return await self._slow(self._coldest(st), fn, *args)
 
-    async def _put(self, name: str, data, parent: str | None) -> BlockStat:
-        """Seal *data* as block *name* (the store call of a seal)."""
-        put = functools.partial(self.store.put, parent=parent)
+    async def _put(self, name: str, data, parent: str | None, promise: Promise | None = None) -> BlockStat:
+        """Seal *data* as block *name* (the store call of a seal), in the room *promise* holds."""
+        put = functools.partial(self.store.put, parent=parent, promise=promise)
         if self._fits_in_dram(len(data)):
             try:  # a memcpy into the arena: no thread, unless the store is busy
                 return self.store.nowait(put, name, data)
             except StoreBusy:
                 pass
         return await self._slow(self._seal_tier(), put, name, data)
+
+    async def _promise(self, name: str, size: int) -> Promise:
+        """Room for the seal of *size* bytes as *name* (at a close): on the loop when DRAM
+        has it free, else in a thread (making room may demote blocks)."""
+        if self._fits_in_dram(size):
+            try:
+                return self.store.nowait(self.store.promise, name, size)
+            except StoreBusy:
+                pass
+        return await self._slow(self._seal_tier(), self.store.promise, name, size)
 
     async def _open_block(self, name: str) -> BlockRef:
         """A reference to the sealed block *name*'s bytes (BlockNotFound if absent)."""
@@ -472,7 +488,7 @@ class KvfsOperations(pyfuse3.Operations):
         node.mtime = time.time()
         v = self.writes.start(path, node)
         node.version = v
-        fh = self._new_fh(WriteHandle(node, v))
+        fh = self._new_fh(WriteHandle(node, v, ctx.pid))
         self.inodes.looked_up(node)
         info = pyfuse3.FileInfo(fh=fh, direct_io=self.options.direct_io_write, keep_cache=False)
         return info, self.attrs.of(node)
@@ -540,13 +556,13 @@ class KvfsOperations(pyfuse3.Operations):
         v = node.version
         if v is not None and not v.ended:
             if not flags & os.O_TRUNC:  # a second open of a file being written (by path, or O_RDWR): the same file
-                fh = self._new_fh(WriteHandle(node, v))
+                fh = self._new_fh(WriteHandle(node, v, pid))
                 return pyfuse3.FileInfo(fh=fh, direct_io=self.options.direct_io_write, keep_cache=True)
             # O_TRUNC: a new version of its own, through the same inode (only writers use it:
             # a file being written has no readers), its writes bypassing the page cache
             v.shares_inode = True
             new = self.writes.start(name, node, shares_inode=True)
-            fh = self._new_fh(WriteHandle(node, new))
+            fh = self._new_fh(WriteHandle(node, new, pid))
             return pyfuse3.FileInfo(fh=fh, direct_io=True, keep_cache=True)
         # A new version of a sealed block. Its writer must not share the block's inode with
         # the block's readers: the kernel would change the size they see as it writes. So
@@ -584,7 +600,7 @@ class KvfsOperations(pyfuse3.Operations):
                     # gone meanwhile (evicted, unlinked): as if it were created now
             v = self.writes.start(r.name, node, base=base)
             node.version = v
-            fh = self._new_fh(WriteHandle(node, v))
+            fh = self._new_fh(WriteHandle(node, v, ctx.pid))
             return pyfuse3.FileInfo(fh=fh, direct_io=self.options.direct_io_write, keep_cache=False)
         finally:
             self.reserved.done(r)
@@ -604,10 +620,12 @@ class KvfsOperations(pyfuse3.Operations):
         return await self.writes.write(h.version, off, buf)
 
     @handler
-    async def flush(self, fh):
+    async def flush(self, fh, pid: int | None = None):
+        """A ``close`` of *fh*; *pid*: the closing task where the transport knows it (pyfuse3
+        does not: then *fh*'s opener is asked). See ``Writes.flush``."""
         h = self._handle(fh)
         if isinstance(h, WriteHandle):
-            self.writes.flush(h.version)  # reports a failed write; the seal waits for the release
+            await self.writes.flush(h, pid)
 
     @handler
     async def fsync(self, fh, datasync):
