@@ -316,13 +316,68 @@ def test_s40_a_namespace_full_of_pinned_blocks_refuses_the_seal_and_only_it(kvfs
     a = {ns["path"]: ns for ns in json.loads(res.stdout)["namespaces"]}["a"]
     assert a["refused"] >= 1 and a["tiers"]["dram"]["used"] <= 256 << 10 and a["tiers"]["disk"]["used"] <= 200 << 10
     fd = os.open(mp / "old" / "y", os.O_CREAT | os.O_WRONLY)
-    try:
-        os.write(fd, b"stale")
+    os.write(fd, b"stale")
+    for call in (os.fsync, os.close):  # the seal, and the room its close promises (line 43)
         with pytest.raises(OSError) as info:
-            os.fsync(fd)
+            call(fd)
         assert info.value.errno == errno.EROFS
+
+
+HELD_CONFIG = (
+    TIERS.replace("{dram}", "16MiB")
+    + """
+[[namespaces]]
+path = "a"
+quota = {{ dram = "4MiB" }}
+
+[[namespaces]]
+path = "b"
+"""
+)
+
+
+def test_s33_s40_old_versions_held_open_count_against_the_quota_and_df(kvfs_mount, tmp_path):
+    """Issue 20, item 3, on a real mount: a tenant within its DRAM quota writes version
+    after version of one block while holding every old one open. Their DRAM stays taken
+    until closed, so it counts: df shows it used, the quota holds it, and the other
+    tenant's blocks stay in DRAM (before, they were pushed out and df showed the room
+    free)."""
+    mp = kvfs_mount(HELD_CONFIG.format(data=tmp_path))
+    block = 1 << 20
+    for i in range(8):
+        (mp / "b" / f"{i}").write_bytes(bytes([i]) * block)
+    held = []
+    try:
+        for v in range(10):
+            (mp / "a" / "x").write_bytes(bytes([100 + v]) * block)
+            f = open(mp / "a" / "x", "rb")  # noqa: SIM115  (held open on purpose)
+            held.append(f)
+            assert f.read(1) == bytes([100 + v])
+            tiers = {i: os.getxattr(mp / "b" / f"{i}", "user.kvfs.tiers") for i in range(8)}
+            assert set(tiers.values()) == {b"dram"}, (v, tiers)
+        res = json.loads(run_kvfs("quota", "show", str(mp), "--json", check=True).stdout)
+        a = {ns["path"]: ns for ns in res["namespaces"]}["a"]
+        assert a["tiers"]["dram"]["used"] <= 4 * block, a
+        df = json.loads(run_kvfs("df", str(mp), "--json", check=True).stdout)
+        dram = {t["name"]: t for t in df["tiers"]}["dram"]
+        assert dram["used"] >= 8 * block + 3 * block, dram  # b's blocks and a's versions held open
+        st = os.statvfs(mp)
+        assert (st.f_blocks - st.f_bfree) * st.f_frsize >= dram["used"]
+        for v, f in enumerate(held):  # every reader kept its version, whole
+            f.seek(0)
+            assert f.read() == bytes([100 + v]) * block
     finally:
-        os.close(fd)
+        for f in held:
+            f.close()
+
+    def released() -> bool:
+        df = json.loads(run_kvfs("df", str(mp), "--json", check=True).stdout)
+        return {t["name"]: t for t in df["tiers"]}["dram"]["used"] <= 8 * block + block
+
+    deadline = time.monotonic() + 30  # the releases follow the closes
+    while not released():
+        assert time.monotonic() < deadline, "the held versions' room did not come back"
+        time.sleep(0.1)
 
 
 def test_s27_s41_a_soft_pin_by_extended_attribute_ends_by_itself(kvfs_mount, tmp_path):
