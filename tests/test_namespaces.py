@@ -214,6 +214,31 @@ def test_old_versions_held_by_readers_count_against_the_quota_and_the_tier(make_
     )
 
 
+def test_the_dram_tier_reports_each_held_copy_it_drops_and_frees():
+    """What the store counts held (Tier.held_changes): a copy dropped while a reader
+    holds it, then its release; one dropped and released between two drains is never
+    reported; an idle copy's room is free at once."""
+    t = DramTier(DramConfig(name=TierName("dram"), capacity=8 * BLOCK, mlock=False, prefault=False))
+    try:
+        t.put("a/x", blob(1), 1)
+        ref = t.open("a/x")
+        t.put("a/x", blob(2), 2)  # replaced while held
+        [c] = t.held_changes()
+        assert (c.name, c.size) == ("a/x", BLOCK) and t.held_changes() == []
+        ref.release()
+        [d] = t.held_changes()
+        assert (d.token, d.size) == (c.token, -BLOCK)
+        ref = t.open("a/x")
+        t.delete("a/x")  # dropped while held, released before the next drain
+        ref.release()
+        assert t.held_changes() == []
+        t.put("a/y", blob(3), 3)
+        t.delete("a/y")  # nobody held it
+        assert t.held_changes() == [] and t.free_bytes == 8 * BLOCK
+    finally:
+        t.close()
+
+
 def test_a_block_larger_than_the_quota_goes_to_a_tier_without_one(make_store, tmp_path):
     s = make_store(namespaces=(ns("a", dram=BLOCK),))
     s.put("a/big", blob(1, 2 * BLOCK))

@@ -209,7 +209,7 @@ class DramTier(Tier):
         self._alloc = ExtentAllocator(size - HEADER)
         self._index: dict[str, _Extent] = {}
         self._lock = threading.Lock()
-        self._held: list[HeldChange] = []
+        self._held: dict[int, HeldChange] = {}  # not yet drained, in order: +token retired, -token freed
         self._tokens = 0
 
     def _prefault(self, size: int) -> None:
@@ -249,19 +249,19 @@ class DramTier(Tier):
             return
         self._tokens += 1
         ext.token = self._tokens
-        self._held.append(HeldChange(ext.token, name, self._alloc.round(ext.length)))
+        self._held[ext.token] = HeldChange(ext.token, name, self._alloc.round(ext.length))
 
     def _release(self, ext: _Extent) -> None:
         with self._lock:
             ext.refs -= 1
             if ext.refs == 0 and ext.retired:
                 self._alloc.free(ext.offset, ext.length)
-                if ext.token:
-                    self._held.append(HeldChange(ext.token, "", -self._alloc.round(ext.length)))
+                if ext.token and self._held.pop(ext.token, None) is None:  # not drained yet: never counted
+                    self._held[-ext.token] = HeldChange(ext.token, "", -self._alloc.round(ext.length))
 
     def held_changes(self) -> list[HeldChange]:
         with self._lock:
-            out, self._held = self._held, []
+            out, self._held = list(self._held.values()), {}
         return out
 
     def open(self, name: str) -> BlockRef:
