@@ -350,7 +350,7 @@ def test_s33_s40_old_versions_held_open_count_against_the_quota_and_df(kvfs_moun
     try:
         for v in range(10):
             (mp / "a" / "x").write_bytes(bytes([100 + v]) * block)
-            f = open(mp / "a" / "x", "rb")  # noqa: SIM115  (held open on purpose)
+            f = open(mp / "a" / "x", "rb")  # held open on purpose
             held.append(f)
             assert f.read(1) == bytes([100 + v])
             tiers = {i: os.getxattr(mp / "b" / f"{i}", "user.kvfs.tiers") for i in range(8)}
