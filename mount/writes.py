@@ -346,7 +346,7 @@ class Writes:
         except (KvfsError, OSError) as exc:
             if v.error is None:
                 log.warning(
-                    "%s: no tier can take it (%d bytes): its close fails and nothing is published: %s", name, size, exc
+                    "%s (%d bytes): no room for its seal; its close fails, nothing is published: %s", name, size, exc
                 )
             raise self._fail(v, errno_of(exc)) from None
         self._forget_promise(v)
