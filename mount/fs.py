@@ -212,14 +212,13 @@ class KvfsOperations(pyfuse3.Operations):
         return await self._slow(self._seal_tier(), put, name, data)
 
     async def _promise(self, name: str, size: int) -> Promise:
-        """Room for the seal of *size* bytes as *name* (at a close): on the loop when DRAM
-        has it free, else in a thread (making room may demote blocks)."""
-        if self._fits_in_dram(size):
-            try:
-                return self.store.nowait(self.store.promise, name, size)
-            except StoreBusy:
-                pass
-        return await self._slow(self._seal_tier(), self.store.promise, name, size)
+        """Room for the seal of *size* bytes as *name* (at a close): bookkeeping, so on the
+        loop unless making the room needs tier I/O (a demotion) or the store's lock is
+        busy; then in a thread."""
+        try:
+            return self.store.nowait(self.store.promise, name, size)
+        except StoreBusy:
+            return await self._slow(self._seal_tier(), self.store.promise, name, size)
 
     async def _open_block(self, name: str) -> BlockRef:
         """A reference to the sealed block *name*'s bytes (BlockNotFound if absent)."""
