@@ -1,6 +1,12 @@
 """Who may do what in a namespace: the one access decision, for the mount and the client socket.
 
 A namespace may carry an :class:`AccessRule`: an owner uid, a group gid and a Unix mode.
+Outside every namespace with a rule the mount's default rule decides: the mounting
+user's, mode ``0755`` (everyone lists and reads, the owner alone writes, pins and
+evicts; :attr:`kvfs.namespaces.Namespaces.default`). Every name has exactly one rule
+(:meth:`kvfs.namespaces.Namespaces.rule`), and every decision is
+``Store.check_access(peer, name, op)`` over it, whoever asks.
+
 The rule is enforced in two places that must agree, so both use this module:
 
 - the FUSE mount (``allow_other`` + ``default_permissions``): the kernel checks every
@@ -8,9 +14,12 @@ The rule is enforced in two places that must agree, so both use this module:
   directories with the rule's owner, group and *mode*, its blocks with the same owner
   and group and ``mode & 0o666`` (:func:`mode_of`). The kernel's checks then are exactly
   :func:`decide`'s, operation by operation (tests/test_access.py checks every mode);
+  The mount also asks ``Store.check_access`` itself before it creates, replaces, removes,
+  renames, lists or pins (so the decision is kvfs's own even where the kernel does not
+  check, and the same as the socket's);
 - the client socket: the server reads the peer's credentials (:meth:`Peer.of_socket`,
-  ``SO_PEERCRED`` and ``SO_PEERGROUPS``) and asks :func:`check` before it lists, reads,
-  writes, evicts or pins anything of a namespace.
+  ``SO_PEERCRED`` and ``SO_PEERGROUPS``) and asks ``Store.check_access`` before it
+  lists, reads, writes, evicts or pins anything — inside a namespace or not.
 
 Operations and the bits they need (every block lives in a sharded directory,
 ``<namespace>/<ab>/<hash>``, so each needs search, ``x``, on the namespace's directories):
@@ -161,8 +170,9 @@ def _bits(uid: int, in_group: Callable[[int], bool], rule: AccessRule) -> int:
 
 
 def decide(peer: Peer, rule: AccessRule | None, op: Operation) -> bool:
-    """True when *peer* may do *op* in a namespace with *rule* (``None``: no rule, the
-    mount's defaults: everyone reads, the mounting user writes, which the kernel checks)."""
+    """True when *peer* may do *op* in a namespace with *rule* (``None``: allowed; callers
+    pass the mount's default rule for names outside every namespace with one,
+    :meth:`kvfs.namespaces.Namespaces.rule`)."""
     if rule is None or peer.uid == 0:
         return True
     bits = _bits(peer.uid, peer.in_group, rule)
@@ -170,11 +180,19 @@ def decide(peer: Peer, rule: AccessRule | None, op: Operation) -> bool:
     return bits & need == need
 
 
-def check(peer: Peer, rule: AccessRule | None, op: Operation, *, namespace: str) -> None:
-    """Raise :class:`AccessDenied` unless *peer* may do *op* in *namespace* (see :func:`decide`)."""
+def check(peer: Peer, rule: AccessRule | None, op: Operation, *, namespace: str | None, name: str = "") -> None:
+    """Raise :class:`AccessDenied` unless *peer* may do *op* in *namespace* (see
+    :func:`decide`). ``namespace=None``: *name* lies outside every namespace with a rule,
+    where *rule* is the mount's default (its owner's, ``0755``)."""
     if decide(peer, rule, op):
         return
     assert rule is not None
+    if namespace is None:
+        raise AccessDenied(
+            f"uid {peer.uid} may not {op.value} {name or '/'!r}: it lies outside every namespace with an access "
+            f"rule, where the mount's owner (uid {rule.uid}) alone may write, pin or evict ({rule.describe()}); "
+            "use a namespace whose rule lets you, or run it as the mount's owner"
+        )
     raise AccessDenied(
         f"uid {peer.uid} may not {op.value} in namespace {namespace!r} ({rule.describe()}); "
         "ask its owner to add you to its group, or use a namespace of your own"

@@ -241,11 +241,13 @@ class ClientConfig:
     """The batch client's socket (docs/client.md). The daemon always serves its owner on
     the mount's control socket (owner-only). ``socket`` adds a socket for clients of other
     users, given to ``group`` (a group name or number; mode 0660); they may read and, with
-    ``group_writes``, put, but not run operator commands. ``lease_ttl``: a lease's default
-    lifetime (seconds, at most 600); ``max_reserved``: bytes of the arena one session may
-    hold reserved for puts at once (default: half the DRAM tier); ``copy_buffer``: bytes of
-    the private buffer a session gets instead of the arena when a namespace's rule keeps
-    it from mapping the arena (default: ``max_reserved``)."""
+    ``group_writes``, put under names whose access rule lets them write (never outside
+    every namespace with a rule, as on the mount), but not run operator commands.
+    ``lease_ttl``: a lease's default lifetime (seconds, at most 600); ``max_reserved``:
+    bytes of the arena one session may hold reserved for puts at once (default: half the
+    DRAM tier); ``copy_buffer``: bytes of the private buffer a session gets instead of the
+    arena when a namespace's rule keeps it from mapping the arena (default:
+    ``max_reserved``)."""
 
     socket: Path | None = None
     group: str | None = None

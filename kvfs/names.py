@@ -3,6 +3,17 @@
 A block's name is its path inside the kvfs namespace: a relative, ``/``-separated path
 with no empty, ``.`` or ``..`` components, e.g. ``llama-1a2b3c4d5e6f/ab/ab12…``. The root
 directory is the empty string.
+
+**Reserved names.** A component that starts with :data:`RESERVED_PREFIX` (``.kvfs-``)
+is kvfs's own: the posix tier writes each block to a hidden temporary ``.kvfs-tmp.*``
+next to its final name (and ``kvfs gc`` renames expired blocks aside as
+``.kvfs-tmp.gc.*``), which other nodes' listings skip and gc removes. A block or
+directory under such a name would be hidden from other nodes and deleted by gc, so no
+block or directory may be created under one (:func:`check_creatable`, asked by every way
+of creating a name; ``EINVAL`` on the mount), and one never exists (:func:`is_reserved`).
+The disk tier's temporaries and lock file live outside its ``blocks/`` tree and s3 keeps
+no temporary keys (an unfinished multipart upload has no key until it completes), so
+nothing else can collide.
 """
 
 from __future__ import annotations
@@ -11,7 +22,19 @@ from typing import NewType
 
 from .errors import InvalidName
 
-__all__ = ["ROOT", "BlockName", "TierName", "basename", "is_under", "normalize", "parent_of", "split"]
+__all__ = [
+    "RESERVED_PREFIX",
+    "ROOT",
+    "BlockName",
+    "TierName",
+    "basename",
+    "check_creatable",
+    "is_reserved",
+    "is_under",
+    "normalize",
+    "parent_of",
+    "split",
+]
 
 BlockName = NewType("BlockName", str)
 """A normalized path inside the namespace (a block or a directory)."""
@@ -20,6 +43,9 @@ TierName = NewType("TierName", str)
 """The configured name of a tier (``dram``, ``nvme0``, ``lustre``, …)."""
 
 ROOT = BlockName("")
+
+RESERVED_PREFIX = ".kvfs-"
+"""Components starting with this are kvfs's own (tier temporaries; see the module doc)."""
 
 _MAX_COMPONENT = 255
 _MAX_PATH = 3800  # leaves room for the block file header (4 KiB) and the tier's own prefix
@@ -74,3 +100,18 @@ def split(name: str) -> tuple[BlockName, str]:
 def is_under(name: str, directory: str) -> bool:
     """True when *name* is *directory* itself or lies below it (``ROOT`` holds everything)."""
     return not directory or name == directory or name.startswith(directory + "/")
+
+
+def is_reserved(name: str) -> bool:
+    """True when a component of the normalized *name* starts with :data:`RESERVED_PREFIX`."""
+    return name.startswith(RESERVED_PREFIX) or f"/{RESERVED_PREFIX}" in name
+
+
+def check_creatable(name: str) -> None:
+    """Raise :class:`InvalidName` when the normalized *name* may not be created as a block
+    or directory: a component of it is reserved for kvfs's own files."""
+    if is_reserved(name):
+        raise InvalidName(
+            f"{name!r}: names with a component starting with {RESERVED_PREFIX!r} are reserved for kvfs's own "
+            "temporary files (other nodes would not list it and kvfs gc would delete it); choose another name"
+        )

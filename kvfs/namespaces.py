@@ -9,8 +9,13 @@ lookups, and holds per namespace what the store needs to keep its quotas at all 
 - **usage** is not counted twice: it is the catalog's running total of the namespace's
   directory (:class:`~kvfs.catalog.DirTotals`), a dictionary lookup;
 - **reservations**: bytes of copies being written into a tier for the namespace right
-  now (outside the store's lock), so ``used + reserved <= quota`` holds throughout a
-  two-phase move, as ``used + reserved <= capacity`` does for the tier;
+  now (outside the store's lock) and promised to blocks about to be sealed, so ``used +
+  held + reserved <= quota`` holds throughout a two-phase move, as it does against the
+  capacity for the tier;
+- **held bytes**: dropped copies of its blocks (old versions, deleted or evicted blocks)
+  whose memory readers still hold: they take the tier's room until released, so they
+  count against its quota (``NamespaceState.held``, kept by the placement from what the
+  tier reports, ``Tier.held_changes``);
 - **its own eviction order per tier with a quota**: a policy instance holding only the
   namespace's blocks in that tier. The tier's policy is wrapped in a
   :class:`PartitionedPolicy` that tells both (insert, touch, remove), so a namespace over
@@ -34,6 +39,7 @@ from .hashing import Namespace, differ_only_by_weights
 from .policies import EvictionPolicy, Hint
 
 __all__ = [
+    "DEFAULT_MODE",
     "CrossNamespace",
     "NamespaceRetired",
     "NamespaceState",
@@ -42,6 +48,11 @@ __all__ = [
     "PartitionedPolicy",
     "fingerprint_warnings",
 ]
+
+
+DEFAULT_MODE = 0o755
+"""The mode of everything outside the namespaces with an access rule (directories
+``drwxr-xr-x``, blocks ``-rw-r--r--``)."""
 
 
 class CrossNamespace(KvfsError):
@@ -72,6 +83,9 @@ class NamespaceState:
     """From the config (False: created by ``kvfs quota set``, gone at the next start)."""
     evictions: list[int] = field(default_factory=list)
     """Copies evicted from each tier to keep the namespace within its quota there."""
+    held: list[int] = field(default_factory=list)
+    """Bytes of its blocks' dropped copies that readers still hold in each tier (old
+    versions held open): their room is taken, so they count against its quota."""
     refused: int = 0
     """Writes refused (ENOSPC) because every tier that could take them is at its quota."""
     expired: int = 0
@@ -83,9 +97,9 @@ class NamespaceState:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class NamespaceTierUse:
-    """A namespace in one tier: bytes *used* against its *quota* (None: none there), the
-    *blocks* it holds there and the *evictions* its quota caused. Unpacks as a tuple in
-    that order."""
+    """A namespace in one tier: bytes *used* against its *quota* (None: none there; used
+    counts its copies and its dropped copies readers still hold), the *blocks* it holds
+    there and the *evictions* its quota caused. Unpacks as a tuple in that order."""
 
     name: str
     used: int
@@ -141,7 +155,8 @@ class Namespaces:
 
     *policy_factory* builds the per-namespace eviction orders (the store's, so they use
     its policy and clock); *uid*/*gid* fill an access rule's owner or group when the
-    config leaves one out (the mounting user).
+    config leaves one out (the mounting user), and own everything outside the namespaces
+    with rules (:attr:`default`).
     """
 
     def __init__(
@@ -155,6 +170,9 @@ class Namespaces:
     ) -> None:
         self.tier_names = list(tier_names)
         self.policy_factory = policy_factory
+        self.default = AccessRule(uid=uid, gid=gid, mode=DEFAULT_MODE)
+        """The rule of every name outside the namespaces with an access rule: the mounting
+        user's, ``0755`` (everyone reads, the owner writes, pins and evicts)."""
         self._by_path: dict[str, NamespaceState] = {}
         self._depth = 0
         for c in configs:
@@ -170,6 +188,7 @@ class Namespaces:
                     retired=c.retired,
                     model=c.model,
                     evictions=[0] * len(self.tier_names),
+                    held=[0] * len(self.tier_names),
                 )
             )
 
@@ -204,6 +223,16 @@ class Namespaces:
                 return ns
         return None
 
+    def rule(self, name: str | None) -> AccessRule:
+        """The access rule that decides for *name* (a block or directory; None: no name):
+        its namespace's, or :attr:`default` outside every namespace with one. The mount's
+        attributes and every access check (mount and client socket) ask this."""
+        if name and self._by_path:
+            ns = self.of(name)
+            if ns is not None and ns.access is not None:
+                return ns.access
+        return self.default
+
     def rules(self) -> list[AccessRule]:
         """Every access rule (for :func:`kvfs.access.may_map_arena`)."""
         return [ns.access for ns in self._by_path.values() if ns.access is not None]
@@ -217,7 +246,13 @@ class Namespaces:
             return ns
         n = len(self.tier_names)
         ns = NamespaceState(
-            path=path, quota=[None] * n, reserved=[0] * n, parts=[None] * n, evictions=[0] * n, configured=False
+            path=path,
+            quota=[None] * n,
+            reserved=[0] * n,
+            parts=[None] * n,
+            evictions=[0] * n,
+            held=[0] * n,
+            configured=False,
         )
         self._add(ns)
         return ns

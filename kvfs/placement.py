@@ -34,18 +34,22 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .backlog import WriteThroughQueue
 from .catalog import BlockRecord, Catalog
-from .errors import BlockCorrupt, BlockNotFound, StoreBusy, TierFull, TierUnavailable
+from .errors import BlockCorrupt, BlockNotFound, NoSpace, StoreBusy, TierFull, TierUnavailable
 from .events import EventKind, EventLog
 from .namespaces import Namespaces, NamespaceState, PartitionedPolicy
 from .policies import EvictionPolicy
 from .slot import TierSlot
 from .tier import BlockRef, Tier
+
+if TYPE_CHECKING:
+    from .promises import Promise
 
 __all__ = ["Placement"]
 
@@ -95,6 +99,9 @@ class Placement:
         self.shared_mask = sum(s.bit for s in self.slots if s.shared)
         self.local_mask = sum(s.bit for s in self.slots if not s.shared)
         self.local_persistent_mask = self.persistent_mask & self.local_mask
+        self.given_up: deque[Promise] = deque()
+        """Promises of room given up outside the lock (:mod:`kvfs.promises`), whose room
+        :meth:`settle_promises` gives back (appends are thread-safe)."""
 
     # -- the lock ------------------------------------------------------------------
 
@@ -368,7 +375,9 @@ class Placement:
             return False
         skipped: list[str] = []
         try:
+            self.settle_promises()
             while True:  # both bounds are checked again after each eviction: the lock may be let go
+                self.absorb_held(slot)  # an evicted copy a reader holds frees nothing yet
                 if ns is not None and self.ns_over(ns, slot, need):
                     order, quota = ns.parts[i], ns.quota[i]
                     fits = quota is not None and need <= quota
@@ -377,7 +386,7 @@ class Placement:
                         ns.evictions[i] += 1
                         continue
                     return False
-                if cap is not None and self.catalog.used[i] + slot.reserved + need > cap:
+                if cap is not None and self.catalog.used[i] + slot.held + slot.reserved + need > cap:
                     victim = self.victim(slot, skipped)
                     if victim is None or not self.evict_copy(slot, victim, lossless=lossless):
                         return False
@@ -394,11 +403,42 @@ class Placement:
         return 0 if t is None else t.used[tier]
 
     def ns_over(self, ns: NamespaceState | None, slot: TierSlot, need: int) -> bool:
-        """True when *need* more bytes of *ns* do not fit its quota in *slot* now."""
+        """True when *need* more bytes of *ns* do not fit its quota in *slot* now: its
+        copies, its dropped copies readers still hold and its reservations count."""
         if ns is None:
             return False
-        quota = ns.quota[slot.index]
-        return quota is not None and self.ns_used(ns, slot.index) + ns.reserved[slot.index] + need > quota
+        i = slot.index
+        quota = ns.quota[i]
+        return quota is not None and self.ns_used(ns, i) + ns.held[i] + ns.reserved[i] + need > quota
+
+    def settle_promises(self) -> None:
+        """Under the lock: give back the room of the promises given up since (:mod:`kvfs.promises`)."""
+        while self.given_up:
+            self.given_up.popleft().end("broken")
+
+    def absorb_held(self, slot: TierSlot) -> None:
+        """Under the lock: count what *slot*'s tier reports of dropped copies readers still
+        hold (``Tier.held_changes``) in ``slot.held`` and in the held bytes of the
+        namespace of the name each had, until its last reader lets go. Their room is not
+        free, whoever holds them: without this a namespace holding its old versions open
+        passed its quota unseen and the tier, fuller than its count said, evicted anyone's
+        blocks to find the room."""
+        if not slot.tier.keeps_held:
+            return
+        for change in slot.tier.held_changes():
+            if change.size > 0:
+                ns = self.namespaces.of(change.name) if self.namespaces else None
+                slot.held_by[change.token] = (ns, change.size)
+                slot.held += change.size
+                if ns is not None:
+                    ns.held[slot.index] += change.size
+                continue
+            counted = slot.held_by.pop(change.token, None)
+            if counted is not None:
+                ns, size = counted
+                slot.held -= size
+                if ns is not None:
+                    ns.held[slot.index] -= size
 
     def set_quota(self, ns: NamespaceState, slot: TierSlot, quota: int | None) -> None:
         """Give *ns* a quota of *quota* bytes in *slot* (None: none), under the lock. The
@@ -658,6 +698,22 @@ class Placement:
         if cap is not None and self.footprint(slot, rec) > cap:
             return "is too small for it"
         return "is full (of pinned or busy blocks)"
+
+    def no_space(self, rec: BlockRecord) -> NoSpace:
+        """The error for a new block *rec* no tier takes now, each tier's reason named
+        (counted as a refusal of its namespace when that has quotas). Under the lock."""
+        ns = self.namespaces.of(rec.name) if self.namespaces else None
+        if ns is not None and any(q is not None for q in ns.quota):
+            ns.refused += 1
+            return NoSpace(
+                f"no tier can take {rec.name!r} ({rec.size} bytes) within namespace {ns.path!r}'s quotas: "
+                + "; ".join(f"{s.name} {self.refusal(s, rec)}" for s in self.slots)
+                + "; unpin blocks of it or raise its quota (kvfs quota set)"
+            )
+        return NoSpace(
+            f"no tier can take {rec.name!r} ({rec.size} bytes): every tier is full of pinned blocks "
+            "or too small; unpin blocks or add capacity"
+        )
 
     def place(self, rec: BlockRecord, data: Any) -> TierSlot | None:
         """Seal the new block *rec* into the hottest tier that takes it (under the lock)."""

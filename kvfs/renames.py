@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from .errors import BlockCorrupt, BlockNotFound, IsADirectory, StoreBusy, TierUnavailable
 from .events import EventKind
-from .names import normalize, parent_of
+from .names import check_creatable, normalize, parent_of
 from .namespaces import CrossNamespace, NamespaceRetired, NamespaceState
 
 if TYPE_CHECKING:
@@ -67,6 +67,7 @@ class Renames:
         renamed now (outside the lock).
         """
         old, new = normalize(old), normalize(new)
+        check_creatable(new)
         src, dst = self.store.namespaces.of(old), self.store.namespaces.of(new)
         if src is not dst:
             raise CrossNamespace(

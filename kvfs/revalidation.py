@@ -26,6 +26,7 @@ from .backlog import WriteThroughQueue
 from .catalog import BlockRecord
 from .errors import KvfsError
 from .events import EventKind
+from .names import is_reserved
 from .placement import Placement
 from .shared import SharedAnswer, SharedView
 from .writeback import WriteBack
@@ -80,7 +81,7 @@ class SharedRecords:
         most ``shared_wait``. Raises :class:`~kvfs.errors.StoreBusy` inside
         ``Store.nowait`` when the tiers must be asked now.
         """
-        if not self.shared:
+        if not self.shared or is_reserved(name):  # a reserved name is another writer's temporary there
             return
         p = self.placement
         with p.locked():

@@ -14,12 +14,16 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from .deadline import DeadlineExecutor
 from .health import HealthBreaker
 from .policies import EvictionPolicy, make_policy
 from .stats import TierCounters, TierStatistics
 from .tier import Tier
+
+if TYPE_CHECKING:
+    from .namespaces import NamespaceState
 
 __all__ = ["TierSlot"]
 
@@ -39,7 +43,13 @@ class TierSlot:
     """Runs the store's background calls to a shared tier (revalidations, listing
     refreshes): at most a few at once, never waited for by local work."""
     reserved: int = 0
-    """Bytes reserved for copies being written into this tier right now."""
+    """Bytes reserved for copies being written into this tier right now, and promised to
+    blocks that will be sealed into it (``Placement.promise``)."""
+    held: int = 0
+    """Bytes of copies dropped from this tier that readers still hold (their room is not
+    free yet: ``Tier.held_changes``); counted against its capacity like ``used``."""
+    held_by: dict[int, tuple[NamespaceState | None, int]] = field(default_factory=dict)
+    """token -> (the namespace it was counted against, bytes): the held copies."""
     busy: dict[str, int] = field(default_factory=dict)
     """name -> holds: copies with I/O in flight or leased (see the module doc)."""
     doomed: set[str] = field(default_factory=set)

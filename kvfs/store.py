@@ -51,18 +51,16 @@ from .catalog import BlockRecord, BlockStat, Catalog
 from .config import NamespaceConfig, PolicyConfig, PromoteMode, WriteMode
 from .errors import (
     BlockNotFound,
-    InvalidName,
     IsADirectory,
     KvfsError,
-    NoSpace,
     StoreBusy,
     TierUnavailable,
 )
-from .events import EventKind, EventLog
+from .events import EventLog
 from .ingest import Ingest, Reservation
 from .leases import Lease, Leases
 from .lifetimes import Lifetimes, SweepReport
-from .names import normalize, parent_of, split
+from .names import check_creatable, normalize, parent_of, split
 from .namespaces import (
     NamespaceRetired,
     Namespaces,
@@ -71,6 +69,8 @@ from .namespaces import (
 )
 from .placement import Placement
 from .policies import EvictionPolicy, Hint, make_policy
+from .promises import Promise, Promises
+from .rebuild import rebuild_catalog
 from .renames import Renames
 from .revalidation import SharedRecords
 from .shared import SharedView
@@ -161,6 +161,7 @@ class Store:
         self.leases = Leases(self.placement, clock=lease_clock)
         self.lifetimes = Lifetimes(self)
         self.ingest = Ingest(self, clock=lease_clock)
+        self.promises = Promises(self.placement, check=self.check_writable)
         self.batch = BatchReads(self)
         self._through = [s for s in self.slots if s.index > 0 and s.tier.config.write is WriteMode.THROUGH]
         self._lookups = 0
@@ -217,17 +218,17 @@ class Store:
 
     # -- writing -------------------------------------------------------------------------
 
-    def put(self, name: str, data: Any, *, parent: str | None = None) -> BlockStat:
+    def put(self, name: str, data: Any, *, parent: str | None = None, promise: Promise | None = None) -> BlockStat:
         """Seal *data* as block *name*, replacing an existing block atomically.
 
-        The block lands in the hottest tier that can take it (evicting by policy);
-        write-through tiers below get a copy when :meth:`run_pending` runs. Readers that
-        opened the old block keep its bytes. Raises :class:`NoSpace` when no tier can
-        take it, :class:`IsADirectory` when *name* is a directory.
+        The block lands in the hottest tier that can take it (evicting by policy), or in
+        the room *promise* holds for it (:meth:`promise`); write-through tiers below get a
+        copy when :meth:`run_pending` runs. Readers that opened the old block keep its
+        bytes. Raises :class:`NoSpace` when no tier can take it, :class:`IsADirectory`
+        when *name* is a directory.
         """
         name = normalize(name)
         self.check_writable(name)
-        ns = self.namespaces.of(name)
         mv = memoryview(data).cast("B")
         csum = compute_checksum(mv)
         now = self.clock()
@@ -238,28 +239,30 @@ class Store:
             if old is not None:
                 for j in old.tier_indexes():
                     self.slots[j].policy.remove(name)
-            placed = p.place(rec, mv)
+            placed = self.promises.keep(promise, rec, mv) if promise is not None else None
+            placed = placed or p.place(rec, mv)
             if placed is None:
                 old = self.catalog.get(name)  # again: the lock may have been let go meanwhile
                 if old is not None and not old.pinned:
                     for j in old.tier_indexes():
                         p.policy_insert(self.slots[j], old)
-                if ns is not None and any(q is not None for q in ns.quota):
-                    ns.refused += 1
-                    raise NoSpace(
-                        f"no tier can take {name!r} ({len(mv)} bytes) within namespace {ns.path!r}'s quotas: "
-                        + "; ".join(f"{s.name} {p.refusal(s, rec)}" for s in self.slots)
-                        + "; unpin blocks of it or raise its quota (kvfs quota set)"
-                    )
-                raise NoSpace(
-                    f"no tier can take {name!r} ({len(mv)} bytes): every tier is full of pinned blocks "
-                    "or too small; unpin blocks or add capacity"
-                )
+                raise p.no_space(rec)
             return self.seal_end(rec, placed)
+
+    def promise(self, name: str, size: int) -> Promise:
+        """Room for *size* bytes to be sealed as *name* later by :meth:`put` (see :meth:`Promises.make`)."""
+        return self.promises.make(name, size)
+
+    def give_up_promise(self, promise: Promise) -> None:
+        """*promise* will not be kept (see :meth:`Promises.give_up`). Never waits."""
+        self.promises.give_up(promise)
 
     def check_writable(self, name: str) -> None:
         """Raise :class:`NamespaceRetired` when *name* lies in a retired namespace (its
-        model's KV is stale): every way of writing a block asks this first."""
+        model's KV is stale), :class:`InvalidName` when a component of it is reserved for
+        kvfs's own files (:func:`kvfs.names.check_creatable`): every way of writing a
+        block asks this first."""
+        check_creatable(name)
         ns = self.namespaces.of(name)
         if ns is not None and ns.retired:
             raise NamespaceRetired(
@@ -556,6 +559,7 @@ class Store:
         """Make directory *name*; its parent must exist here or in a shared tier (a
         directory another node created), unless *parents*."""
         name = normalize(name)
+        check_creatable(name)
         parent = parent_of(name)
         p = self.placement
         if not parents and self.shared:
@@ -648,11 +652,17 @@ class Store:
 
     def check_access(self, peer: Peer, name: str, op: Operation) -> None:
         """Raise :class:`~kvfs.access.AccessDenied` unless *peer* may do *op* to *name*
-        under its namespace's rule (:func:`kvfs.access.check`; the client socket's
-        question, with ``Peer.of_socket``). Memory only: safe on an event loop."""
-        ns = self.namespaces.of(normalize(name))
-        if ns is not None:
+        under the rule that decides for it (:meth:`Namespaces.rule`: its namespace's, or
+        the mount's default outside every namespace with one; :func:`kvfs.access.check`).
+        The one access decision: the client socket asks it (with ``Peer.of_socket``) and
+        so does the mount (with the request's credentials). Memory only: safe on an
+        event loop."""
+        name = normalize(name)
+        ns = self.namespaces.of(name)
+        if ns is not None and ns.access is not None:
             check(peer, ns.access, op, namespace=ns.path)
+        else:
+            check(peer, self.namespaces.default, op, namespace=None, name=name)
 
     def may_map_arena(self, peer: Peer) -> bool:
         """Whether *peer* may map the DRAM arena itself (it may read every namespace);
@@ -718,51 +728,18 @@ class Store:
         that is corrupt (its header, or a name that is not a valid kvfs name or not its
         own path) is counted in the tier's ``corrupt`` and never becomes a block. Runs
         before the store serves (it reads the tiers under the lock)."""
-        found = 0
-        now = self.clock()
-        p = self.placement
-        with p.locked():
-            for slot in self.slots:
-                if not slot.persistent or slot.shared:
-                    continue
-                for info in slot.tier.scan():
-                    if info.problem is None:
-                        try:
-                            if normalize(info.name) != info.name or not info.name:
-                                raise InvalidName(f"{info.name!r} is not a normalized kvfs name")
-                        except InvalidName as exc:
-                            info = type(info)(info.name, info.size, info.checksum, str(exc))
-                    if info.problem is not None:
-                        slot.counters.corrupt += 1
-                        self.rebuilt_corrupt += 1
-                        log.error("rebuild: corrupt file in tier %s skipped: %s", slot.name, info.problem)
-                        p.emit(EventKind.CORRUPT, info.name, slot, info.problem)
-                        continue
-                    rec = self.catalog.get(info.name)
-                    if rec is None:
-                        rec = BlockRecord(
-                            info.name,
-                            info.size,
-                            info.checksum,
-                            created=now,
-                            accessed=now,
-                            learn_shared=bool(self.shared),
-                        )
-                        try:
-                            self.catalog.add(rec)
-                        except KvfsError as exc:
-                            log.warning("rebuild: %s in tier %s skipped: %s", info.name, slot.name, exc)
-                            continue
-                    elif rec.checksum != info.checksum or rec.size != info.size or rec.tiers & slot.bit:
-                        log.warning("rebuild: %s in tier %s differs from a hotter copy; ignored", info.name, slot.name)
-                        continue
-                    p.add_copy(slot, rec)
-                    found += 1
+        found, corrupt = rebuild_catalog(self.placement, now=self.clock(), learn_shared=bool(self.shared))
+        self.rebuilt_corrupt += corrupt
         return found
 
     def statistics(self) -> StoreStatistics:
         with self.placement.locked():
-            tiers = tuple(s.statistics(self.catalog.used[s.index], self.catalog.counts[s.index]) for s in self.slots)
+            for s in self.slots:
+                self.placement.absorb_held(s)
+            # a dropped copy a reader still holds takes its room: used, for df and the metrics
+            tiers = tuple(
+                s.statistics(self.catalog.used[s.index] + s.held, self.catalog.counts[s.index]) for s in self.slots
+            )
             return StoreStatistics(
                 blocks=len(self.catalog),
                 lookups=self._lookups,

@@ -60,6 +60,8 @@ class Tenancy:
         as far as unpinned, idle blocks allow (after a restart, or a lowered quota)."""
         p = self.store.placement
         with p.locked():
+            for slot in self.store.slots:
+                p.absorb_held(slot)
             for ns in list(self.store.namespaces) if spaces is None else spaces:
                 for slot in self.store.slots:
                     if p.ns_over(ns, slot, 0):
@@ -76,6 +78,8 @@ class Tenancy:
                 spaces = [one]
             else:
                 spaces = list(self.store.namespaces)
+            for slot in self.store.slots:
+                p.absorb_held(slot)
             out = []
             for ns in spaces:
                 t = self.store.catalog.totals.get(ns.path)
@@ -85,7 +89,7 @@ class Tenancy:
                         tiers=tuple(
                             NamespaceTierUse(
                                 name=s.name,
-                                used=t.used[s.index] if t else 0,
+                                used=(t.used[s.index] if t else 0) + ns.held[s.index],
                                 quota=ns.quota[s.index],
                                 blocks=t.copies[s.index] if t else 0,
                                 evictions=ns.evictions[s.index],

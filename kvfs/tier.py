@@ -28,7 +28,7 @@ from typing import Any, ClassVar, Self
 from .config import TierConfig, TierKind
 from .names import TierName
 
-__all__ = ["BlockInfo", "BlockRef", "Location", "StoredObject", "Tier"]
+__all__ = ["BlockInfo", "BlockRef", "HeldChange", "Location", "StoredObject", "Tier"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +57,19 @@ class StoredObject:
     size: int
     leftover: bool = False
     token: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class HeldChange:
+    """A change in the room a tier keeps for readers of copies it no longer holds under a
+    name (a replaced, renamed-over, deleted or evicted copy whose memory a
+    :class:`BlockRef` still holds): *size* > 0 (its footprint) when such a copy is dropped
+    while held, under *name*, the name it had; the same *token* with *size* < 0 when its
+    last reader lets go and the room is free again."""
+
+    token: int
+    name: str
+    size: int
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -212,6 +225,17 @@ class Tier(abc.ABC):
         clients), or None when this tier has no such place (objects in S3). *size*, the
         block's payload length when the caller knows it, spares file tiers a header read."""
         return None
+
+    # Tiers whose replaced or dropped copies keep their room while a reader holds them
+    # (DRAM: the extent is reused only after the last BlockRef is released) say so, and
+    # report those copies for the store to count against the tier and the block's
+    # namespace: the room is taken whoever holds it (docs/tenants.md, "Quotas").
+    keeps_held: ClassVar[bool] = False
+
+    def held_changes(self) -> list[HeldChange]:
+        """The :class:`HeldChange` records since the last call, in order (the store drains
+        them under its lock). Tiers that keep nothing for readers return none."""
+        return []
 
     # Volatile shared-memory tiers (DRAM) also let a client write a block's bytes straight
     # into a reserved extent (kvfs.ingest): ``reservable`` is True and they implement

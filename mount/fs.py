@@ -27,12 +27,12 @@ import pyfuse3
 import trio
 from pyfuse3 import FUSEError
 
-from kvfs.access import Operation, Peer, check
+from kvfs.access import Operation, Peer
 from kvfs.errors import InvalidName, KvfsError
-from kvfs.names import normalize
+from kvfs.names import check_creatable, normalize
+from kvfs.promises import Promise
 from kvfs.store import BlockStat, Store, StoreBusy
 from kvfs.tier import BlockRef
-from kvfs.units import parse_duration
 
 from .attrs import Attributes
 from .buffer import keep_freed_memory
@@ -43,6 +43,7 @@ from .opstats import OpStats
 from .options import FsOptions
 from .reservations import Reservation, Reservations
 from .writes import Version, WriteHandle, Writes, default_write_buffer
+from .xattrs import XATTR_PARENT, XATTR_PINNED, XATTRS, pin_request, value_of
 
 __all__ = ["XATTRS", "FsOptions", "KvfsOperations", "errno_of"]
 
@@ -51,13 +52,6 @@ log = logging.getLogger("kvfs.mount.fs")
 _NAME_MAX = 255
 _SMALL_SEAL = 4 << 20  # blocks up to this size seal on the loop when DRAM has room (a memcpy)
 _UNBOUNDED_BLOCK = 5 << 40  # the largest block an unbounded tier takes (S3's largest object)
-
-XATTR_TIERS = b"user.kvfs.tiers"
-XATTR_PINNED = b"user.kvfs.pinned"
-XATTR_HITS = b"user.kvfs.hits"
-XATTR_CHECKSUM = b"user.kvfs.checksum"
-XATTR_PARENT = b"user.kvfs.parent"
-XATTRS = (XATTR_TIERS, XATTR_PINNED, XATTR_HITS, XATTR_CHECKSUM)
 
 
 @dataclass(slots=True, eq=False)
@@ -101,7 +95,12 @@ class KvfsOperations(pyfuse3.Operations):
         largest = max((t.capacity if t.capacity is not None else _UNBOUNDED_BLOCK) for t in store.tiers)
         cap = write_buffer if write_buffer is not None else default_write_buffer()
         self.writes = Writes(
-            cap=cap, max_block=min(largest, cap), release_wait=options.release_wait, opstats=self.opstats
+            cap=cap,
+            max_block=min(largest, cap),
+            release_wait=options.release_wait,
+            opstats=self.opstats,
+            promise=self._promise,
+            give_up=store.give_up_promise,
         )
         self.attrs = Attributes(options, negative_timeout=self._negative_timeout, namespaces=store.namespaces)
         self.notices = KernelNotices(self.inodes)
@@ -202,15 +201,24 @@ class KvfsOperations(pyfuse3.Operations):
                 pass
         return await self._slow(self._coldest(st), fn, *args)
 
-    async def _put(self, name: str, data, parent: str | None) -> BlockStat:
-        """Seal *data* as block *name* (the store call of a seal)."""
-        put = functools.partial(self.store.put, parent=parent)
+    async def _put(self, name: str, data, parent: str | None, promise: Promise | None = None) -> BlockStat:
+        """Seal *data* as block *name* (the store call of a seal), in the room *promise* holds."""
+        put = functools.partial(self.store.put, parent=parent, promise=promise)
         if self._fits_in_dram(len(data)):
             try:  # a memcpy into the arena: no thread, unless the store is busy
                 return self.store.nowait(put, name, data)
             except StoreBusy:
                 pass
         return await self._slow(self._seal_tier(), put, name, data)
+
+    async def _promise(self, name: str, size: int) -> Promise:
+        """Room for the seal of *size* bytes as *name* (at a close): bookkeeping, so on the
+        loop unless making the room needs tier I/O (a demotion) or the store's lock is
+        busy; then in a thread."""
+        try:
+            return self.store.nowait(self.store.promise, name, size)
+        except StoreBusy:
+            return await self._slow(self._seal_tier(), self.store.promise, name, size)
 
     async def _open_block(self, name: str) -> BlockRef:
         """A reference to the sealed block *name*'s bytes (BlockNotFound if absent)."""
@@ -332,6 +340,7 @@ class KvfsOperations(pyfuse3.Operations):
     @handler
     async def mkdir(self, parent_inode, name, mode, ctx):
         path = self._child(parent_inode, name)
+        self._allow(path, ctx, Operation.WRITE)
         if self.writes.has(path):
             raise FUSEError(errno.EEXIST)
         await self._meta(self.store.mkdir, path)
@@ -342,6 +351,7 @@ class KvfsOperations(pyfuse3.Operations):
     @handler
     async def rmdir(self, parent_inode, name, ctx):
         path = self._child(parent_inode, name)
+        self._allow(path, ctx, Operation.WRITE)
         is_dir, st = await self._meta(self._probe, path)
         if not is_dir:
             raise FUSEError(errno.ENOTDIR if st is not None or self.writes.has(path) else errno.ENOENT)
@@ -353,6 +363,7 @@ class KvfsOperations(pyfuse3.Operations):
     @handler
     async def unlink(self, parent_inode, name, ctx):
         path = self._child(parent_inode, name)
+        self._allow(path, ctx, Operation.WRITE)
         await self._settle(path)
         is_dir, st = await self._meta(self._probe, path)
         pending = self.writes.has(path)
@@ -369,6 +380,9 @@ class KvfsOperations(pyfuse3.Operations):
         new = self._child(parent_inode_new, name_new)
         if flags & pyfuse3.RENAME_EXCHANGE:
             raise FUSEError(errno.EINVAL)
+        check_creatable(new)  # a reserved name is never a block's (kvfs.names): EINVAL
+        self._allow(old, ctx, Operation.WRITE)
+        self._allow(new, ctx, Operation.WRITE)
         await self._settle(old, new)
         is_dir, st = await self._meta(self._probe, old)
         pending = self.writes.has(old)
@@ -460,6 +474,8 @@ class KvfsOperations(pyfuse3.Operations):
     @handler
     async def create(self, parent_inode, name, mode, flags, ctx):
         path = self._child(parent_inode, name)
+        check_creatable(path)  # a reserved name is never a block's (kvfs.names): EINVAL
+        self._allow(path, ctx, Operation.WRITE)
         await self._settle(path)
         is_dir, st = await self._meta(self._probe, path)
         if is_dir:
@@ -471,7 +487,7 @@ class KvfsOperations(pyfuse3.Operations):
         node.mtime = time.time()
         v = self.writes.start(path, node)
         node.version = v
-        fh = self._new_fh(WriteHandle(node, v))
+        fh = self._new_fh(WriteHandle(node, v, ctx.pid))
         self.inodes.looked_up(node)
         info = pyfuse3.FileInfo(fh=fh, direct_io=self.options.direct_io_write, keep_cache=False)
         return info, self.attrs.of(node)
@@ -491,6 +507,7 @@ class KvfsOperations(pyfuse3.Operations):
             await self._bounce(node.was, flags, ctx.pid)
         if flags & os.O_ACCMODE == os.O_RDONLY:
             return await self._open_read(node, name, ctx.pid)
+        self._allow(name, ctx, Operation.WRITE)
         return await self._open_write(node, name, flags, ctx.pid)
 
     async def _bounce(self, name: str | None, flags: int, pid: int, ref: BlockRef | None = None) -> None:
@@ -538,13 +555,13 @@ class KvfsOperations(pyfuse3.Operations):
         v = node.version
         if v is not None and not v.ended:
             if not flags & os.O_TRUNC:  # a second open of a file being written (by path, or O_RDWR): the same file
-                fh = self._new_fh(WriteHandle(node, v))
+                fh = self._new_fh(WriteHandle(node, v, pid))
                 return pyfuse3.FileInfo(fh=fh, direct_io=self.options.direct_io_write, keep_cache=True)
             # O_TRUNC: a new version of its own, through the same inode (only writers use it:
             # a file being written has no readers), its writes bypassing the page cache
             v.shares_inode = True
             new = self.writes.start(name, node, shares_inode=True)
-            fh = self._new_fh(WriteHandle(node, new))
+            fh = self._new_fh(WriteHandle(node, new, pid))
             return pyfuse3.FileInfo(fh=fh, direct_io=True, keep_cache=True)
         # A new version of a sealed block. Its writer must not share the block's inode with
         # the block's readers: the kernel would change the size they see as it writes. So
@@ -557,8 +574,13 @@ class KvfsOperations(pyfuse3.Operations):
     async def _open_reserved(self, r: Reservation, flags: int, ctx) -> pyfuse3.FileInfo:
         """The retried open of an inode set aside for it (see :meth:`_bounce`)."""
         reading = flags & os.O_ACCMODE == os.O_RDONLY
-        if ctx.pid != r.pid or reading != (r.ref is not None):
+        if ctx.pid != r.pid:
             raise FUSEError(errno.ESTALE)  # someone else came through the retry's name: look again
+        if reading != (r.ref is not None):
+            # its own thread, but another kind of open: the retry never came (the kernel
+            # refused it): give the reservation up so its next lookup finds the name's inode
+            self.reserved.release(r)
+            raise FUSEError(errno.ESTALE)
         self.reserved.claim(r)
         node = r.node
         try:
@@ -577,7 +599,7 @@ class KvfsOperations(pyfuse3.Operations):
                     # gone meanwhile (evicted, unlinked): as if it were created now
             v = self.writes.start(r.name, node, base=base)
             node.version = v
-            fh = self._new_fh(WriteHandle(node, v))
+            fh = self._new_fh(WriteHandle(node, v, ctx.pid))
             return pyfuse3.FileInfo(fh=fh, direct_io=self.options.direct_io_write, keep_cache=False)
         finally:
             self.reserved.done(r)
@@ -597,10 +619,12 @@ class KvfsOperations(pyfuse3.Operations):
         return await self.writes.write(h.version, off, buf)
 
     @handler
-    async def flush(self, fh):
+    async def flush(self, fh, pid: int | None = None):
+        """A ``close`` of *fh*; *pid*: the closing task where the transport knows it (pyfuse3
+        does not: then *fh*'s opener is asked). See ``Writes.flush``."""
         h = self._handle(fh)
         if isinstance(h, WriteHandle):
-            self.writes.flush(h.version)  # reports a failed write; the seal waits for the release
+            await self.writes.flush(h, pid)
 
     @handler
     async def fsync(self, fh, datasync):
@@ -659,21 +683,7 @@ class KvfsOperations(pyfuse3.Operations):
 
     @handler
     async def statfs(self, ctx):
-        s = await self._meta(self.store.statistics)
-        bs = 4096
-        cap = sum(t.capacity for t in s.tiers if t.capacity is not None)
-        used = sum(t.used for t in s.tiers if t.capacity is not None)
-        st = pyfuse3.StatvfsData()
-        st.f_bsize = bs
-        st.f_frsize = bs
-        st.f_blocks = cap // bs
-        st.f_bfree = max(cap - used, 0) // bs
-        st.f_bavail = st.f_bfree
-        st.f_files = s.blocks + st.f_bfree
-        st.f_ffree = st.f_bfree
-        st.f_favail = st.f_bfree
-        st.f_namemax = _NAME_MAX
-        return st
+        return self.attrs.statfs(await self._meta(self.store.statistics), namemax=_NAME_MAX)
 
     @handler
     async def access(self, inode, mode, ctx):
@@ -682,19 +692,18 @@ class KvfsOperations(pyfuse3.Operations):
     # -- access ----------------------------------------------------------------------
 
     def _allow(self, name: str, ctx, op: Operation) -> None:
-        """The namespace's rule, asked again for operations that change or reveal state
-        (the kernel has checked the attributes it was given; this keeps the decision
-        :func:`kvfs.access.check`'s even for requests it does not check, and for a
-        mount without ``default_permissions``)."""
-        rule = self.attrs.rule(name)
-        if rule is None or ctx is None:
+        """The one access decision (``Store.check_access``, the client socket's too),
+        asked for operations that change or reveal state: the kernel has checked the
+        attributes it was given (the same rule), and this keeps the decision kvfs's own
+        for requests it does not check and for a transport without ``default_permissions``."""
+        if ctx is None:
             return
+        rule = self.attrs.rule(name)
         if ctx.uid in (0, rule.uid) or ctx.gid == rule.gid:  # the class is known: no groups needed
             peer = Peer(ctx.uid, ctx.gid, pid=ctx.pid)
         else:
             peer = Peer.of_process(ctx.pid, ctx.uid, ctx.gid)
-        ns = self.store.namespaces.of(name)
-        check(peer, rule, op, namespace=ns.path if ns else name)
+        self.store.check_access(peer, name, op)
 
     # -- extended attributes ---------------------------------------------------------
 
@@ -722,18 +731,7 @@ class KvfsOperations(pyfuse3.Operations):
             if name == XATTR_PARENT and node.version.parent:
                 return node.version.parent.encode()
             raise FUSEError(pyfuse3.ENOATTR)
-        st = await self._block_stat(node)
-        if name == XATTR_TIERS:
-            return ",".join(st.tiers).encode()
-        if name == XATTR_PINNED:
-            return b"1" if st.pinned else b"0"
-        if name == XATTR_HITS:
-            return str(st.hits).encode()
-        if name == XATTR_CHECKSUM:
-            return st.checksum_hex.encode()
-        if name == XATTR_PARENT and st.parent:
-            return st.parent.encode()
-        raise FUSEError(pyfuse3.ENOATTR)
+        return value_of(await self._block_stat(node), name)
 
     @handler
     async def listxattr(self, inode, ctx):
@@ -762,17 +760,8 @@ class KvfsOperations(pyfuse3.Operations):
         st = await self._block_stat(node)
         if name == XATTR_PINNED:
             self._allow(st.name, ctx, Operation.PIN)
-            v = value.strip()
-            if v in (b"0", b"1"):
-                await self._meta(self.store.pin, st.name, v == b"1")
-                return
-            try:  # a duration: a soft pin (line 41)
-                ttl = parse_duration(v.decode())
-            except (UnicodeDecodeError, ValueError):
-                raise FUSEError(errno.EINVAL) from None
-            if not ttl > 0:
-                raise FUSEError(errno.EINVAL)
-            await self._meta(functools.partial(self.store.pin, ttl=ttl), st.name, True)
+            pinned, ttl = pin_request(value)  # ttl: a soft pin (line 41)
+            await self._meta(functools.partial(self.store.pin, ttl=ttl), st.name, pinned)
             return
         if name in XATTRS:
             raise FUSEError(errno.EPERM)  # read-only kvfs state

@@ -11,7 +11,15 @@ was about to read (a held :class:`~kvfs.tier.BlockRef`, so a version sealed in b
 cannot bounce it again); for a writer, an inode of its own for the new version.
 
 A reservation answers the lookups of its name from its thread until the open claims it,
-or for ``hold`` seconds (its inode and block are then let go).
+or for ``hold`` seconds (its inode and block are then let go), or until an open by its
+thread that is not its retry reaches it (the retry never came: the kernel refused it, say):
+then it is given up at once, so the thread's next lookup finds the name's own inode.
+
+The reserved inode has no name (nobody else is to reach it by one), but it reports the
+attributes of the name it is for (``Inode.was``): under a namespace its owner, group and
+mode, so that the kernel's permission check of the retry is the check the first open
+passed (an inode reporting the mounting user's ``0644`` made a tenant's replace of its own
+block ``EACCES``, and the reservation then answered its lookups with ``ESTALE``).
 """
 
 from __future__ import annotations
@@ -56,6 +64,7 @@ class Reservations:
         if old is not None:
             self._drop(old)
         node = self.inodes.new(None, False)
+        node.was = name  # unbound, but the name's: its owner, group and mode are the name's rule's
         if ref is not None:
             node.checksum, node.size = ref.checksum, len(ref.data)
         else:

@@ -9,8 +9,11 @@ it holds, and how frames go out (with descriptors) and come in.
   read — look up, lease, stat, list, subscribe to events, prefetch — and put only with
   ``[client] group_writes``; pin and evict only inside namespaces whose rule lets it;
   never an operator command that changes or stops the mount. On top of that every name
-  a request carries is checked against its namespace's access rule
-  (``Store.check_access``); a batch fails the refused names one by one.
+  a request carries is checked against the rule that decides for it
+  (``Store.check_access``: its namespace's, or outside every namespace with one the
+  mount's default, the owner's ``0755``) — the same call the FUSE mount makes, so a put
+  through the socket passes exactly the rules a write through the mount passes; a batch
+  fails the refused names one by one.
 - :class:`Session`: what a connection holds (leases, reservations); everything is given
   back when it ends, however it ends (a client killed with SIGKILL closes its socket).
 - :class:`Connection`: the frames of one stream socket (:mod:`kvfs.protocol`).
@@ -28,7 +31,7 @@ from typing import Any, TypeVar
 
 import trio
 
-from kvfs.access import AccessDenied, Operation, Peer, check
+from kvfs.access import AccessDenied, Operation, Peer, check, decide
 from kvfs.errors import InvalidName, KvfsError, StoreBusy
 from kvfs.ingest import Reservation
 from kvfs.names import normalize
@@ -164,9 +167,11 @@ class AccessPolicy:
                 f"uid {peer.uid} may not use {what} on this mount (it belongs to uid {self.owner_uid}); {hint}"
             )
         spec = _NAMES.get(kind)
-        if spec is None or self.store is None or not self.store.namespaces:
+        if spec is None or self.store is None:
             return {}
         attr, op = spec
+        if not self.store.namespaces and decide(peer, self.store.namespaces.default, op):
+            return {}  # one rule for every name, and it allows: nothing to check name by name
         value = getattr(request, attr)
         if isinstance(value, str):
             self._check(peer, value, op, request)
@@ -189,16 +194,16 @@ class AccessPolicy:
             path = normalize(name)
         except InvalidName:
             return  # the op answers the name with its error
-        self.store.check_access(peer, path, op)
         kind = type(request)
-        if kind not in _EXPANDED:
-            return
         ns = self.store.namespaces.of(path)
         if kind in _IN_NAMESPACES and (ns is None or ns.access is None):
             raise PermissionDenied(
                 f"uid {peer.uid} may not use the {request.kind} command on {path or '/'!r}: it is in no namespace "
                 f"with an access rule (the mount belongs to uid {self.owner_uid}); run it as the mount's owner"
             )
+        self.store.check_access(peer, path, op)  # the one decision, the mount's too (outside namespaces: its default)
+        if kind not in _EXPANDED:
+            return
         if ns is None:  # a directory above namespaces: each one under it must allow it too
             for inner in self.store.namespaces:
                 if inner.access is not None and (not path or inner.path.startswith(path + "/")):

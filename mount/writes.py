@@ -20,6 +20,15 @@ docs/mount-internals.md):
 - **A failed write or ftruncate poisons the version**: it is never published (the name
   keeps its older block), and every later write, flush and fsync on it fails with the
   same errno, so ``close`` reports it.
+- **Room is promised at every close** (FLUSH, which ``close`` waits for): the tier that
+  will take the version's bytes holds room for them (``Store.promise``,
+  :mod:`kvfs.promises`) until the seal at the last release uses it. No room in any tier
+  (every tier full of pinned blocks, the block larger than DRAM with the disk full, the
+  namespace at its quotas) fails that ``close`` with ``ENOSPC`` and poisons the version:
+  nothing is accepted that a seal would later drop.
+- **A writer killed by a signal publishes nothing**: a FLUSH sent while the task that
+  opened that handle (or, where the transport knows it, the closing task) is dying of a
+  signal (:mod:`kvfs.mount.dying`) poisons the version with ``ECANCELED``.
 - **Bounded memory**: the chunks of every live version, plus the old blocks that
   versions opened without ``O_TRUNC`` start from, are charged against ``cap``; a write
   that would go past it waits for seals to free memory, then fails with ``ENOSPC``. A
@@ -39,6 +48,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import trio
 from pyfuse3 import FUSEError
@@ -48,8 +58,13 @@ from kvfs.store import BlockStat
 from kvfs.tier import BlockRef
 
 from .buffer import WriteBuffer
+from .dying import killed_by
+from .errnos import errno_of
 from .inodes import Inode
 from .opstats import OpStats
+
+if TYPE_CHECKING:
+    from kvfs.promises import Promise
 
 __all__ = ["Version", "WriteHandle", "Writes", "default_write_buffer"]
 
@@ -89,6 +104,10 @@ class Version:
     charged: int = 0
     settled: trio.Event | None = None
     """Made by a waiter; set (and dropped) when the version stops closing or sealing."""
+    promise: Promise | None = None
+    """The room held for its seal, promised at its last close (``Store.promise``)."""
+    killed: int | None = None
+    """The signal that killed a writer of it (its error is then ECANCELED)."""
 
     @property
     def dirty(self) -> bool:
@@ -111,17 +130,37 @@ class Version:
 
 @dataclass(slots=True, eq=False)
 class WriteHandle:
-    """An open file handle (fh) on a version."""
+    """An open file handle (fh) on a version; *pid*: the task that opened it (the
+    request's ``ctx.pid``), asked at each FLUSH whether it is dying of a signal."""
 
     node: Inode
     version: Version
+    pid: int | None = None
+
+
+Promiser = Callable[[str, int], Awaitable["Promise"]]
+"""Room for *size* bytes of block *name* (``Store.promise``, off the loop as needed)."""
 
 
 class Writes:
-    """Every live version by name and directory; writes, bounds and seals (module doc)."""
+    """Every live version by name and directory; writes, bounds and seals (module doc).
+    *promise* holds room for a version's seal (:data:`Promiser`) and *give_up* gives a
+    promise back unused (``Store.give_up_promise``: never waits); without them no room is
+    promised (a seal may then fail at the last release, logged)."""
 
-    def __init__(self, *, cap: int, max_block: int, release_wait: float, opstats: OpStats | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        cap: int,
+        max_block: int,
+        release_wait: float,
+        opstats: OpStats | None = None,
+        promise: Promiser | None = None,
+        give_up: Callable[[Promise], None] | None = None,
+    ) -> None:
         self.opstats = opstats if opstats is not None else OpStats()
+        self._promise = promise
+        self._give_up = give_up
         self.cap = cap
         self.max_block = max_block
         self.release_wait = release_wait
@@ -274,11 +313,56 @@ class Writes:
             self._freed.set()
             self._freed = None
 
-    def flush(self, v: Version) -> None:
-        """A descriptor of *v* was closed: report its error; it may be the last close."""
+    async def flush(self, h: WriteHandle, pid: int | None = None) -> None:
+        """A descriptor of handle *h* was closed (by task *pid*, when the transport knows
+        it; else by a holder of the handle *h.pid* opened): it may be the last close.
+        Report the version's error; poison it if the closing writer is dying of a signal;
+        else promise room for its seal, or fail with ``ENOSPC`` (module doc)."""
+        v = h.version
         if v.error is not None:
             raise FUSEError(v.error)
+        task = pid if pid is not None else h.pid
+        signal = killed_by(task) if task is not None else None
+        if signal is not None:
+            v.killed = signal
+            log.info(
+                "%s: its writer (task %d) was killed by signal %s; the file will not be published",
+                v.name,
+                task,
+                signal or "?",
+            )
+            self._fail(v, errno.ECANCELED)
+            self._forget_promise(v)
+            return  # the dying task is not told: nobody reads its close's answer
         v.closing = True
+        if self._promise is None or v.name is None or not v.dirty:
+            return  # nothing will be published (unlinked), or it was published (fsync) as it is
+        promised = v.promise
+        if promised is not None and promised.state == "held" and promised.name == v.name and promised.size >= v.size:
+            return
+        name, size = v.name, v.size
+        try:
+            promised = await self._promise(name, size)
+        except (KvfsError, OSError) as exc:
+            if v.error is None:
+                log.warning(
+                    "%s (%d bytes): no room for its seal; its close fails, nothing is published: %s", name, size, exc
+                )
+            raise self._fail(v, errno_of(exc)) from None
+        self._forget_promise(v)
+        if v.ended:
+            self._give_up_promise(promised)
+            return
+        v.promise = promised
+
+    def _forget_promise(self, v: Version) -> None:
+        if v.promise is not None:
+            self._give_up_promise(v.promise)
+            v.promise = None
+
+    def _give_up_promise(self, promise: Promise) -> None:
+        if self._give_up is not None:
+            self._give_up(promise)
 
     # -- handles and the seal ------------------------------------------------------
 
@@ -295,14 +379,15 @@ class Writes:
         v: Version,
         *,
         final: bool,
-        put: Callable[[str, bytes | bytearray, str | None], Awaitable[BlockStat]],
+        put: Callable[[str, bytes | bytearray, str | None, Promise | None], Awaitable[BlockStat]],
         published: Callable[[Version, BlockStat, bool], None],
     ) -> BlockStat | None:
         """Publish *v*'s bytes with *put* if it changed since its last seal (``fsync``:
-        *final* False; the last release: True, and the version ends). *published* runs
-        before any waiter wakes. Returns the block's stat, or None when nothing was
-        published (unchanged, unlinked, or failed: its error is raised for an fsync,
-        logged and counted for the last release, where no caller is left to tell)."""
+        *final* False; the last release: True, in the room promised at its last close,
+        and the version ends). *published* runs before any waiter wakes. Returns the
+        block's stat, or None when nothing was published (unchanged, unlinked, or failed:
+        its error is raised for an fsync, logged and counted for the last release, where
+        no caller is left to tell)."""
         if v.error is not None:
             if final:
                 self.end(v)
@@ -322,7 +407,7 @@ class Writes:
                 t0 = time.perf_counter()
                 data = v.buffer.snapshot(final=final)
                 try:
-                    st = await put(name, data, v.parent)
+                    st = await put(name, data, v.parent, v.promise if final else None)
                 except (KvfsError, OSError, FUSEError) as exc:
                     self.opstats.observe("seal", time.perf_counter() - t0, True)
                     if final:
@@ -375,6 +460,7 @@ class Writes:
         if v.name is not None:
             self._remove(v.name, v)
         v.buffer.release()
+        self._forget_promise(v)  # kept by its seal, or given back unused
         if v.base is not None:
             v.base.release()
             v.base = None

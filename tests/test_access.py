@@ -186,8 +186,15 @@ def test_the_store_answers_for_a_name(tmp_path):
     )
     try:
         store.check_access(Peer(OWNER, 1), "a/00/x", Operation.PIN)
-        store.check_access(Peer(7, 9), "b/00/x", Operation.WRITE)  # b has no rule: the defaults
+        # b has no rule, elsewhere no namespace: the mount's default rule, its owner's 0755,
+        # as the mount shows them: everyone reads, only the owner writes (issue 20, item 1)
+        store.check_access(Peer(7, 9), "b/00/x", Operation.READ)
         store.check_access(Peer(7, 9), "elsewhere/x", Operation.READ)
+        store.check_access(Peer(os.getuid(), os.getgid()), "elsewhere/x", Operation.WRITE)
+        for name in ("b/00/x", "elsewhere/x"):
+            for op in (Operation.WRITE, Operation.PIN, Operation.EVICT):
+                with pytest.raises(AccessDenied, match=f"uid 7 may not {op.value} '{name}': it lies outside every"):
+                    store.check_access(Peer(7, 9), name, op)
         with pytest.raises(AccessDenied, match="uid 7 may not list in namespace 'a'"):
             store.check_access(Peer(7, 9), "a", Operation.LIST)
         assert store.may_map_arena(Peer(0, 0)) and store.may_map_arena(Peer(7, GROUP))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from test_client import CONFIG, MiB, Peer, blob, sha, statistics
-from test_mount_tenants import TENANTS_CONFIG, users  # noqa: F401  (users: the fixture)
+from test_mount_tenants import TENANTS_CONFIG, public_mountpoint, run_as, users  # noqa: F401  (fixtures)
 
 from kvfs.client import Client
 
@@ -28,13 +28,17 @@ group = "nogroup"
 group_writes = true
 copy_buffer = "4MiB"
 
+[mount]
+allow_other = true
+
 """ + TENANTS_CONFIG[TENANTS_CONFIG.index("[[namespaces]]") :]  # a: alice's, 0750; b: bob's, 0700
 
 
 @pytest.fixture
-def tenants(kvfs_mount, users, tmp_path):
+def tenants(kvfs_mount, users, public_mountpoint, tmp_path):
     """A mount whose namespaces a (alice's, 0750) and b (bob's, 0700) belong to two real
-    users, both reaching the daemon through the group socket (group nogroup, puts allowed)."""
+    users, both reaching the daemon through the group socket (group nogroup, puts allowed)
+    and the mount (``allow_other``); the dict of users is ``people[who] = (uid, gid, name)``."""
     people = users("alice", "bob", groups={"alice": "nogroup", "bob": "nogroup"})
     gdir = Path(tempfile.mkdtemp(prefix="kvfs-tenants-"))
     os.chmod(gdir, 0o755)
@@ -43,7 +47,7 @@ def tenants(kvfs_mount, users, tmp_path):
     more = TENANTS.format(gsock=gsock, a_uid=alice[0], a_gid=alice[1], b_uid=bob[0], b_gid=bob[1])
     data = tmp_path / "data"
     data.mkdir()
-    mp = kvfs_mount(CONFIG.format(dram="16MiB", data=data, more=more), data=data)
+    mp = kvfs_mount(CONFIG.format(dram="16MiB", data=data, more=more), data=data, mountpoint=public_mountpoint)
     peers: list[Peer] = []
 
     def connect(who: str, *args: str) -> Peer:
@@ -121,6 +125,61 @@ def test_a_tenant_reads_and_writes_its_namespace_and_nothing_of_anothers(tenants
     bob = connect("bob", "write")
     assert bob.ok("read b/00/x")["sha"] == sha(blob(1, MiB))
     assert _refused(bob.ok("each read a/00/mine")["results"], "a")
+
+
+MOUNT_WRITES = r"""
+import errno, json, sys
+mp = sys.argv[1]
+out = {}
+for name in sys.argv[2:]:
+    try:
+        with open(f"{mp}/{name}", "wb") as f:
+            f.write(b"from the mount")
+        out[name] = "ok"
+    except OSError as exc:
+        out[name] = errno.errorcode.get(exc.errno, str(exc.errno))
+print(json.dumps(out))
+"""
+
+
+def test_a_put_through_the_socket_passes_exactly_the_rules_a_write_through_the_mount_passes(tenants):
+    """Issue 20, item 1: with group_writes, alice put over the owner's block outside every
+    namespace (the mount refused her the same write) and a third user read her bytes. Now
+    each name is decided by the one rule that decides it on the mount: its namespace's, or
+    outside every namespace with one the mount's default (its owner's, 0755)."""
+    mp, connect, people = tenants
+    owner_bytes = blob(2, 4096)
+    with Client(mp, write=True) as owner:
+        owner.put(["free/y", "b/00/x"], [owner_bytes, blob(1, 4096)])
+    names = {  # name -> True when alice may write it
+        "free/y": False,  # the owner's block outside every namespace: replace
+        "free/new": False,  # a new block there
+        "top": False,  # at the root
+        "a/00/mine": True,  # her namespace (0750, hers)
+        "b/00/x": False,  # bob's (0700)
+        "b/00/new": False,
+    }
+    alice = connect("alice", "write")
+    res = alice.ok(f"each put {','.join(names)}")["results"]
+    by_socket = dict(zip(names, res))
+    for name, allowed in names.items():
+        r = by_socket[name]
+        assert (r == "ok") is allowed, (name, r)
+        if not allowed:
+            assert r[0] == "AccessDenied" and f"uid {people['alice'][0]} may not write" in r[1], (name, r)
+    assert "it lies outside every namespace with an access rule" in by_socket["free/y"][1]
+    # the same names through the mount, as the same user: the same answers
+    by_mount = run_as(people["alice"], MOUNT_WRITES, str(mp), *[f"{n}.m" if n.startswith("a/") else n for n in names])
+    assert {n: by_mount[f"{n}.m" if n.startswith("a/") else n] == "ok" for n in names} == names, by_mount
+    assert set(by_mount.values()) <= {"ok", "EACCES"}, by_mount
+    # nothing of the owner's changed; bob (a third user) reads the owner's bytes
+    bob = connect("bob")
+    assert bob.ok("read free/y")["sha"] == sha(owner_bytes)
+    assert (mp / "free" / "y").read_bytes() == owner_bytes
+    with Client(mp) as owner:
+        gone = owner.lookup(["free/new", "top", "b/00/new"])
+        assert not any(gone.present(i) for i in range(3))
+        assert owner.lookup(["a/00/mine"]).prefix == 1
 
 
 def test_a_tenant_gets_no_events_of_another_namespace(tenants):

@@ -180,7 +180,7 @@ def test_s08_a_failed_write_publishes_nothing_and_fsync_reports_enospc(kvfs_moun
     fd = os.open(mp / "d", os.O_CREAT | os.O_WRONLY, 0o644)
     os.write(fd, block)
     assert err(os.fsync, fd) == errno.ENOSPC
-    os.close(fd)  # the last close seals again (and fails: logged and counted, nothing published)
+    assert err(os.close, fd) == errno.ENOSPC  # close promises the seal room, and there is none (line 43)
     assert err(open, mp / "d", "rb") == errno.ENOENT
     for name in "abc":
         assert (mp / name).read_bytes() == block

@@ -181,6 +181,64 @@ def test_all_pinned_over_quota_is_enospc_for_that_namespace_only(make_store):
     assert s.read("a/4") == blob(4)
 
 
+def test_old_versions_held_by_readers_count_against_the_quota_and_the_tier(make_store):
+    """Issue 20, item 3: a namespace writes new versions of one block while a reader holds
+    every old one. Their DRAM keeps its room until released, so it counts: against the
+    namespace's quota (its next versions go to disk, its own blocks make way) and the
+    tier's used bytes (statistics and df tell the truth) — never another's blocks pushed
+    out of DRAM for it."""
+    s = make_store(dram_blocks=8, namespaces=(ns("a", dram=4 * BLOCK), ns("b")))
+    for i in range(4):
+        s.put(f"b/{i}", blob(100 + i))
+    held = []
+    for v in range(12):
+        s.put("a/x", blob(v))
+        held.append(s.open("a/x"))  # a reader keeps this version, whole
+        assert {b.name: b.tiers for b in s.walk("b")} == {f"b/{i}": ("dram",) for i in range(4)}, v
+        [a] = s.namespace_statistics("a")
+        assert {t: u for t, u, *_ in a.tiers}["dram"] <= 4 * BLOCK, v
+    dram = s.statistics().tiers[0]
+    assert dram.used == dram.capacity - s.tiers[0].free_bytes, "used counts every byte the arena gives out"
+    assert dram.used == 8 * BLOCK  # b's 4 blocks and a's 4 blocks' worth: its held versions (a/x went to disk)
+    assert s.stat("a/x").tiers == ("disk",)
+    for v, ref in enumerate(held):
+        assert bytes(ref.data) == blob(v)  # every reader kept its version
+        ref.release()
+    s.put("a/y", blob(50))  # released: the room is a's again
+    assert s.stat("a/y").tiers == ("dram",)
+    dram = s.statistics().tiers[0]
+    assert dram.used == dram.capacity - s.tiers[0].free_bytes
+    [a] = s.namespace_statistics("a")
+    assert {t: u for t, u, *_ in a.tiers}["dram"] == sum(
+        s.tiers[0].footprint(b.name, b.size) for b in s.walk("a") if "dram" in b.tiers
+    )
+
+
+def test_the_dram_tier_reports_each_held_copy_it_drops_and_frees():
+    """What the store counts held (Tier.held_changes): a copy dropped while a reader
+    holds it, then its release; one dropped and released between two drains is never
+    reported; an idle copy's room is free at once."""
+    t = DramTier(DramConfig(name=TierName("dram"), capacity=8 * BLOCK, mlock=False, prefault=False))
+    try:
+        t.put("a/x", blob(1), 1)
+        ref = t.open("a/x")
+        t.put("a/x", blob(2), 2)  # replaced while held
+        [c] = t.held_changes()
+        assert (c.name, c.size) == ("a/x", BLOCK) and t.held_changes() == []
+        ref.release()
+        [d] = t.held_changes()
+        assert (d.token, d.size) == (c.token, -BLOCK)
+        ref = t.open("a/x")
+        t.delete("a/x")  # dropped while held, released before the next drain
+        ref.release()
+        assert t.held_changes() == []
+        t.put("a/y", blob(3), 3)
+        t.delete("a/y")  # nobody held it
+        assert t.held_changes() == [] and t.free_bytes == 8 * BLOCK
+    finally:
+        t.close()
+
+
 def test_a_block_larger_than_the_quota_goes_to_a_tier_without_one(make_store, tmp_path):
     s = make_store(namespaces=(ns("a", dram=BLOCK),))
     s.put("a/big", blob(1, 2 * BLOCK))

@@ -245,3 +245,49 @@ def subprocess_json(*argv: str) -> dict:
         [sys.executable, "-m", "kvfs.tools.cli", *argv, "--json"], capture_output=True, text=True, check=True
     )
     return json.loads(out.stdout)
+
+
+def test_s44_reserved_names_are_refused_and_never_reach_the_shared_tiers(two_mounts, tmp_path):
+    """Issue 20, item 14: a block named .kvfs-tmp.* was listed on its own node, skipped by
+    the other's listing (the posix tier hides its temporaries) and fair game for its
+    stale-temporary cleanup and kvfs gc. Names with a component starting with .kvfs- are
+    kvfs's own: every way of creating one is EINVAL (InvalidName on the client), and one
+    found in a shared tier (another writer's temporary) is never a block."""
+    from kvfs.client import Client
+    from kvfs.errors import InvalidName
+
+    a, b = two_mounts
+    (a / "d").mkdir()
+
+    def refused(fn, *args) -> int:
+        with pytest.raises(OSError) as info:
+            fn(*args)
+        return info.value.errno
+
+    def write(path: Path) -> None:
+        with open(path, "wb") as f:
+            f.write(b"x" * 1000)
+
+    assert refused(write, a / ".kvfs-tmp.top") == errno.EINVAL
+    assert refused(write, a / "d" / ".kvfs-tmp.blk.0123456789abcdef") == errno.EINVAL
+    assert refused(write, a / "d" / ".kvfs-anything") == errno.EINVAL
+    assert refused(os.mkdir, a / ".kvfs-dir") == errno.EINVAL
+    publish(a / "d" / "ok", b"ok" * 100)
+    assert refused(os.rename, a / "d" / "ok", a / "d" / ".kvfs-tmp.ok") == errno.EINVAL
+    with open(a / "d" / "open", "wb") as f:  # a file still being written moves with its name: refused too
+        f.write(b"y")
+        assert refused(os.rename, a / "d" / "open", a / "d" / ".kvfs-tmp.open") == errno.EINVAL
+    with Client(a, write=True) as c:
+        with pytest.raises(InvalidName, match="reserved for kvfs's own"):  # a put reserves all or none
+            c.put(["d/.kvfs-tmp.c", "d/c"], [b"z" * 100, b"c" * 100])
+        c.put(["d/c"], [b"c" * 100])
+    assert sorted(os.listdir(a / "d")) == ["c", "ok", "open"]
+    wait_for(lambda: check(sorted(os.listdir(b / "d")) == ["c", "ok", "open"]))  # both nodes list the same
+    # another writer's temporary in the posix directory is never a block here
+    shard = tmp_path / "lustre" / "blocks" / "d"
+    wait_for(lambda: check((shard / "ok").exists()))
+    (shard / ".kvfs-tmp.ok.feedfacefeedface").write_bytes((shard / "ok").read_bytes())
+    for node in (a, b):
+        assert refused(os.stat, node / "d" / ".kvfs-tmp.ok.feedfacefeedface") == errno.ENOENT
+        assert ".kvfs-tmp.ok.feedfacefeedface" not in os.listdir(node / "d")
+    assert (b / "d" / "ok").read_bytes() == b"ok" * 100

@@ -7,7 +7,10 @@ agent can map the same file and read without a copy (:meth:`DramTier.locate`).
 
 A reader holds a :class:`~kvfs.tier.BlockRef` on an extent; replacing, renaming over or
 deleting the block while it is held retires the extent, which is reused only after the
-last ref is released. So a reader never sees another block's bytes.
+last ref is released. So a reader never sees another block's bytes. A retired extent that
+is still held keeps its room: the tier reports it (:meth:`DramTier.held_changes`, a
+:class:`~kvfs.tier.HeldChange` when it is retired and one when it is freed) and the store
+counts it against the tier's capacity and the namespace of the name it had.
 
 Ownership. The arena belongs to one daemon: it holds an exclusive ``flock`` on the file
 while the tier is open, and a second daemon given the same ``path`` is refused, naming the
@@ -40,7 +43,7 @@ from kvfs.allocator import ExtentAllocator
 from kvfs.config import DramConfig, TierKind
 from kvfs.errors import BlockNotFound, TierFull, TierInUse, TierUnavailable
 from kvfs.ownership import lock_exclusive, locked_by_someone
-from kvfs.tier import BlockInfo, BlockRef, Location, Tier
+from kvfs.tier import BlockInfo, BlockRef, HeldChange, Location, Tier
 from kvfs.units import format_size
 
 __all__ = ["DramTier"]
@@ -59,6 +62,8 @@ class _Extent:
     checksum: int
     refs: int = 0
     retired: bool = False
+    token: int = 0
+    """Set when it was retired while held (its :class:`HeldChange`'s token)."""
 
 
 def _mlock(buf: mmap.mmap, length: int) -> bool:
@@ -173,6 +178,7 @@ class DramTier(Tier):
     persistent = False
     shared = False
     reservable = True
+    keeps_held = True
 
     def __init__(self, config: DramConfig) -> None:
         super().__init__(config)
@@ -203,6 +209,8 @@ class DramTier(Tier):
         self._alloc = ExtentAllocator(size - HEADER)
         self._index: dict[str, _Extent] = {}
         self._lock = threading.Lock()
+        self._held: dict[int, HeldChange] = {}  # not yet drained, in order: +token retired, -token freed
+        self._tokens = 0
 
     def _prefault(self, size: int) -> None:
         """Touch every page once now, so the first writes to blocks do not pay page faults."""
@@ -230,18 +238,31 @@ class DramTier(Tier):
             old = self._index.get(name)
             self._index[name] = ext
             if old is not None:
-                self._retire(old)
+                self._retire(old, name)
 
-    def _retire(self, ext: _Extent) -> None:
+    def _retire(self, ext: _Extent, name: str) -> None:
+        """Under the lock: *ext* (the copy of *name*) leaves the index; its room is free
+        now, or, while readers hold it, once the last lets go (reported meanwhile)."""
         ext.retired = True
         if ext.refs == 0:
             self._alloc.free(ext.offset, ext.length)
+            return
+        self._tokens += 1
+        ext.token = self._tokens
+        self._held[ext.token] = HeldChange(ext.token, name, self._alloc.round(ext.length))
 
     def _release(self, ext: _Extent) -> None:
         with self._lock:
             ext.refs -= 1
             if ext.refs == 0 and ext.retired:
                 self._alloc.free(ext.offset, ext.length)
+                if ext.token and self._held.pop(ext.token, None) is None:  # not drained yet: never counted
+                    self._held[-ext.token] = HeldChange(ext.token, "", -self._alloc.round(ext.length))
+
+    def held_changes(self) -> list[HeldChange]:
+        with self._lock:
+            out, self._held = list(self._held.values()), {}
+        return out
 
     def open(self, name: str) -> BlockRef:
         with self._lock:
@@ -276,7 +297,7 @@ class DramTier(Tier):
             old = self._index.get(name)
             self._index[name] = _Extent(offset, size, checksum)
             if old is not None:
-                self._retire(old)
+                self._retire(old, name)
 
     def abort(self, offset: int, size: int) -> None:
         """Return a reserved extent that will not be published."""
@@ -308,7 +329,7 @@ class DramTier(Tier):
         with self._lock:
             ext = self._index.pop(name, None)
             if ext is not None:
-                self._retire(ext)
+                self._retire(ext, name)
 
     def rename(self, old: str, new: str) -> None:
         with self._lock:
@@ -318,7 +339,7 @@ class DramTier(Tier):
             replaced = self._index.get(new)
             self._index[new] = ext
             if replaced is not None:
-                self._retire(replaced)
+                self._retire(replaced, new)
 
     def stat(self, name: str) -> BlockInfo | None:
         with self._lock:

@@ -47,6 +47,7 @@ from kvfs.blockfile import file_length
 from kvfs.config import PosixConfig, TierKind
 from kvfs.deadline import DeadlineExecutor
 from kvfs.errors import BlockCorrupt, BlockNotFound, TierFull, TierUnavailable
+from kvfs.names import RESERVED_PREFIX
 from kvfs.tier import BlockInfo, BlockRef, StoredObject, Tier
 
 from .blockdir import BlockDirectory
@@ -57,7 +58,7 @@ log = logging.getLogger("kvfs.tiers.posix")
 
 T = TypeVar("T")
 
-TMP_PREFIX = ".kvfs-tmp."
+TMP_PREFIX = RESERVED_PREFIX + "tmp."  # within the reserved names no block or directory may have (kvfs.names)
 _ASIDE = TMP_PREFIX + "gc."  # a block being expired, renamed aside (a temporary if gc dies there)
 _MISSING = (errno.ENOENT, errno.ESTALE, errno.ENOTDIR)
 

@@ -8,7 +8,11 @@ for ``--seconds``, runs at once:
   a temp name renamed while still open (safetensors); a ``dup`` closed mid-write; a child
   process inheriting the descriptor and closing it after the parent (the last close is the
   child's); a rewrite without ``O_TRUNC`` (LMCache); an ``fsync`` mid-write; and now and
-  then an ``unlink``;
+  then an ``unlink``. Writers of one name take turns (a lock per name): a rewrite that
+  opened a name while another writer was still writing it (a name with no block yet, or
+  just unlinked) would join that file (docs/SEMANTICS.md line 15: every descriptor writes
+  the same file), and the mix of the two is not one whole version, which is what the
+  readers require;
 - **close-to-open checkers**: writers of names of their own that read each file back the
   moment ``close`` returned and require exactly what they wrote;
 - **readers** that open and read shared names and check every byte: each version carries
@@ -118,6 +122,7 @@ class Soak:
         self.names = [f"s/{i % 8:02x}/blk{i:03d}" for i in range(args.names)]
         self._version = 0
         self._vlock = threading.Lock()
+        self._name_locks = {n: threading.Lock() for n in self.names}
         for d in {n.rpartition("/")[0] for n in self.names}:
             os.makedirs(mp / d, exist_ok=True)
 
@@ -197,7 +202,8 @@ class Soak:
                 self.fig.add(unlinks=1)
                 continue
             pattern = rng.choice(PATTERNS[:-1])
-            self.guard(f"write ({pattern})", self.write, rng, name, pattern)
+            with self._name_locks[name]:  # one writer of a name at a time (module doc)
+                self.guard(f"write ({pattern})", self.write, rng, name, pattern)
 
     def own_writer(self, seed: int) -> None:
         """Writes names nobody else writes and reads each back right after its close."""
