@@ -8,15 +8,19 @@ error the daemon answered is raised again as its own class (the protocol's error
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Self, TypeVar
 
+from kvfs.errors import KvfsError
 from kvfs.protocol import DaemonNotAnswering, Error, LineBuffer, Message, ProtocolError, Request, decode, encode
 
 __all__ = ["Connection", "Stream"]
+
+log = logging.getLogger("kvfs.client")
 
 R = TypeVar("R", bound=Message)
 
@@ -131,9 +135,21 @@ class Connection:
     def request(self, req: Request, reply: type[R] | None = None) -> R:
         """Send *req* and return its reply (of class *reply*, by default ``req.reply``);
         the daemon's error is raised as its own class. Items of a streaming reply are
-        skipped. Replies still owed to :meth:`submit` are read (and checked) first."""
-        self.settle()
+        skipped.
+
+        Requests sent with :meth:`submit` whose replies are still owed are not waited
+        for before *req* goes out: the daemon answers in order, so it finds both in one
+        wake-up and this is one round trip, not two. Their replies are read first; an
+        error one of them met is logged (nobody waits on it), not raised here."""
         self.send(req)
+        while self._pending:
+            owed = self._pending[0]
+            try:
+                self.result()
+            except DaemonNotAnswering:
+                raise
+            except KvfsError as exc:
+                log.warning("kvfs: a %s request sent without waiting failed: %s", owed.kind, exc)
         answer: R = self._reply(req, reply)
         return answer
 
