@@ -133,7 +133,7 @@ class Client:
         self.socket = sock
         self.promote = promote
         self._lock = threading.Lock()
-        self._conn = Connection(sock, where=mountpoint, timeout=timeout)
+        self._conn = Connection(sock, where=mountpoint, timeout=timeout, reconnect=False)
         self._held: dict[int, Hold] = {}
         self._done = DeferredReleases(self._send_release, delay=_RELEASE_DELAY)
         if io_threads < 1:

@@ -31,12 +31,18 @@ _MAX_FDS = 16
 class Connection:
     """A connection to the socket at *path*; *where* names the mount in messages;
     *timeout* bounds each wait for a reply (streams wait as long as the daemon keeps
-    the connection)."""
+    the connection). *reconnect*: a request after the connection was lost connects
+    again; without it (a session whose state died with the connection, such as a
+    client's leases) every request after the loss fails at once."""
 
-    def __init__(self, path: str | os.PathLike[str], *, where: str | None = None, timeout: float = 60.0) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], *, where: str | None = None, timeout: float = 60.0, reconnect: bool = True
+    ) -> None:
         self.path = Path(path)
         self.where = where or str(path)
         self.timeout = timeout
+        self.reconnect = reconnect
+        self._was_connected = False
         self._sock: socket.socket | None = None
         self._frames = LineBuffer()
         self._lines: list[bytes] = []
@@ -53,6 +59,8 @@ class Connection:
     def connect(self) -> None:
         if self._sock is not None:
             return
+        if self._was_connected and not self.reconnect:
+            raise self.not_answering("the connection was lost earlier; open a new session")
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.settimeout(self.timeout)
         try:
@@ -73,6 +81,7 @@ class Connection:
             s.close()
             raise self.not_answering(exc.strerror or str(exc)) from None
         self._sock = s
+        self._was_connected = True
 
     @property
     def connected(self) -> bool:

