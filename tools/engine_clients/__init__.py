@@ -107,6 +107,12 @@ CLIENTS: dict[str, Client] = {
             about="sglang 0.5.23 with kvfs installed: kvfs.gpu.sglang_backend and HiCacheFile on a host pool",
         ),
         Client(
+            name="lmcache-backend",
+            script="lmcache_backend_client.py",
+            venv="lmcache",
+            about="lmcache 0.5.6 with kvfs installed: StorageManager with kvfs.gpu.lmcache_backend or its fs connector",
+        ),
+        Client(
             name="lmcache",
             script="lmcache_client.py",
             venv="lmcache",
