@@ -463,7 +463,7 @@ class KvfsConnector(KVConnectorBase_V1):
                         v.copy_(d)
         self._count_loads(loads, bad, time.perf_counter() - t0)
 
-    def _count_loads(self, loads: Transfer, bad: dict[int, str], seconds: float) -> None:
+    def _count_loads(self, loads: Transfer, bad: dict[int, str], seconds: float, how: str = "") -> None:
         for i in bad:
             self._failed.add(loads.block_ids[i])
         n = len(loads.names)
@@ -481,7 +481,7 @@ class KvfsConnector(KVConnectorBase_V1):
                 loads.names[first],
                 bad[first],
             )
-        logger.info("kvfs: loaded %d blocks, %d failed (%.2f ms)", n - len(bad), len(bad), 1e3 * seconds)
+        logger.info("kvfs: loaded %d blocks, %d failed (%.2f ms)%s", n - len(bad), len(bad), 1e3 * seconds, how)
 
     def _finish_loads(self) -> None:
         """Wait for the step's layer-wise loads to end; count them."""
@@ -490,7 +490,8 @@ class KvfsConnector(KVConnectorBase_V1):
         loading, loads = self._loading
         self._loading = None
         loading.join()
-        self._count_loads(loads, loading.failed, loading.seconds)
+        how = f" layer by layer, {loading.waited} of {len(self._layers)} layers waited for"
+        self._count_loads(loads, loading.failed, loading.seconds, how)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         if self._loading is not None:
@@ -507,7 +508,8 @@ class KvfsConnector(KVConnectorBase_V1):
             saving, self._saving = self._saving, None
             saving.finish()
             saving.join()
-            self._count_saves(len(saving.names), saving.failed, saving.seconds)
+            how = f" layer by layer, {saving.handed} of {len(self._layers)} layers handed over"
+            self._count_saves(len(saving.names), saving.failed, saving.seconds, how)
             return
         if meta.saves.names:
             self._save_step(meta.saves)
@@ -531,13 +533,13 @@ class KvfsConnector(KVConnectorBase_V1):
             logger.warning("kvfs: save of %d blocks failed: %s", failed, exc)
         self._count_saves(len(saves.names), failed, time.perf_counter() - t0)
 
-    def _count_saves(self, n: int, failed: int, seconds: float) -> None:
+    def _count_saves(self, n: int, failed: int, seconds: float, how: str = "") -> None:
         self.stats["saved"] += n - failed
         self.stats["save_failed"] += failed
         self._stats.add("saved", n - failed)
         self._stats.add("save_failed", failed)
         self._stats.add("save_s", seconds)
-        logger.info("kvfs: saved %d blocks, %d failed (%.2f ms)", n - failed, failed, 1e3 * seconds)
+        logger.info("kvfs: saved %d blocks, %d failed (%.2f ms)%s", n - failed, failed, 1e3 * seconds, how)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         self._finish_loads()

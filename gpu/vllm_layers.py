@@ -6,10 +6,13 @@ run in one background thread each, a layer at a time, so that layer k's attentio
 while layer k+1's KV is copied in, and layer k's KV is copied out while layer k+1 runs:
 
 - :class:`LayerLoads`: one lease of every block of the step (``Client.lease`` with
-  ``promote="always"``: DRAM copies), each block's size and header checked, and, with
-  ``kvfs_verify``, its DRAM copy hashed against its checksum -- all before layer 0 is
-  handed over, because a layer once attended cannot be taken back -- then each layer's
-  slice of every good block copied into the paged KV tensor and that layer released.
+  ``promote="always"``: DRAM copies; a block the DRAM tier could not take is read whole
+  from its disk-tier file and verified), each block's size and header checked before
+  layer 0 is handed over, then each layer's slice of every good block copied into the
+  paged KV tensor and that layer released. With ``kvfs_verify`` a DRAM copy's checksum
+  is taken as its layers are copied and compared after the last: a bad block is
+  reported with the step's load errors, and vLLM drops what the step computed for its
+  request and recomputes it (``get_block_ids_with_load_errors``, as for any failed block).
 - :class:`LayerSaves`: one reservation of every block the step completes (taken when the
   step starts), each block's header written, each layer's slice copied into the arena
   as soon as its attention ran, and the commit sent once every layer is in (the step's
@@ -37,7 +40,7 @@ import numpy as np
 import torch
 import xxhash
 
-from kvfs.client import BatchError, Client, Hold, PutBuffer
+from kvfs.client import BatchError, Client, Hold, PutBuffer, buffers
 from kvfs.errors import KvfsError
 
 __all__ = ["BlockLayout", "LayerLoads", "LayerSaves"]
@@ -120,7 +123,9 @@ class LayerLoads:
         self._check = check
         self.verify = verify
         self.failed: dict[int, str] = {}  # position -> why
+        self._dram: set[int] = set()  # positions read from a DRAM (or copy-buffer) copy
         self.loaded = 0
+        self.waited = 0  # layers vLLM waited for (each attention layer, in a normal step)
         self.started = time.perf_counter()
         self.seconds = 0.0
         self._events = _Events(len(layout.parts))
@@ -129,6 +134,7 @@ class LayerLoads:
 
     def wait(self, layer: int) -> None:
         """Until layer *layer* of every block is in the paged KV (or given up on)."""
+        self.waited += 1
         self._events.layers[layer].wait()
 
     def join(self) -> None:
@@ -140,19 +146,30 @@ class LayerLoads:
         try:
             holds = self._lease()
             good = self._checked(holds)
-            arena = np.frombuffer(self.client.arena, dtype=np.uint8) if good else None
             lay = self.layout
-            for k, (arrays, off) in enumerate(zip(lay.parts, lay.offsets, strict=True)):
-                for i in good:
-                    h, b = holds[i], self.block_ids[i]
-                    assert arena is not None
-                    at = h.offset + off
+            # a DRAM copy's checksum is taken as its layers are copied (in block order:
+            # header, then each layer) and compared after the last one: a block found bad
+            # then is reported with the step's load errors, and vLLM drops what the step
+            # computed for its request and recomputes it, as for any failed block
+            sums = {i: xxhash.xxh3_64(src[base : base + lay.header]) for i, src, base in good if self._streamed(i)}
+            for k, (arrays, off, size) in enumerate(zip(lay.parts, lay.offsets, lay.sizes, strict=True)):
+                for i, src, base in good:
+                    b = self.block_ids[i]
+                    at = base + off
                     for a in arrays:
                         n = a.shape[1]
-                        np.copyto(a[b], arena[at : at + n])
+                        np.copyto(a[b], src[at : at + n])
                         at += n
+                    h = sums.get(i)
+                    if h is not None:
+                        h.update(src[base + off : base + off + size])
                 self._events.layers[k].set()
-            self.loaded = len(good)
+            for i, h in sums.items():
+                hold = holds[i]
+                if h.intdigest() != hold.checksum:
+                    self.client.suspect(hold, "its DRAM copy does not match the block's checksum")
+                    self.failed[i] = "its DRAM copy does not match the block's checksum"
+            self.loaded = len(good) - sum(1 for i, _, _ in good if i in self.failed)
         except Exception as exc:  # noqa: BLE001  (the thread must end and say why: the forward waits on it)
             logger.warning("kvfs: layer-wise load of %d blocks failed: %s", len(self.names), exc)
             for i in range(len(self.names)):
@@ -161,7 +178,7 @@ class LayerLoads:
         finally:
             self.seconds = time.perf_counter() - self.started
             self._events.release_all()
-            live = [h for h in holds if isinstance(h, Hold)]
+            live = [h for h in holds if isinstance(h, Hold) and not h.released]
             if live:
                 try:
                     self.client.release(live)
@@ -176,28 +193,48 @@ class LayerLoads:
                 self.failed[i] = f"{type(r).__name__}: {r}"
             return list(exc.results)
 
-    def _checked(self, holds: list[Any]) -> list[int]:
-        """The positions whose block may be copied: a DRAM (or copy-buffer) copy of
-        exactly a block's size, with this engine's header and (with *verify*) the
-        block's checksum."""
+    def _checked(self, holds: list[Any]) -> list[tuple[int, np.ndarray, int]]:
+        """The blocks that may be copied, each with the bytes to copy from and where in
+        them it starts: a DRAM (or copy-buffer) copy in the arena mapping, or a disk
+        tier's file (the DRAM tier could not take it) read whole and verified; each of
+        exactly a block's size, with this engine's header and (DRAM copies with
+        *verify*; files always) the block's checksum."""
         lay = self.layout
         view = self.client.arena
-        good = []
+        arena = np.frombuffer(view, dtype=np.uint8) if view is not None else None
+        good: list[tuple[int, np.ndarray, int]] = []
         for i, h in enumerate(holds):
             if i in self.failed or not isinstance(h, Hold):
                 continue
-            if h.kind == "file" or view is None:
-                self.failed[i] = "no DRAM copy to read layer by layer (a mount without a DRAM tier)"
-            elif h.length != lay.block_bytes:
+            if h.length != lay.block_bytes:
                 self.failed[i] = f"{h.length} bytes, not {lay.block_bytes}"
-            elif not self._check(i, bytes(view[h.offset : h.offset + lay.header])):
-                self.failed[i] = "a foreign header (another block's bytes under this name)"
-            elif self.verify and xxhash.xxh3_64_intdigest(view[h.offset : h.offset + h.length]) != h.checksum:
-                self.client.suspect(h, "its DRAM copy does not match the block's checksum")
-                self.failed[i] = "its DRAM copy does not match the block's checksum"
+                continue
+            if h.kind == "file":
+                src = np.empty(h.length, np.uint8)
+                try:
+                    got = buffers.read_file(h.path, h.offset, h.length, [memoryview(src)])
+                except OSError as exc:
+                    self.failed[i] = f"reading its block file failed: {exc}"
+                    continue
+                if got != h.length or xxhash.xxh3_64_intdigest(src) != h.checksum:
+                    self.client.suspect(h, "its block file does not match the block's checksum")
+                    self.failed[i] = "its block file does not match the block's checksum"
+                    continue
+                base = 0
             else:
-                good.append(i)
+                assert arena is not None
+                src, base = arena, h.offset
+            if not self._check(i, src[base : base + lay.header].tobytes()):
+                self.failed[i] = "a foreign header (another block's bytes under this name)"
+            else:
+                if h.kind != "file":
+                    self._dram.add(i)
+                good.append((i, src, base))
         return good
+
+    def _streamed(self, i: int) -> bool:
+        """Whether block *i*'s checksum is taken as it is copied (a DRAM copy, with verify)."""
+        return self.verify and i in self._dram
 
 
 class LayerSaves:
@@ -220,6 +257,7 @@ class LayerSaves:
         self.block_ids = block_ids
         self.saved = 0
         self.failed = 0
+        self.handed = 0  # layers vLLM handed over as their attention ran
         self.started = time.perf_counter()
         self.seconds = 0.0
         self._todo: queue.SimpleQueue[int | None] = queue.SimpleQueue()
@@ -232,6 +270,7 @@ class LayerSaves:
 
     def layer(self, k: int) -> None:
         """Layer *k*'s attention ran: its KV in the saved blocks is final."""
+        self.handed += 1
         self._todo.put(k)
 
     def finish(self) -> None:
