@@ -99,3 +99,19 @@ def test_reads_in_batches_through_a_copy_buffer_free_its_slots(kvfs_mount, copy)
         outs = [bytearray(64 * KiB) for _ in names]
         assert c.get_into(names, outs) == [64 * KiB] * 12
         assert [bytes(o) for o in outs] == [_blob(10 + i, 64 * KiB) for i in range(12)]
+
+
+def test_a_lost_session_is_not_silently_reconnected(kvfs_mount):
+    """Once its connection is gone, a client fails every call at once instead of sending
+    it on a new connection that has no session (no hello, none of its leases)."""
+    from kvfs.protocol import DaemonNotAnswering
+
+    mp = kvfs_mount(dram="8MiB", disk="32MiB")
+    c = Client(mp)
+    c.lookup(["x"])
+    c._conn.close()  # as after a reply that never came
+    with pytest.raises(DaemonNotAnswering, match="the connection was lost earlier; open a new session"):
+        c.lookup(["x"])
+    c.close()
+    with Client(mp) as fresh:
+        assert fresh.lookup(["x"]).prefix == 0

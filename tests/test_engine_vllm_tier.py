@@ -118,3 +118,13 @@ def test_damaged_blocks_are_misses_never_wrong_bytes(kvfs_mount, tmp_path):
     assert loaded["settled"] is True
     assert loaded["lookups"] == ["MISS" if i in bad else "HIT" for i in range(N)]
     assert loaded["equal"] == [None if i in bad else True for i in range(N)]
+
+
+def test_a_path_off_kvfs_stops_the_engine_with_a_clear_error(tmp_path):
+    """kvfs_path where no kvfs is mounted: vLLM's manager is not built, saying why."""
+    from kvfs.tools.engine_clients import ClientFailed, run_client
+
+    need_client("vllm-tier")
+    with pytest.raises(ClientFailed) as exc:
+        run_client("vllm-tier", "--tier", "kvfs", "--dir", str(tmp_path), "--phase", "load", timeout=300)
+    assert f"KvfsTier: kvfs_path '{tmp_path}': {tmp_path} is neither a kvfs mount" in exc.value.output

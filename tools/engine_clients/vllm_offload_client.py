@@ -24,8 +24,9 @@ import argparse
 import os
 import time
 
-from client_report import emit
 from vllm_client import prompts
+
+from client_report import emit
 
 
 def generate(args: argparse.Namespace) -> dict:
