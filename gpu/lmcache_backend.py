@@ -125,7 +125,7 @@ class KvfsRemoteConnector(RemoteConnector):
         self.local_cpu_backend = local_cpu_backend
         self.settings = ConnectorSettings.from_config(config or local_cpu_backend.config)
         s = self.settings
-        self.link = Link(self._connect, reconnect_s=s.reconnect_s, what="LMCache kvfs plugin")
+        self.link = Link(self._connect, s.path, reconnect_s=s.reconnect_s, what="LMCache kvfs plugin")
         try:
             client = self.link.open()
         except KvfsError as exc:  # LMCache logs it and tries again later
@@ -144,9 +144,8 @@ class KvfsRemoteConnector(RemoteConnector):
             client.mountpoint,
         )
 
-    def _connect(self) -> Client:
-        s = self.settings
-        return Client(s.path, write=True, name="lmcache", timeout=s.timeout_s)
+    def _connect(self, where: Any) -> Client:
+        return Client(where, write=True, name="lmcache", timeout=self.settings.timeout_s)
 
     # -- names and trailers --------------------------------------------------------------
 

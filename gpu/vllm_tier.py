@@ -288,7 +288,7 @@ class KvfsTier(SecondaryTierManager):
         self._flat = primary_kv_view.cast("B") if primary_kv_view.format != "B" else primary_kv_view
         self._label = (tier_type,)
         s = self.settings
-        self.link = Link(self._connect, reconnect_s=s.reconnect_s, what=f"kvfs tier {tier_type}")
+        self.link = Link(self._connect, s.path, reconnect_s=s.reconnect_s, what=f"kvfs tier {tier_type}")
         try:
             client = self.link.open()
         except KvfsError as exc:
@@ -326,9 +326,9 @@ class KvfsTier(SecondaryTierManager):
 
     # -- setup -------------------------------------------------------------------------
 
-    def _connect(self) -> Client:
+    def _connect(self, where: Any) -> Client:
         s = self.settings
-        return Client(s.path, write=True, name=f"vllm tier {self.tier_type}", timeout=s.timeout_s, copy=s.copy)
+        return Client(where, write=True, name=f"vllm tier {self.tier_type}", timeout=s.timeout_s, copy=s.copy)
 
     def _set_medium(self, client: Client, locality: str | None) -> None:
         tiers = client.welcome.tiers

@@ -9,7 +9,9 @@ bounded time. :class:`Link` holds one :class:`~kvfs.client.Client` and:
   (:class:`~kvfs.protocol.DaemonNotAnswering`, which a stopped daemon gives after the
   client's ``timeout``), so that every later call, in any thread, fails at once instead of
   waiting out its own timeout (the client's connection does not reconnect by itself);
-- connects again at most every ``reconnect_s`` seconds, from whichever call comes first.
+- connects again at most every ``reconnect_s`` seconds, from whichever call comes first,
+  through the daemon's socket found at the first connect -- never through the mountpoint,
+  whose ``stat`` a stopped FUSE daemon would leave hanging.
 
 Errors of single blocks (a miss, a bad copy) are the caller's business; they do not drop
 the session.
@@ -18,6 +20,7 @@ the session.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -36,12 +39,15 @@ T = TypeVar("T")
 
 
 class Link:
-    """A session made by *connect* (a :class:`Client`), kept for calls and remade at most
-    every *reconnect_s* seconds after it was lost; *what* names its user in log lines.
-    Thread-safe."""
+    """A session made by *connect(where)* (a :class:`Client` of the mount or socket
+    *where*), kept for calls and remade at most every *reconnect_s* seconds after it was
+    lost; *what* names its user in log lines. Thread-safe."""
 
-    def __init__(self, connect: Callable[[], Client], *, reconnect_s: float, what: str) -> None:
-        self._connect = connect
+    def __init__(
+        self, connect: Callable[[str | os.PathLike[str]], Client], where: str, *, reconnect_s: float, what: str
+    ) -> None:
+        self._connect_to = connect
+        self.where: str | os.PathLike[str] = where
         self.reconnect_s = reconnect_s
         self.what = what
         self._lock = threading.Lock()
@@ -49,6 +55,11 @@ class Link:
         self._retry_at = 0.0
         self.lost = 0
         """Times the session was dropped (the daemon stopped answering)."""
+
+    def _connect(self) -> Client:
+        c = self._connect_to(self.where)
+        self.where = c.socket  # from now on, the socket itself: no path lookup on the mount
+        return c
 
     def open(self) -> Client:
         """Connect now (at the plug-in's start); the error says why not."""
