@@ -298,7 +298,9 @@ def run(args: argparse.Namespace) -> int:
         plain_root.mkdir()
         mp = base / "mnt"
         dram = (512 if args.quick else 1024) * MiB
-        mount(mp, dram_disk_config(base, dram, 4 * dram))
+        # the DRAM tier as kvfs mounts it by default (prefaulted, mlocked): a lean arena would
+        # charge first-touch page faults to whichever client wrote a region first
+        mount(mp, dram_disk_config(base, dram, 4 * dram, lean=False))
         try:
             for name in available:
                 if name == "vllm-connector":
