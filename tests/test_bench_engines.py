@@ -65,9 +65,16 @@ def test_bench_engines_vllm_connector_json():
     assert c["client"] == "vllm-connector" and c["status"] == "ok", c.get("status")
     for kind in ("plain", "kvfs"):
         assert c[kind]["ttft_cold_ms"] > 0 and c[kind]["ttft_warm_ms"] > 0
-    assert c["none"]["ttft_cold_ms"] > 0
-    assert set(c["ratio"]) == {"ttft_cold", "ttft_warm", "ttft_warm_vs_none", "example_warm_vs_none"}
-    assert "vllm-connector: kvfs connector on" in res.stderr
+    assert c["none"]["ttft_cold_ms"] > 0 and c["step"]["ttft_warm_ms"] > 0
+    assert set(c["ratio"]) == {
+        "ttft_cold",
+        "ttft_warm",
+        "ttft_warm_step",
+        "layer_vs_step",
+        "ttft_warm_vs_none",
+        "example_warm_vs_none",
+    }
+    assert "vllm-connector: kvfs connector on" in res.stderr and "(step)" in res.stderr
 
 
 def test_bench_engines_json_sglang_backend():
@@ -81,3 +88,22 @@ def test_bench_engines_json_sglang_backend():
         assert c[kind]["bytes"] == 16 * 2 * 64 * 8 * 8 * 128 * 2  # 16 pages of 2 MiB, read back byte-exact
         assert c[kind]["set_s"] > 0 and c[kind]["get_s"] > 0
     assert set(c["ratio"]) == {"set", "get"} and all(v > 0 for v in c["ratio"].values())
+
+
+def test_bench_engines_vllm_tier_and_lmcache_backend_rows():
+    """kvfs's vLLM tier against vLLM's fs tier, kvfs's LMCache plugin against LMCache's fs
+    connector, each under the engine's own classes, in one run; a table with their aims."""
+    need_client("vllm-tier")
+    need_client("lmcache-backend")
+    res = _bench("--clients", "vllm-tier,lmcache-backend", "--json")
+    assert res.returncode == 0, res.stderr
+    tier, lmc = json.loads(res.stdout)["clients"]
+    assert tier["client"] == "vllm-tier" and tier["status"] == "ok", tier.get("status")
+    assert tier["baseline"] == "vLLM's fs tier on a plain directory (O_DIRECT)"
+    for kind in ("plain", "kvfs"):
+        assert tier[kind]["bytes"] == 32 << 20 and tier[kind]["store_s"] > 0 and tier[kind]["load_s"] > 0
+    assert set(tier["ratio"]) == {"store", "load"}
+    assert lmc["client"] == "lmcache-backend" and lmc["status"] == "ok", lmc.get("status")
+    for kind in ("plain", "kvfs"):
+        assert lmc[kind]["bytes"] == 16 * 512 * 1024 and lmc[kind]["put_s"] > 0 and lmc[kind]["get_s"] > 0
+    assert set(lmc["ratio"]) == {"put", "get"}

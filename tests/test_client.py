@@ -299,7 +299,7 @@ def test_bad_requests_get_clear_errors_and_change_nothing(mount):
                 raise exc.errors[0] from None
         many = [f"many/{i}" for i in range(70_000)]
         assert c.lookup(many[:5000]).prefix == 0  # a big lookup runs off the FUSE loop
-        with pytest.raises(ProtocolError, match="lease: 70000 names in one request, at most 65536; split the batch"):
+        with pytest.raises(ProtocolError, match="checkout: 70000 names in one request, at most 65536; split the batch"):
             c.lease(many)
     with Client(mp) as ro:
         with pytest.raises(KvfsError, match="this client is read-only"):
@@ -309,12 +309,12 @@ def test_bad_requests_get_clear_errors_and_change_nothing(mount):
     # a socket closed in the middle of a batch: reserved, half a commit sent, gone
     s = socket.socket(socket.AF_UNIX)
     s.connect(str(control_socket_path(mp)))
-    s.sendall(b'{"v":2,"kind":"hello","write":true}\n')
+    s.sendall(b'{"v":3,"kind":"hello","write":true}\n')
     s.recv(65536)
-    s.sendall(b'{"v":2,"kind":"reserve","names":["mid/a","mid/b"],"sizes":[4096,4096]}\n')
+    s.sendall(b'{"v":3,"kind":"reserve","names":["mid/a","mid/b"],"sizes":[4096,4096]}\n')
     assert b'"kind":"reserved"' in s.recv(65536)
     assert statistics(mp).reserved == 2
-    s.sendall(b'{"v":2,"kind":"commit","ids":[')
+    s.sendall(b'{"v":3,"kind":"commit","ids":[')
     s.close()
     wait_for(lambda: statistics(mp).reserved == 0, timeout=5)
     with Client(mp) as c:
@@ -324,10 +324,10 @@ def test_bad_requests_get_clear_errors_and_change_nothing(mount):
         s.connect(str(control_socket_path(mp)))
         s.sendall(b'{"v":1,"kind":"hello"}\n')
         assert json.loads(s.makefile().readline()) == {
-            "v": 2,
+            "v": 3,
             "kind": "error",
             "type": "VersionMismatch",
-            "message": "protocol version 1 is not spoken here (this side speaks version 2); use the same kvfs "
+            "message": "protocol version 1 is not spoken here (this side speaks version 3); use the same kvfs "
             "release on both sides (remount after upgrading)",
         }
 

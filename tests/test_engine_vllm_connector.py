@@ -141,3 +141,37 @@ def test_a_missing_mount_is_a_clear_error(tiny_model, tmp_path):
             timeout=300,
         )
     assert "kvfs" in exc.value.output and str(tmp_path) in exc.value.output
+
+
+def test_layer_by_layer_and_whole_steps_share_blocks_and_a_scribbled_dram_copy_is_recomputed(kvfs_mount, tiny_model):
+    """Blocks saved layer by layer load in whole steps and the other way round (one block
+    format); layer-wise loads wait for each layer (vLLM calls ``wait_for_layer_load`` per
+    attention layer); a DRAM copy scribbled on after its commit (a writer's bug) fails
+    its checksum, taken as its layers are copied: that block is recomputed, never used."""
+    mp = kvfs_mount(**MOUNT)
+    tokens = [r["tokens"] for r in _generate(tiny_model, "none")["requests"]]
+    first = _generate(tiny_model, "kvfs", mp, "--kvfs-load", "layer")
+    assert first["kvfs"]["saved"] == FULL * PROMPTS and first["kvfs"]["save_failed"] == 0
+    steps = _generate(tiny_model, "kvfs", mp, "--kvfs-load", "step")
+    assert steps["kvfs"]["loaded"] == CACHED * PROMPTS and steps["kvfs"]["load_failed"] == 0
+    assert steps["layers_waited"] == []  # whole steps: nothing waited for per layer
+    assert [r["tokens"] for r in steps["requests"]] == tokens
+    layers = _generate(tiny_model, "kvfs", mp, "--kvfs-load", "layer")
+    assert layers["kvfs"]["loaded"] == CACHED * PROMPTS and layers["kvfs"]["load_failed"] == 0
+    assert layers["layers_waited"] == [2] * PROMPTS  # both layers of the tiny model, each waited for
+    assert [r["tokens"] for r in layers["requests"]] == tokens
+
+    from kvfs.client import Client
+
+    victim = str(_blocks(mp)[0].relative_to(mp))
+    with Client(mp, write=True) as c:
+        [hold] = c.lease([victim], promote="always")
+        assert hold.kind == "arena"
+        arena = c.arena
+        assert arena is not None
+        arena[hold.offset + hold.length // 2] ^= 0x40  # past the header, inside a layer
+        c.release([hold])
+    scribbled = _generate(tiny_model, "kvfs", mp, "--kvfs-load", "layer")
+    k = scribbled["kvfs"]
+    assert k["load_failed"] == 1 and k["loaded"] == CACHED * PROMPTS - 1, k
+    assert [r["tokens"] for r in scribbled["requests"]] == tokens  # recomputed, not the scribbled bytes

@@ -79,7 +79,7 @@ def test_every_message_survives_the_wire(kind):
 
 
 def test_optional_fields_and_defaults():
-    assert decode(b'{"v": 2, "kind": "ls"}').name == ""  # a field with a default may be left out
+    assert decode(b'{"v": 3, "kind": "ls"}').name == ""  # a field with a default may be left out
     leased = Leased(grants=[None], errors=[WireError(type="BlockNotFound", message="x")])
     assert decode(encode(leased)) == leased
 
@@ -91,22 +91,22 @@ def test_optional_fields_and_defaults():
         (b'"x"', ProtocolError, "a frame is a JSON object, not str"),
         (b'{"kind": "ping"}', VersionMismatch, "protocol version None is not spoken here"),
         (b'{"v": 1, "kind": "ping"}', VersionMismatch, "protocol version 1 is not spoken here"),
-        (b'{"v": 2}', UnknownKind, "unknown message kind None"),
-        (b'{"v": 2, "kind": "format_disk"}', UnknownKind, "unknown message kind 'format_disk'"),
-        (b'{"v": 2, "kind": "stat"}', ProtocolError, "stat: missing field 'name'"),
-        (b'{"v": 2, "kind": "stat", "name": null}', ProtocolError, "stat.name: expected a string, got null"),
-        (b'{"v": 2, "kind": "pin", "paths": "a"}', ProtocolError, "pin.paths: expected a list, got str"),
-        (b'{"v": 2, "kind": "pin", "paths": ["a", 1]}', ProtocolError, "pin.paths[1]: expected a string, got int"),
-        (b'{"v": 2, "kind": "pin", "paths": [], "pinned": 1}', ProtocolError, "pin.pinned: expected true or false"),
-        (b'{"v": 2, "kind": "lookup", "names": [true]}', ProtocolError, "lookup.names[0]: expected a string, got bool"),
-        (b'{"v": 2, "kind": "release", "ids": [1.5]}', ProtocolError, "release.ids[0]: expected an integer, got float"),
+        (b'{"v": 3}', UnknownKind, "unknown message kind None"),
+        (b'{"v": 3, "kind": "format_disk"}', UnknownKind, "unknown message kind 'format_disk'"),
+        (b'{"v": 3, "kind": "stat"}', ProtocolError, "stat: missing field 'name'"),
+        (b'{"v": 3, "kind": "stat", "name": null}', ProtocolError, "stat.name: expected a string, got null"),
+        (b'{"v": 3, "kind": "pin", "paths": "a"}', ProtocolError, "pin.paths: expected a list, got str"),
+        (b'{"v": 3, "kind": "pin", "paths": ["a", 1]}', ProtocolError, "pin.paths[1]: expected a string, got int"),
+        (b'{"v": 3, "kind": "pin", "paths": [], "pinned": 1}', ProtocolError, "pin.pinned: expected true or false"),
+        (b'{"v": 3, "kind": "lookup", "names": [true]}', ProtocolError, "lookup.names[0]: expected a string, got bool"),
+        (b'{"v": 3, "kind": "release", "ids": [1.5]}', ProtocolError, "release.ids[0]: expected an integer, got float"),
         (
-            b'{"v": 2, "kind": "leased", "grants": [{"id": 1}], "errors": [null]}',
+            b'{"v": 3, "kind": "leased", "grants": [{"id": 1}], "errors": [null]}',
             ProtocolError,
             "leased.grants[0]: missing field 'tier'",
         ),
         (
-            b'{"v": 2, "kind": "event", "event": {"seq": 1, "time": 0, "kind": "exploded", "name": "a"}}',
+            b'{"v": 3, "kind": "event", "event": {"seq": 1, "time": 0, "kind": "exploded", "name": "a"}}',
             ProtocolError,
             "event.event.kind: 'exploded' is not one of 'stored'",
         ),

@@ -577,23 +577,23 @@ def test_bad_requests_get_errors_and_the_server_keeps_serving(server):
         for line, kind, message in [
             (b"not json", "ProtocolError", "a frame is not JSON; each message is one JSON object per line"),
             (b"[1, 2]", "ProtocolError", "a frame is a JSON object, not list"),
-            (b'{"v": 2, "kind": "nope"}', "UnknownKind", "unknown message kind 'nope'"),
-            (b'{"v": 2, "kind": "stat", "bogus": 1}', "ProtocolError", "stat: unknown field 'bogus'; fields are name"),
-            (b'{"v": 2, "kind": "stat", "name": 3}', "ProtocolError", "stat.name: expected a string, got int"),
-            (b'{"v": 2, "kind": "pong", "mountpoint": "x", "pid": 1}', "ProtocolError", "'pong' is not a request"),
+            (b'{"v": 3, "kind": "nope"}', "UnknownKind", "unknown message kind 'nope'"),
+            (b'{"v": 3, "kind": "stat", "bogus": 1}', "ProtocolError", "stat: unknown field 'bogus'; fields are name"),
+            (b'{"v": 3, "kind": "stat", "name": 3}', "ProtocolError", "stat.name: expected a string, got int"),
+            (b'{"v": 3, "kind": "pong", "mountpoint": "x", "pid": 1}', "ProtocolError", "'pong' is not a request"),
             (
                 b'{"v": 7, "kind": "ping"}',
                 "VersionMismatch",
                 (
-                    "protocol version 7 is not spoken here (this side speaks version 2); use the same kvfs release on "
+                    "protocol version 7 is not spoken here (this side speaks version 3); use the same kvfs release on "
                     "both sides (remount after upgrading)"
                 ),
             ),
         ]:
             s.sendall(line + b"\n")
             reply = json.loads(f.readline())
-            assert reply == {"v": 2, "kind": "error", "type": kind, "message": message}
-        s.sendall(b'{"v": 2, "kind": "ping"}\n')
+            assert reply == {"v": 3, "kind": "error", "type": kind, "message": message}
+        s.sendall(b'{"v": 3, "kind": "ping"}\n')
         assert json.loads(f.readline())["mountpoint"] == "/mnt/kvfs"
         f.close()
 

@@ -11,12 +11,20 @@ on both, with the same workload, and prints per client:
   the KV through ExampleConnector, kvfs/plain (aim <= 1.15); cold TTFT (it saves) too;
 - **the vLLM connector** (``vllm-connector``): kvfs's own ``KvfsConnector`` on the mount
   (the batch client, the DRAM arena) against the stock ``ExampleConnector`` on the plain
-  directory, the same prompts: cold and warm TTFT, kvfs/example (aim <= 1.0), and warm
-  TTFT against the same engine with no connector (every token computed); ``ok`` when both
-  produced the same tokens and cached the same number of tokens;
+  directory, the same prompts: cold and warm TTFT, kvfs/example (aim <= 0.8; the
+  example's warm process reads files the cold one just wrote: a warm page cache), warm
+  TTFT loading layer by layer against whole steps (aim <= 0.85), and warm TTFT against
+  the same engine with no connector (every token computed); ``ok`` when all produced the
+  same tokens and cached the same number of tokens;
 - **sglang-backend**: kvfs's own SGLang HiCache backend against SGLang's ``HiCacheFile`` on
   the plain directory, set and get GB/s, kvfs/plain (aim >= 1.5 on gets;
   ``tools/bench_sglang_backend.py``);
+- **vllm-tier**: kvfs's secondary tier of vLLM's tiered offloading against vLLM's ``fs``
+  tier on the plain directory, store and load GB/s under vLLM's own manager, kvfs/fs (aim
+  >= 2; ``tools/bench_vllm_tier.py``);
+- **lmcache-backend**: kvfs's LMCache remote storage plugin against LMCache's fs connector
+  on the plain directory, put and get GB/s under LMCache's own StorageManager, kvfs/fs (aim
+  >= 1.5; ``tools/bench_lmcache_backend.py``);
 - whether the kvfs run did what the plain run did (same results, same files and bytes):
   ``ok``, ``differs: <where>``, or ``failed: <why>`` when the client crashed on kvfs.
 
@@ -36,7 +44,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from . import bench_sglang_backend
+from . import bench_lmcache_backend, bench_sglang_backend, bench_vllm_tier
 from .engine_clients import CLIENTS, ClientFailed, ClientMissing, client_python, differences, run_client, without
 from .render import table
 from .scratch import dram_disk_config, mount, umount
@@ -53,10 +61,16 @@ WORKLOADS = {
     "safetensors": "safetensors save/load_file",
     "vllm-connector": "vLLM KvfsConnector vs ExampleConnector",
     "sglang-backend": bench_sglang_backend.WHAT,
+    "vllm-tier": bench_vllm_tier.WHAT,
+    "lmcache-backend": bench_lmcache_backend.WHAT,
 }
 
+# bench name -> the engine client whose virtualenv it needs
+_VENV_OF = {"lmcache-disk": "lmcache", "vllm-connector": "vllm"}
+
 AIM_WRITE, AIM_READ = 0.80, 1.15
-AIM_CONNECTOR = 1.0
+AIM_CONNECTOR = 0.8  # KvfsConnector's warm TTFT over ExampleConnector's (warm page cache)
+AIM_LAYERWISE = 0.85  # KvfsConnector's warm TTFT layer by layer over whole steps
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -167,9 +181,11 @@ def bench_client(name: str, plain_root: Path, kvfs_root: Path, args, model: Path
     return out
 
 
-def _vllm_args(model: Path, quick: bool, connector: str, kv: Path | None) -> list[str]:
+def _vllm_args(model: Path, quick: bool, connector: str, kv: Path | None, load: str = "layer") -> list[str]:
     n = "4" if quick else "8"
     out = ["generate", "--model", str(model), "--connector", connector, "--prompts", n, "--prompt-len", "992"]
+    if connector == "kvfs":
+        out += ["--kvfs-load", load]
     return out + (["--kv", str(kv)] if kv is not None else [])
 
 
@@ -179,47 +195,62 @@ def _ttft_ms(res: dict) -> float:
 
 def bench_connector(plain_root: Path, mp: Path, args, model: Path) -> dict:
     """``vllm-connector``: per round, the ExampleConnector on the plain directory (a cold
-    process, a warm one), KvfsConnector on the mount (its blocks removed first), and one
-    process with no connector; best of the rounds."""
+    process, a warm one), KvfsConnector on the mount (its blocks removed first: a cold
+    process, then a warm one loading layer by layer and one loading whole steps, in turns
+    first), and one process with no connector; best of the rounds."""
     out: dict = {"client": "vllm-connector", "what": WORKLOADS["vllm-connector"]}
     venvs = Path(args.venvs) if args.venvs else None
-    figs: dict[str, list[dict]] = {"plain": [], "kvfs": [], "none": []}
+    figs: dict[str, list[dict]] = {"plain": [], "kvfs": [], "step": [], "none": []}
     status = "ok"
     for r in range(args.rounds):
         shutil.rmtree(mp / "vllm", ignore_errors=True)  # the connector's namespace: cold again
+        warm = [("layer", "kvfs"), ("step", "step")]
+        if r % 2:
+            warm.reverse()
+        plan = [
+            ("plain", "example", plain_root / f"vllm-connector-{r}", "layer"),
+            ("plain", "example", plain_root / f"vllm-connector-{r}", "layer"),
+            ("kvfs", "kvfs", mp, "layer"),  # cold: computes and saves
+            *((kind, "kvfs", mp, load) for load, kind in warm),
+            ("none", "none", None, "layer"),
+        ]
         runs: dict[str, list[dict]] = {}
-        for kind, connector, kv in (
-            ("plain", "example", plain_root / f"vllm-connector-{r}"),
-            ("kvfs", "kvfs", mp),
-            ("none", "none", None),
-        ):
-            _progress(f"vllm-connector: {connector} connector{f' on {kv}' if kv else ''}")
-            a = _vllm_args(model, args.quick, connector, kv)
-            try:
-                runs[kind] = [run_client("vllm", *a, venvs=venvs, timeout=900) for _ in range(1 if kv is None else 2)]
-            except ClientFailed as exc:
-                if kind != "kvfs":
-                    raise
-                out["status"] = "failed: " + _first_error(exc.output)
-                return out
+        try:
+            for kind, connector, kv, load in plan:
+                _progress(f"vllm-connector: {connector} connector{f' on {kv}' if kv else ''} ({load})")
+                runs.setdefault(kind, []).append(
+                    run_client("vllm", *_vllm_args(model, args.quick, connector, kv, load), venvs=venvs, timeout=900)
+                )
+        except ClientFailed as exc:
+            if kind in ("plain", "none"):
+                raise
+            out["status"] = "failed: " + _first_error(exc.output)
+            return out
         for kind in ("plain", "kvfs"):
-            cold, warm = runs[kind]
-            figs[kind].append({"ttft_cold_ms": _ttft_ms(cold), "ttft_warm_ms": _ttft_ms(warm)})
+            cold, warm_run = runs[kind]
+            figs[kind].append({"ttft_cold_ms": _ttft_ms(cold), "ttft_warm_ms": _ttft_ms(warm_run)})
+        figs["step"].append({"ttft_warm_ms": _ttft_ms(runs["step"][0])})
         figs["none"].append({"ttft_cold_ms": _ttft_ms(runs["none"][0])})
         seen = {
             k: [[(q["tokens"], q["num_cached_tokens"]) for q in res["requests"]] for res in v] for k, v in runs.items()
         }
-        if seen["kvfs"] != seen["plain"] or [t for t, _ in seen["kvfs"][1]] != [t for t, _ in seen["none"][0]]:
+        if seen["kvfs"] != seen["plain"] or seen["step"][0] != seen["kvfs"][1]:
             status = "differs: tokens or cached tokens"
             break
-        if runs["kvfs"][1]["kvfs"]["load_failed"] or not runs["kvfs"][1]["kvfs"]["loaded"]:
-            status = f"differs: kvfs loads {runs['kvfs'][1]['kvfs']}"
+        if [t for t, _ in seen["kvfs"][1]] != [t for t, _ in seen["none"][0]]:
+            status = "differs: tokens"
             break
-    plain, kvfs, none = _best(figs["plain"]), _best(figs["kvfs"]), _best(figs["none"])
-    out.update(status=status, plain=plain, kvfs=kvfs, none=none)
+        for res in (runs["kvfs"][1], runs["step"][0]):
+            if res["kvfs"]["load_failed"] or not res["kvfs"]["loaded"]:
+                status = f"differs: kvfs loads {res['kvfs']}"
+                break
+    plain, kvfs, step, none = (_best(figs[k]) for k in ("plain", "kvfs", "step", "none"))
+    out.update(status=status, plain=plain, kvfs=kvfs, step=step, none=none)
     out["ratio"] = {
         "ttft_cold": kvfs["ttft_cold_ms"] / plain["ttft_cold_ms"],
         "ttft_warm": kvfs["ttft_warm_ms"] / plain["ttft_warm_ms"],
+        "ttft_warm_step": step["ttft_warm_ms"] / plain["ttft_warm_ms"],
+        "layer_vs_step": kvfs["ttft_warm_ms"] / step["ttft_warm_ms"],
         "ttft_warm_vs_none": kvfs["ttft_warm_ms"] / none["ttft_cold_ms"],
         "example_warm_vs_none": plain["ttft_warm_ms"] / none["ttft_cold_ms"],
     }
@@ -250,7 +281,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         available = []
         for name in names:
-            client = CLIENTS[{"lmcache-disk": "lmcache", "vllm-connector": "vllm"}.get(name, name)]
+            client = CLIENTS[_VENV_OF.get(name, name)]
             try:
                 client_python(client, venvs)
                 available.append(name)
@@ -267,7 +298,9 @@ def run(args: argparse.Namespace) -> int:
         plain_root.mkdir()
         mp = base / "mnt"
         dram = (512 if args.quick else 1024) * MiB
-        mount(mp, dram_disk_config(base, dram, 4 * dram))
+        # the DRAM tier as kvfs mounts it by default (prefaulted, mlocked): a lean arena would
+        # charge first-touch page faults to whichever client wrote a region first
+        mount(mp, dram_disk_config(base, dram, 4 * dram, lean=False))
         try:
             for name in available:
                 if name == "vllm-connector":
@@ -275,6 +308,12 @@ def run(args: argparse.Namespace) -> int:
                     result["clients"].append(bench_connector(plain_root, mp, args, model))
                 elif name == "sglang-backend":  # a backend of its own against SGLang's: its own rows
                     result["clients"].append(bench_sglang_backend.bench_sglang_backend(plain_root, mp, args, _progress))
+                elif name == "vllm-tier":
+                    result["clients"].append(bench_vllm_tier.bench_vllm_tier(plain_root, mp, args, _progress))
+                elif name == "lmcache-backend":
+                    result["clients"].append(
+                        bench_lmcache_backend.bench_lmcache_backend(plain_root, mp, args, _progress)
+                    )
                 else:
                     result["clients"].append(bench_client(name, plain_root, mp, args, model))
         finally:
@@ -296,6 +335,10 @@ def run(args: argparse.Namespace) -> int:
 def _rows(c: dict) -> list[list[str]]:
     if c["client"] == "sglang-backend":
         return bench_sglang_backend.rows(c)
+    if c["client"] == "vllm-tier":
+        return bench_vllm_tier.rows(c)
+    if c["client"] == "lmcache-backend":
+        return bench_lmcache_backend.rows(c)
     status = c.get("status", "")
     if "plain" not in c:
         return [[c["client"], "-", "-", "-", "-", "-", status]]
@@ -329,6 +372,8 @@ def _rows(c: dict) -> list[list[str]]:
     for key, label in (("ttft_cold_ms", "cold TTFT ms"), ("ttft_warm_ms", "warm TTFT ms")):
         if key in p:
             aim = "-" if "warm" not in key else f"<= {AIM_CONNECTOR if 'none' in c else AIM_READ:.2f}"
+            if "step" in c and key == "ttft_warm_ms":
+                label = "warm TTFT ms, layers"
             rows.append(
                 [
                     c["client"],
@@ -340,6 +385,30 @@ def _rows(c: dict) -> list[list[str]]:
                     status if not rows else "",
                 ]
             )
+    if "step" in c:  # whole steps, against the example and against layer by layer
+        st = c["step"]["ttft_warm_ms"]
+        rows.append(
+            [
+                c["client"],
+                "warm TTFT ms, steps",
+                f"{p['ttft_warm_ms']:.1f}",
+                f"{st:.1f}",
+                _ratio(r["ttft_warm_step"]),
+                "-",
+                "",
+            ]
+        )
+        rows.append(
+            [
+                c["client"],
+                "warm layers vs steps",
+                f"{st:.1f}",
+                f"{k['ttft_warm_ms']:.1f}",
+                _ratio(r["layer_vs_step"]),
+                f"<= {AIM_LAYERWISE:.2f}",
+                "",
+            ]
+        )
     if "none" in c:  # the connector against the same engine computing every token
         n = c["none"]["ttft_cold_ms"]
         rows.append(

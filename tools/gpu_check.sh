@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The whole GPU check of the GPU agent in one call, on a machine with an NVIDIA GPU (the
-# device tool's H200): environment, the GPU tests (every test_gpu_* case, CUDA ones
-# included; the daemon's only where FUSE works there) and `kvfs bench gpu --device cuda`.
+# The whole GPU check in one call, on a machine with an NVIDIA GPU (the device tool's
+# H200): environment, the GPU tests (every test_gpu_* case, CUDA ones included; the
+# daemon's only where FUSE works there), `kvfs bench gpu --device cuda`, and vLLM's
+# OffloadingConnector with the kvfs tier end to end where vLLM for CUDA is installed.
 # Everything lands in $OUT (the device tool's folder; ./gpu-check elsewhere):
-#   env.txt (nvidia-smi, versions), tests.txt, bench.json, bench.txt, summary.txt.
+#   env.txt (nvidia-smi, versions), tests.txt, bench.json, bench.txt, offload*.txt, summary.txt.
 #
 # From a session with a device:  bash tools/gpu_wheels.sh   (here, once: wheels into .whl/)
 #   run(command="bash tools/gpu_check.sh", carry=[".whl"], timeout_s=540)
@@ -69,3 +70,52 @@ PYEOF
 else
     tail -5 "$OUT/bench.txt" | tee -a "$OUT/summary.txt"
 fi
+
+# vLLM's OffloadingConnector (tiered offloading) with kvfs's secondary tier, end to end on
+# CUDA: a first engine process offloads through its CPU tier to the kvfs tier, a second one
+# (an empty CPU tier) loads the prompts' KV back from it. Needs vLLM for CUDA in this
+# environment and a kvfs mount (FUSE); it says which is missing and skips otherwise.
+offload_e2e() {
+    local why=""
+    "$PY" -c "import vllm" >/dev/null 2>&1 || why="vLLM is not installed here (a CUDA vLLM wheel is ~400 MB, more than a device call carries; install it in the image to run this)"
+    [ -z "$why" ] && ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" && why="no CUDA device"
+    [ -z "$why" ] && [ ! -e /dev/fuse ] && why="no /dev/fuse: no kvfs mount for the tier"
+    if [ -n "$why" ]; then
+        say "vLLM OffloadingConnector + KvfsTier end to end: skipped: $why"
+        return
+    fi
+    local base mp
+    base=$(mktemp -d /tmp/kvfs-offload-XXXXXX)
+    mp=$base/mnt
+    mkdir -p "$mp"
+    printf '[[tiers]]\nkind = "dram"\ncapacity = "1GiB"\n\n[[tiers]]\nkind = "disk"\ncapacity = "4GiB"\npath = "%s/disk"\n' \
+        "$base" >"$base/kvfs.toml"
+    if ! "$PY" -m kvfs.tools.cli mount "$mp" --config "$base/kvfs.toml" >>"$OUT/offload.txt" 2>&1; then
+        say "vLLM OffloadingConnector + KvfsTier end to end: kvfs did not mount (see offload.txt)"
+        return
+    fi
+    local c=tools/engine_clients
+    "$PY" $c/vllm_client.py model --out "$base/model" --layers 4 --heads 8 --kv-heads 4 >>"$OUT/offload.txt" 2>&1
+    timeout 200 "$PY" $c/vllm_offload_client.py --model "$base/model" --kv "$mp" >"$OUT/offload-first.txt" 2>&1
+    local rc1=$?
+    timeout 200 "$PY" $c/vllm_offload_client.py --model "$base/model" --kv "$mp" >"$OUT/offload-second.txt" 2>&1
+    local rc2=$?
+    "$PY" -m kvfs.tools.cli umount "$mp" >>"$OUT/offload.txt" 2>&1
+    "$PY" - "$OUT/offload-first.txt" "$OUT/offload-second.txt" "$rc1" "$rc2" <<'PYEOF' | tee -a "$OUT/summary.txt"
+import json, sys
+def result(path):
+    lines = [l for l in open(path, errors="replace") if l.startswith("KVFS-RESULT ")]
+    return json.loads(lines[-1][len("KVFS-RESULT "):]) if lines else None
+first, second = result(sys.argv[1]), result(sys.argv[2])
+if first is None or second is None:
+    print(f"== offload e2e: FAILED (exit {sys.argv[3]}/{sys.argv[4]}; see offload-first.txt, offload-second.txt)")
+    sys.exit(0)
+same = [r["tokens"] for r in first["requests"]] == [r["tokens"] for r in second["requests"]]
+cached = [r["num_cached_tokens"] for r in second["requests"]]
+ok = same and all(c > 0 for c in cached) and first["tier_blocks"] > 0
+print(f"== offload e2e: {'ok' if ok else 'FAILED'}: tier blocks {first['tier_blocks']}, second process cached "
+      f"tokens {cached}, same tokens {same}, TTFT first/second "
+      f"{[round(r['ttft_s'] * 1e3, 1) for r in first['requests']]} / {[round(r['ttft_s'] * 1e3, 1) for r in second['requests']]} ms")
+PYEOF
+}
+offload_e2e

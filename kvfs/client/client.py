@@ -44,12 +44,13 @@ from kvfs.protocol import (
     Abort,
     Advise,
     Advised,
+    CheckedOut,
+    Checkout,
     Commit,
     Evict,
     EvictResult,
     Grant,
     Hello,
-    Lease,
     LeaseEnded,
     Lookup,
     Message,
@@ -72,6 +73,7 @@ from kvfs.runtime import control_socket_path, find_mount
 
 from . import buffers
 from .connection import Connection
+from .releases import DeferredReleases
 from .results import BatchError, BufferTooSmall, EventStream, Hold, LookupResult, PutBuffer, Read, View
 
 __all__ = ["Client"]
@@ -80,6 +82,7 @@ R = TypeVar("R", bound=Message)
 
 _FILE_GRANT = "file"
 _COMMIT_GROUP = 8 << 20  # bytes committed per request while a put's next blocks are copied
+_RELEASE_DELAY = 0.02  # seconds a read's finished leases wait for the next request to carry them
 
 
 def _socket_for(where: str | os.PathLike[str]) -> tuple[Path, str]:
@@ -130,8 +133,9 @@ class Client:
         self.socket = sock
         self.promote = promote
         self._lock = threading.Lock()
-        self._conn = Connection(sock, where=mountpoint, timeout=timeout)
+        self._conn = Connection(sock, where=mountpoint, timeout=timeout, reconnect=False)
         self._held: dict[int, Hold] = {}
+        self._done = DeferredReleases(self._send_release, delay=_RELEASE_DELAY)
         if io_threads < 1:
             raise ValueError("io_threads must be at least 1")
         self.io_threads = io_threads
@@ -173,7 +177,15 @@ class Client:
 
     def _request(self, req: Request, reply: type[R] | None = None) -> Any:
         with self._lock:
+            done = self._done.take()
+            if done and self._conn.connected:  # the reads' leases end first, in the same wake-up
+                self._conn.submit(Release(ids=done))
             return self._conn.request(req, reply)
+
+    def _send_release(self, ids: list[int]) -> None:
+        with self._lock:
+            if self._conn.connected:
+                self._conn.submit(Release(ids=ids))
 
     def close(self) -> None:
         """End the session: every lease and reservation is given back by the daemon, and
@@ -181,6 +193,7 @@ class Client:
         for h in list(self._held.values()):
             h._end()
         self._held.clear()
+        self._done.close()
         with self._lock:
             self._conn.close()
             io, self._io = self._io, None
@@ -245,11 +258,37 @@ class Client:
     def _lease(
         self, names: list[str], promote: str, ttl: float | None = None
     ) -> list[tuple[Grant | None, KvfsError | None, float]]:
+        """One round trip (a :class:`Checkout`, answered in columns): per name its grant or
+        error, and the lease's deadline (``time.monotonic()``, counted from the send)."""
         sent = time.monotonic()
-        r = self._request(Lease(names=names, ttl=ttl or self.lease_ttl, promote=promote))
+        with self._lock:  # the previous reads' leases end in the same request
+            req = Checkout(names=names, ttl=ttl or self.lease_ttl, promote=promote, release=self._done.take())
+            r: CheckedOut = self._conn.request(req)
+        expires = sent + r.ttl
+        tiers = self.tiers
+        if not r.errors:
+            return [
+                (Grant(id=i, tier=tiers[t], kind=k, path=p, offset=o, length=n, checksum=c, ttl=r.ttl), None, expires)
+                for i, t, k, p, o, n, c in zip(
+                    r.ids, r.tiers, r.kinds, r.paths, r.offsets, r.lengths, r.checksums, strict=True
+                )
+            ]
         out: list[tuple[Grant | None, KvfsError | None, float]] = []
-        for g, e in zip(r.grants, r.errors, strict=True):
-            out.append((g, None if e is None else rebuild(e.type, e.message), sent + (g.ttl if g else 0.0)))
+        for j, e in enumerate(r.errors):
+            if e is not None:
+                out.append((None, rebuild(e.type, e.message), sent))
+                continue
+            g = Grant(
+                id=r.ids[j],
+                tier=tiers[r.tiers[j]],
+                kind=r.kinds[j],
+                path=r.paths[j],
+                offset=r.offsets[j],
+                length=r.lengths[j],
+                checksum=r.checksums[j],
+                ttl=r.ttl,
+            )
+            out.append((g, None, expires))
         return out
 
     def _release_ids(self, ids: list[int]) -> None:
@@ -365,7 +404,7 @@ class Client:
                     self._suspect(g, out[i].error)
                     reported.add(g.id)
         finally:
-            self._release_ids([g.id for g, _, _ in leased if g is not None and g.id not in reported])
+            self._done.add([g.id for g, _, _ in leased if g is not None and g.id not in reported])
         return out
 
     def _pool(self) -> ThreadPoolExecutor:

@@ -8,15 +8,19 @@ error the daemon answered is raised again as its own class (the protocol's error
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Self, TypeVar
 
+from kvfs.errors import KvfsError
 from kvfs.protocol import DaemonNotAnswering, Error, LineBuffer, Message, ProtocolError, Request, decode, encode
 
 __all__ = ["Connection", "Stream"]
+
+log = logging.getLogger("kvfs.client")
 
 R = TypeVar("R", bound=Message)
 
@@ -27,12 +31,18 @@ _MAX_FDS = 16
 class Connection:
     """A connection to the socket at *path*; *where* names the mount in messages;
     *timeout* bounds each wait for a reply (streams wait as long as the daemon keeps
-    the connection)."""
+    the connection). *reconnect*: a request after the connection was lost connects
+    again; without it (a session whose state died with the connection, such as a
+    client's leases) every request after the loss fails at once."""
 
-    def __init__(self, path: str | os.PathLike[str], *, where: str | None = None, timeout: float = 60.0) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], *, where: str | None = None, timeout: float = 60.0, reconnect: bool = True
+    ) -> None:
         self.path = Path(path)
         self.where = where or str(path)
         self.timeout = timeout
+        self.reconnect = reconnect
+        self._was_connected = False
         self._sock: socket.socket | None = None
         self._frames = LineBuffer()
         self._lines: list[bytes] = []
@@ -49,6 +59,8 @@ class Connection:
     def connect(self) -> None:
         if self._sock is not None:
             return
+        if self._was_connected and not self.reconnect:
+            raise self.not_answering("the connection was lost earlier; open a new session")
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.settimeout(self.timeout)
         try:
@@ -69,6 +81,7 @@ class Connection:
             s.close()
             raise self.not_answering(exc.strerror or str(exc)) from None
         self._sock = s
+        self._was_connected = True
 
     @property
     def connected(self) -> bool:
@@ -131,9 +144,21 @@ class Connection:
     def request(self, req: Request, reply: type[R] | None = None) -> R:
         """Send *req* and return its reply (of class *reply*, by default ``req.reply``);
         the daemon's error is raised as its own class. Items of a streaming reply are
-        skipped. Replies still owed to :meth:`submit` are read (and checked) first."""
-        self.settle()
+        skipped.
+
+        Requests sent with :meth:`submit` whose replies are still owed are not waited
+        for before *req* goes out: the daemon answers in order, so it finds both in one
+        wake-up and this is one round trip, not two. Their replies are read first; an
+        error one of them met is logged (nobody waits on it), not raised here."""
         self.send(req)
+        while self._pending:
+            owed = self._pending[0]
+            try:
+                self.result()
+            except DaemonNotAnswering:
+                raise
+            except KvfsError as exc:
+                log.warning("kvfs: a %s request sent without waiting failed: %s", owed.kind, exc)
         answer: R = self._reply(req, reply)
         return answer
 

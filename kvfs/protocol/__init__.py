@@ -3,6 +3,7 @@
 (:mod:`.codec`) and the one table of errors that cross it (:mod:`.errors`).
 docs/client.md describes the protocol; docs/tools.md the operator commands."""
 
+from .checkout import CheckedOut, Checkout
 from .codec import MAX_FRAME, VERSION, LineBuffer, Message, ProtocolError, UnknownKind, VersionMismatch, decode, encode
 from .errors import (
     ERRORS,
@@ -94,6 +95,8 @@ __all__ = [
     "Advise",
     "Advised",
     "ArenaInfo",
+    "CheckedOut",
+    "Checkout",
     "Commit",
     "Committed",
     "ControlError",

@@ -37,7 +37,7 @@ __all__ = [
     "kinds",
 ]
 
-VERSION = 2
+VERSION = 3
 """The protocol version. A frame of another version is refused with
 :class:`VersionMismatch`; bump it for any change to a message's fields or meaning."""
 

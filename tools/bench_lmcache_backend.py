@@ -1,0 +1,78 @@
+"""The ``lmcache-backend`` row of ``kvfs bench engines``: kvfs's LMCache remote storage
+plugin (``kvfs.gpu.lmcache_backend.KvfsRemoteConnector``) against LMCache's own fs connector
+on a plain directory, in the same run.
+
+Both run in ``.venvs/lmcache`` under LMCache's own ``StorageManager`` and ``RemoteBackend``
+(``lmcache_backend_client.py --phase bench``): per round fresh keys, a ``batched_put`` of
+every chunk (timed until every chunk is stored), then a second storage manager of the same
+process (its own CPU cache, empty of them) gets them from the remote backend, the bytes
+checked; the best round of each. The fs connector's reads come from the page cache (its
+files were just written). Figures: GB/s of puts and gets, kvfs/fs (aim >= 1.5 on both).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .engine_clients import ClientFailed, run_client
+
+__all__ = ["AIM", "WHAT", "bench_lmcache_backend", "rows"]
+
+AIM = 1.5
+WHAT = "LMCache: kvfs plugin vs fs connector"
+
+
+def bench_lmcache_backend(plain_root: Path, mountpoint: Path, args, progress) -> dict:
+    venvs = Path(args.venvs) if args.venvs else None
+    chunks, rounds = (16 if args.quick else 64), max(3, args.rounds)
+    out: dict = {"client": "lmcache-backend", "what": WHAT, "baseline": "LMCache's fs connector on a plain directory"}
+    figs = {}
+    for kind, backend, d in (("plain", "fs", plain_root / "lmcache-backend"), ("kvfs", "kvfs", mountpoint)):
+        progress(f"lmcache-backend: {backend} on {kind} ({d})")
+        a = [
+            "--backend",
+            backend,
+            "--dir",
+            str(d),
+            "--phase",
+            "bench",
+            "--chunks",
+            str(chunks),
+            "--rounds",
+            str(rounds),
+        ]
+        try:
+            r = run_client("lmcache-backend", *a, venvs=venvs, timeout=900)
+        except ClientFailed as exc:
+            if kind == "plain":
+                raise
+            out["status"] = f"failed: {exc.output.strip().splitlines()[-1][-160:] if exc.output.strip() else exc}"
+            return out
+        if r.get("error") or not r.get("ok"):
+            out["status"] = f"failed: the {backend} backend did not read back every chunk byte-exact ({r.get('error')})"
+            return out
+        figs[kind] = {"bytes": r["bytes"], "put_s": r["times"]["put_s"], "get_s": r["times"]["get_s"]}
+    out["status"] = "ok"
+    out["plain"], out["kvfs"] = figs["plain"], figs["kvfs"]
+    out["ratio"] = {op: figs["plain"][f"{op}_s"] / figs["kvfs"][f"{op}_s"] for op in ("put", "get")}
+    return out
+
+
+def rows(c: dict) -> list[list[str]]:
+    if "plain" not in c:
+        return [[c["client"], "-", "-", "-", "-", "-", c.get("status", "")]]
+    out = []
+    for op in ("put", "get"):
+        p, k = (c[kind]["bytes"] / c[kind][f"{op}_s"] / 1e9 for kind in ("plain", "kvfs"))
+        out.append(
+            [
+                c["client"],
+                f"{op} GB/s",
+                f"{p:.3f}",
+                f"{k:.3f}",
+                f"{c['ratio'][op]:.2f}x",
+                f">= {AIM}",
+                c["status"] if op == "put" else "",
+            ]
+        )
+    return out

@@ -1,0 +1,215 @@
+"""LMCache 0.5.6's ``StorageManager`` with kvfs's remote storage plugin, or its fs connector.
+
+Run inside the LMCache virtualenv (kvfs installed there by ``.ci/engines``), by path. The
+config is the YAML an engine gives LMCache (``LMCACHE_CONFIG_FILE``), loaded with
+``LMCacheEngineConfig.from_file``; the storage manager is LMCache's own, with its
+``RemoteBackend`` and, per ``--backend``:
+
+- ``kvfs``: ``remote_storage_plugins: ["kvfs"]``,
+  ``remote_storage_plugin.kvfs.module_path: kvfs.gpu.lmcache_backend``,
+  ``class_name: KvfsRemoteConnector``, ``kvfs_path: <dir>`` (the mount);
+- ``fs``: LMCache's own fs connector on ``<dir>`` (``remote_storage_plugins: ["fs"]``,
+  ``remote_storage_plugin.fs.base_path``), the plain-directory baseline.
+
+``--phase store`` puts chunks (bf16 ``KV_2LTD``, 256 tokens; the shape of
+``lmcache_client.py``) with ``batched_put`` and waits for the put tasks; ``--phase load``
+(a second process, an empty CPU cache) counts them (``batched_contains``) and reads them
+(``batched_get`` from the remote backend), comparing the bytes. ``--phase bench``: per
+round fresh keys, a ``batched_put`` of every chunk (until its put tasks finished), then a
+second storage manager of the same process (its own empty CPU cache) gets them; the best
+round of each is reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+
+from lmcache_client import CHUNK, HEAD_DIM, KV_HEADS, LAYERS, MODEL, _pending
+
+from client_report import describe_error, emit
+
+COMMON = f"""\
+chunk_size: {CHUNK}
+local_cpu: true
+max_local_cpu_size: {{cpu_gb}}
+remote_serde: naive
+save_unfull_chunk: false
+pre_caching_hash_algorithm: sha256_cbor
+"""
+
+
+def config_text(backend: str, path: str, cpu_gb: float) -> str:
+    common = COMMON.format(cpu_gb=cpu_gb)
+    if backend == "kvfs":
+        return common + (
+            'remote_storage_plugins: ["kvfs"]\n'
+            "extra_config:\n"
+            "  remote_storage_plugin.kvfs.module_path: kvfs.gpu.lmcache_backend\n"
+            "  remote_storage_plugin.kvfs.class_name: KvfsRemoteConnector\n"
+            f'  remote_storage_plugin.kvfs.kvfs_path: "{path}"\n'
+            "  remote_storage_plugin.kvfs.kvfs_timeout_s: 5\n"
+        )
+    return common + f'remote_storage_plugins: ["fs"]\nextra_config:\n  remote_storage_plugin.fs.base_path: "{path}"\n'
+
+
+def _manager(backend: str, path: str, cpu_gb: float):
+    import torch
+    from lmcache.v1.config import LMCacheEngineConfig
+    from lmcache.v1.event_manager import EventManager
+    from lmcache.v1.metadata import LMCacheMetadata
+    from lmcache.v1.storage_backend.storage_manager import StorageManager
+
+    fd, cfg = tempfile.mkstemp(prefix=f"lmcache-{backend}-", suffix=".yaml")
+    with os.fdopen(fd, "w") as f:
+        f.write(config_text(backend, path, cpu_gb))
+    try:
+        config = LMCacheEngineConfig.from_file(cfg)
+    finally:
+        os.unlink(cfg)
+    metadata = LMCacheMetadata(
+        model_name=MODEL,
+        world_size=1,
+        local_world_size=1,
+        worker_id=0,
+        local_worker_id=0,
+        kv_dtype=torch.bfloat16,
+        kv_shape=(LAYERS, 2, CHUNK, KV_HEADS, HEAD_DIM),
+    )
+    return StorageManager(config=config, metadata=metadata, event_manager=EventManager())
+
+
+def _remote(sm):
+    for name, backend in sm.storage_backends.items():
+        if name.startswith("RemoteBackend"):
+            return name, backend
+    return None, None
+
+
+def _chunks(n: int, salt: str = ""):
+    import hashlib
+
+    import torch
+    from lmcache.utils import CacheEngineKey
+
+    g = torch.Generator().manual_seed(len(salt) + 1)
+    keys = [
+        CacheEngineKey(
+            model_name=MODEL,
+            world_size=1,
+            worker_id=0,
+            chunk_hash=int.from_bytes(hashlib.sha256(f"{salt}chunk-{i}".encode()).digest()[:8], "big"),
+            dtype=torch.bfloat16,
+        )
+        for i in range(n)
+    ]
+    shape = (2, LAYERS, CHUNK, KV_HEADS * HEAD_DIM)  # KV_2LTD
+    data = [torch.randn(*shape, generator=g).to(torch.bfloat16) for _ in keys]
+    return keys, data
+
+
+def _put(sm, name, backend, keys, data, timeout: float) -> float:
+    """Seconds from ``batched_put`` until every chunk is stored: its put tasks done and
+    the remote backend finds every key (a backend with batched puts, as kvfs's, keeps no
+    put tasks LMCache could wait on)."""
+    from lmcache.v1.memory_management import MemoryFormat
+
+    objs = []
+    for d in data:
+        obj = sm.allocate(d.shape, d.dtype, fmt=MemoryFormat.KV_2LTD)
+        obj.tensor.copy_(d)
+        objs.append(obj)
+    t0 = time.perf_counter()
+    sm.batched_put(keys, objs)
+    deadline = time.monotonic() + timeout
+    stored = False
+    while time.monotonic() < deadline:
+        if not _pending(backend) and backend.batched_contains(keys) == len(keys):
+            stored = True
+            break
+    seconds = time.perf_counter() - t0
+    for o in objs:
+        o.ref_count_down()
+    if not stored:
+        raise RuntimeError(f"the chunks were not all stored after {timeout} s")
+    return seconds
+
+
+def _get(sm, name, keys, data) -> tuple[float, list[bool]]:
+    import torch
+
+    t0 = time.perf_counter()
+    got = sm.batched_get(keys, location=name)
+    seconds = time.perf_counter() - t0
+    equal = [g is not None and torch.equal(g.tensor.view(d.shape), d) for g, d in zip(got, data)]
+    for g in got:
+        if g is not None:
+            g.ref_count_down()
+    return seconds, equal
+
+
+def run(args: argparse.Namespace) -> dict:
+    out: dict = {"backend": args.backend, "phase": args.phase}
+    times: dict = {}
+    out["times"] = times
+    keys, data = _chunks(args.chunks)
+    out["bytes"] = sum(d.numel() * d.element_size() for d in data)
+    sm = _manager(args.backend, args.dir, args.cpu_gb)
+    try:
+        name, backend = _remote(sm)
+        conn = getattr(backend, "connection", None)
+        out["connected"] = conn is not None
+        if conn is None:
+            out["contains"] = sm.batched_contains(keys)[0]
+            return out
+        if args.phase == "store":
+            times["put_s"] = _put(sm, name, backend, keys, data, args.timeout)
+            out["put_failed"] = backend.put_failed_count if hasattr(backend, "put_failed_count") else None
+        elif args.phase == "load":
+            out["contains"] = sm.batched_contains(keys, search_range=[name])[0]
+            times["get_s"], out["get_equal"] = _get(sm, name, keys, data)
+        else:
+            out.update(bench(sm, name, backend, args, times))
+    except Exception as exc:  # noqa: BLE001  (the error is the result)
+        out["error"] = describe_error(exc)
+    finally:
+        sm.close()
+    return out
+
+
+def bench(sm, name, backend, args: argparse.Namespace, times: dict) -> dict:
+    """Best of ``--rounds``: a put of fresh chunks, then a get by a second manager of
+    this process (its own CPU cache, which has none of them), as a second engine would."""
+    puts, gets, ok = [], [], True
+    reader = _manager(args.backend, args.dir, args.cpu_gb)
+    try:
+        rname, _ = _remote(reader)
+        for r in range(args.rounds):
+            keys, data = _chunks(args.chunks, salt=f"{os.getpid()}-{time.time_ns()}-round-{r}-")  # new keys
+            puts.append(_put(sm, name, backend, keys, data, args.timeout))
+            seconds, equal = _get(reader, rname, keys, data)
+            gets.append(seconds)
+            ok = ok and all(equal)
+    finally:
+        reader.close()
+    times["put_s"], times["get_s"] = min(puts), min(gets)
+    return {"ok": ok, "rounds": args.rounds}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", choices=("kvfs", "fs"), required=True)
+    parser.add_argument("--dir", required=True, help="kvfs: the mount (or its socket); fs: the directory")
+    parser.add_argument("--phase", choices=("store", "load", "bench"), required=True)
+    parser.add_argument("--chunks", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--cpu-gb", type=float, default=1.0, help="LMCache's max_local_cpu_size")
+    parser.add_argument("--timeout", type=float, default=120, help="seconds to wait for put tasks")
+    args = parser.parse_args()
+    emit(run(args))
+
+
+if __name__ == "__main__":
+    main()
