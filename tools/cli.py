@@ -69,6 +69,10 @@ BENCHES: dict[str, tuple[str, str]] = {
         "kvfs.tools.bench_gpu",
         "the GPU agent: NIXL reads vs preadv, map hits; with CUDA: arena H2D, GDS vs kvikio, TTFT per tier",
     ),
+    "mount": (
+        "kvfs.tools.bench_mount",
+        "time from kvfs mount to a serving mount, and the idle daemon's memory, CPU and wakeups, vs a minimal mount",
+    ),
     "engines": (
         "kvfs.tools.bench_engines",
         "real engine clients (vLLM, SGLang, LMCache, safetensors) on a kvfs mount vs a plain directory",
