@@ -198,3 +198,18 @@ def kvfs_mount(tmp_path):
         yield mounter
     finally:
         mounter.cleanup()
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """A 4 MiB tmpfs mounted in the test's tmp_path (a full /dev/shm, in small); skipped
+    unless the tests run as root."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a small tmpfs")
+    mp = tmp_path / "small"
+    mp.mkdir()
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mp)], capture_output=True, text=True)
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {res.stderr.strip()}")
+    yield mp
+    subprocess.run(["umount", "-l", str(mp)], capture_output=True)

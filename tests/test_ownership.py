@@ -27,7 +27,7 @@ from kvfs.names import TierName
 from kvfs.tiers.disk import DiskTier
 from kvfs.tiers.dram import DramTier
 
-from conftest import KVFS, fuse_missing
+from conftest import KVFS, fuse_missing, small_tmpfs  # noqa: F401 (a fixture)
 
 
 def dram_at(path: Path | None, capacity: int = 1 << 20) -> DramTier:
@@ -105,25 +105,12 @@ def test_a_second_tier_on_one_disk_directory_is_refused(tmp_path):
         first.close()
 
 
-@pytest.fixture
-def small_tmpfs(tmp_path):
-    if os.geteuid() != 0:
-        pytest.skip("needs root to mount a small tmpfs")
-    mp = tmp_path / "small"
-    mp.mkdir()
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mp)], capture_output=True, text=True)
-    if res.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {res.stderr.strip()}")
-    yield mp
-    subprocess.run(["umount", "-l", str(mp)], capture_output=True)
-
-
 def test_an_arena_larger_than_free_space_is_a_clear_error(small_tmpfs):
     path = small_tmpfs / "arena"
     with pytest.raises(TierUnavailable, match=r"the arena needs 16 MiB but .* has only .* free; lower tiers\[0\]"):
         dram_at(path, capacity=16 << 20)
     assert not path.exists()
-    t = dram_at(path, capacity=2 << 20)  # what fits is allocated whole: writing it never SIGBUSes
+    t = dram_at(path, capacity=2 << 20)  # what fits: reserved as it is used, writing it never SIGBUSes
     t.put("a", b"y" * (2 << 20), 1)
     t.close()
 
