@@ -38,6 +38,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from kvfs import __version__
 from kvfs.config import Config
 from kvfs.errors import KvfsError
 from kvfs.store import FlushReport, Store
@@ -137,8 +138,9 @@ async def _write_through(store: Store) -> None:
     import trio
 
     while True:
-        # abandoned on cancel: a copy stuck in a hung tier must not hold the unmount
-        await trio.to_thread.run_sync(_background_pass, store, abandon_on_cancel=True)
+        if not store.idle:  # an idle daemon wakes no thread (memory reads only: fine on the loop)
+            # abandoned on cancel: a copy stuck in a hung tier must not hold the unmount
+            await trio.to_thread.run_sync(_background_pass, store, abandon_on_cancel=True)
         await trio.sleep(_WRITE_THROUGH_INTERVAL)
 
 
@@ -167,7 +169,7 @@ async def _serve(ops, store, mountpoint: str, sock: Path, on_ready, config: Conf
 
     from .control import Server, serve
 
-    server = Server(store, mountpoint, opstats=ops.opstats, client=config.client, mount=ops)
+    server = Server(store, mountpoint, opstats=ops.opstats, client=config.client, mount=ops, origin=config.origin)
     publisher = None
     if config.events.zmq is not None:  # bound before anything starts: a bad address fails the mount
         from .kv_events import KvEventPublisher
@@ -257,10 +259,12 @@ def serve_foreground(mountpoint: str, config: Config, on_ready: Any = lambda: No
         _set_read_ahead(mountpoint, options.read_ahead_kb)
         write_private(pidfile, f"{os.getpid()}\n")
         log.info(
-            "kvfs mounted at %s (pid %d, tiers %s)",
+            "kvfs %s mounted at %s (pid %d, tiers %s; config: %s)",
+            __version__,
             mountpoint,
             os.getpid(),
             ", ".join(f"{t.name}:{t.kind.value}" for t in store.tiers),
+            config.origin or "given in code",
         )
         try:
             trio.run(_serve, ops, store, mountpoint, sock, on_ready, config)

@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .flags import positive_int, seconds
 from .render import print_json, table
 from .scratch import dram_disk_config, progress
 
@@ -38,32 +39,10 @@ _KEYS = ("mount_s", "rss_MiB", "shmem_MiB", "locked_MiB", "idle_cpu_pct", "wakeu
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="FILE", help="measure this config instead of the embedded default")
-    p.add_argument("--runs", type=_positive_int, default=3, help="mounts of each (default: %(default)s)")
-    p.add_argument(
-        "--idle", type=_positive_float, default=5.0, metavar="SECONDS", help="idle window (default: %(default)s)"
-    )
+    p.add_argument("--runs", type=positive_int, default=3, help="mounts of each (default: %(default)s)")
+    p.add_argument("--idle", type=seconds(), default=5.0, metavar="SECONDS", help="idle window (default: %(default)s)")
     p.add_argument("--dir", metavar="DIR", help="scratch directory (default: a new one under $TMPDIR)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-
-
-def _positive_int(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"{n} is not at least 1")
-    return n
-
-
-def _positive_float(text: str) -> float:
-    try:
-        x = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not x > 0:
-        raise argparse.ArgumentTypeError(f"{text} is not more than 0")
-    return x
 
 
 def _threads_ticks_and_switches(pid: int) -> tuple[int, int]:
@@ -124,14 +103,14 @@ def measure_mount(mp: Path, config: Path | None, idle: float, env: dict[str, str
     args = ["mount", str(mp)] + (["--config", str(config)] if config is not None else [])
     mount_s, res = _kvfs(*args, env=env)
     if res.returncode != 0:
-        raise SystemExit(f"kvfs bench mount: {' '.join(args)} failed: {res.stderr.strip()}")
+        raise SystemExit(f"kvfs: bench mount: {' '.join(args)} failed: {res.stderr.strip()}")
     try:
         pid = int(pid_path(mp).read_text())
         figures = daemon_usage(pid, idle)
     finally:
         umount_s, res = _kvfs("umount", str(mp), env=env)
     if res.returncode != 0:
-        raise SystemExit(f"kvfs bench mount: umount {mp} failed: {res.stderr.strip()}")
+        raise SystemExit(f"kvfs: bench mount: umount {mp} failed: {res.stderr.strip()}")
     return {"mount_s": mount_s, **figures, "umount_s": umount_s}
 
 

@@ -12,7 +12,10 @@ import importlib
 import os
 import sys
 
+from kvfs import __version__
 from kvfs.errors import KvfsError
+
+from .flags import Parser
 
 __all__ = ["BENCHES", "COMMANDS", "main"]
 
@@ -85,10 +88,13 @@ def _load(module: str):
 
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    """The ``kvfs`` parser, with the arguments of the subcommand (and bench) *argv* names
+    (:class:`~kvfs.tools.flags.Parser`: a bad flag is one ``kvfs: …`` line, status 2)."""
+    parser = Parser(
         prog="kvfs",
         description="kvfs: a tiered, content-addressed block filesystem for LLM KV caches.",
     )
+    parser.add_argument("--version", action="version", version=f"kvfs {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     chosen = argv[0] if argv else None
     for name, (module, help_) in COMMANDS.items():

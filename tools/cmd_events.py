@@ -12,6 +12,7 @@ import time
 from kvfs.protocol import EventItem, Events
 
 from .control_client import add_socket_option, clients_for
+from .flags import at_least, positive_int
 from .render import format_size
 
 
@@ -29,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help='one JSON object per line: {"seq", "time", "kind", "name", "tier", "size", "detail", "parent"}',
     )
-    parser.add_argument("--count", type=int, metavar="N", help="stop after N events")
+    parser.add_argument("--count", type=positive_int, metavar="N", help="stop after N events")
     parser.add_argument(
         "--zmq",
         metavar="ADDR",
@@ -37,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "tcp://127.0.0.1:5557) for llm-d's indexer or Dynamo's router; [events] zmq makes the daemon do it",
     )
     parser.add_argument(
-        "--block-size", type=int, default=0, metavar="N", help="with --zmq: the engine's tokens per block"
+        "--block-size", type=at_least(0), default=0, metavar="N", help="with --zmq: the engine's tokens per block"
     )
     add_socket_option(parser)
 
@@ -74,8 +75,6 @@ def _line(ev: dict, display) -> str:
 
 def run(args: argparse.Namespace) -> int:
     [(target, client)] = clients_for([args.mountpoint], args.socket)
-    if args.count is not None and args.count <= 0:
-        return 0
     if args.zmq:
         client.close()
         return _publish(args, target)

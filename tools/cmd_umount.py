@@ -2,8 +2,9 @@
 that is done.
 
 Asks the daemon over its control socket (op ``shutdown``) and waits for the daemon
-process to exit, which it does after unmounting and flushing. A stale mount left by a
-killed daemon (no one answers the socket) is detached with ``fusermount3 -u -z``.
+process to exit (on a pidfd: the kernel wakes it at the exit), which it does after
+unmounting and flushing; then it says what was done. A stale mount left by a killed
+daemon (no one answers the socket) is detached with ``fusermount3 -u -z``.
 
 Then it reads what the daemon could not do (its unmount report): blocks only in DRAM that
 no persistent tier took are named and make the exit status 1; write-through copies not
@@ -17,12 +18,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import select
 import shutil
 import subprocess
 import sys
-import time
 
 from kvfs.errors import KvfsError
+from kvfs.writeback import FlushReport
+
+from .flags import seconds
+from .render import print_json
 
 _NAMES_SHOWN = 20  # lost blocks named on the terminal (all of them are in the daemon's log)
 
@@ -35,10 +40,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("mountpoint")
     parser.add_argument(
         "--timeout",
-        type=float,
+        type=seconds(),
         default=600.0,
         metavar="SECONDS",
         help="how long to wait for the flush and unmount (default 600)",
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help='print JSON: {"mountpoint", "pid", "how" (unmounted | stale | gone), "written", "lost", '
+        '"unsynced", "undeleted", "seconds"}',
     )
 
 
@@ -57,12 +68,22 @@ def _ask_shutdown(sock_path: str) -> int:
             raise UnmountError(f"the daemon refused to shut down: {exc}") from None
 
 
-def _alive(pid: int) -> bool:
+def wait_exit(pid: int, timeout: float) -> bool:
+    """Block until process *pid* has exited (True), or *timeout* seconds pass (False).
+
+    Waits on a pidfd, which the kernel makes readable when the process exits: no polling.
+    A daemon that has exited but is not yet reaped by its parent (a zombie, e.g. under an
+    init that reaps late) holds nothing any more — no mount, no lock, no memory — and
+    counts as exited."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True  # gone already
+    try:
+        readable, _, _ = select.select([fd], [], [], timeout)
+        return bool(readable)
+    finally:
+        os.close(fd)
 
 
 def _lazy_unmount(mountpoint: str) -> None:
@@ -73,22 +94,27 @@ def _lazy_unmount(mountpoint: str) -> None:
         raise UnmountError(f"{mountpoint}: {' '.join(cmd)} failed: {res.stderr.strip()}")
 
 
-def _report(mp: str, pid: int) -> int:
-    """Print what the daemon's unmount could not do; 1 if blocks were lost."""
+def _read_report(mp: str, pid: int) -> FlushReport | None:
+    """The unmount report the daemon *pid* left; None if it left none (it wrote nothing
+    down, or died first). :class:`UnmountError` if it is unreadable."""
     from kvfs.mount.paths import log_path, read_private, umount_report_path
-    from kvfs.writeback import FlushReport
 
     raw = read_private(umount_report_path(mp))
     if raw is None:
-        return 0
+        return None
     try:
         obj = json.loads(raw)
         if obj.get("pid") != pid:
-            return 0  # an older daemon's report
-        report = FlushReport.from_json(obj)
+            return None  # an older daemon's report
+        return FlushReport.from_json(obj)
     except (ValueError, KeyError, TypeError):
-        print(f"kvfs: {mp}: the unmount report is unreadable; see {log_path(mp)}", file=sys.stderr)
-        return 1
+        raise UnmountError(f"{mp}: the unmount report is unreadable; see {log_path(mp)}") from None
+
+
+def _warn(mp: str, report: FlushReport) -> int:
+    """Print what the daemon's unmount could not do; 1 if blocks were lost."""
+    from kvfs.mount.paths import log_path
+
     for tier, n in report.unsynced.items():
         print(f"kvfs: warning: {n} write-through copies to {tier} were not made (the blocks are kept)", file=sys.stderr)
     for tier, names in report.undeleted.items():
@@ -108,6 +134,22 @@ def _report(mp: str, pid: int) -> int:
     return 1
 
 
+def _say(args: argparse.Namespace, mp: str, pid: int | None, report: FlushReport | None, how: str) -> None:
+    """What was done: one line, or ``--json``."""
+    if args.json:
+        print_json({"mountpoint": mp, "pid": pid, "how": how, **(report or FlushReport()).to_json()})
+        return
+    if how == "stale":
+        print(f"{mp}: detached a stale mount (its daemon was gone)")
+        return
+    written = 0 if report is None else report.written
+    seconds = 0.0 if report is None else report.seconds
+    print(
+        f"unmounted {mp}: the daemon (pid {pid}) wrote {written} DRAM-only block{'' if written == 1 else 's'} "
+        f"down in {seconds:.2f}s and exited"
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     from kvfs.mount.daemon import mount_type
     from kvfs.mount.paths import FSTYPE, control_socket_path, pid_path
@@ -125,6 +167,7 @@ def run(args: argparse.Namespace) -> int:
     except DaemonNotAnswering as exc:
         # nobody answers: the daemon was killed; detach the stale mount
         if mount_type(mp) != FSTYPE:
+            _say(args, mp, None, None, "gone")
             return 0  # it went away meanwhile
         _lazy_unmount(mp)
         try:
@@ -132,10 +175,15 @@ def run(args: argparse.Namespace) -> int:
         except OSError:
             pass
         print(f"kvfs: {mp}: the daemon did not answer ({exc.why}); detached the stale mount", file=sys.stderr)
+        _say(args, mp, None, None, "stale")
         return 0
-    deadline = time.monotonic() + args.timeout
-    while _alive(pid) or mount_type(mp) == FSTYPE:
-        if time.monotonic() > deadline:
-            raise UnmountError(f"{mp}: the daemon (pid {pid}) did not finish flushing within {args.timeout:.0f}s")
-        time.sleep(0.05)
-    return _report(mp, pid)
+    if not wait_exit(pid, args.timeout):
+        raise UnmountError(f"{mp}: the daemon (pid {pid}) did not finish flushing within {args.timeout:g}s")
+    how = "unmounted"
+    if mount_type(mp) == FSTYPE:  # it died before unmounting (killed mid-flush): detach what is left
+        _lazy_unmount(mp)
+        print(f"kvfs: {mp}: the daemon (pid {pid}) exited without unmounting; detached the mount", file=sys.stderr)
+        how = "stale"
+    report = _read_report(mp, pid)
+    _say(args, mp, pid, report, how)
+    return 0 if report is None else _warn(mp, report)
