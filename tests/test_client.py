@@ -207,8 +207,8 @@ def test_a_killed_client_loses_its_leases_at_once_and_eviction_proceeds(mount):
         assert dram.used <= dram.capacity
         holder.kill()
         # given back when the socket closed: long before any lease's ttl (60 s) could end it
-        wait_for(lambda: statistics(mp).leases == 0 and statistics(mp).reserved == 0, timeout=20)
-        wait_for(lambda: not os.path.exists(where["path"]), timeout=20)
+        wait_for(lambda: statistics(mp).leases == 0 and statistics(mp).reserved == 0)
+        wait_for(lambda: not os.path.exists(where["path"]))
         c.put([f"m/{i}" for i in range(6)], [blob(40 + i, 2 * MiB) for i in range(6)])
         assert all("dram" in c.stat(f"m/{i}").tiers for i in range(6))  # the extents are free again
         assert not c.lookup(["k/pending"]).present(0)  # the reservation was never published
@@ -319,7 +319,7 @@ def test_bad_requests_get_clear_errors_and_change_nothing(mount):
     assert statistics(mp).reserved == 2
     s.sendall(b'{"v":2,"kind":"commit","ids":[')
     s.close()
-    wait_for(lambda: statistics(mp).reserved == 0, timeout=5)
+    wait_for(lambda: statistics(mp).reserved == 0)
     with Client(mp) as c:
         assert c.lookup(["mid/a", "mid/b"]).sizes == [-1, -1]
     # a client of another protocol version

@@ -30,6 +30,8 @@ from kvfs.errors import BlockCorrupt, BlockNotFound, KvfsError
 from kvfs.gpu import Agent, AgentConfig
 from kvfs.gpu.transfer import TransferUnavailable
 
+from conftest import DEADLINE
+
 MiB = 1 << 20
 DATA: dict[Path, Path] = {}  # mountpoint -> its data directory
 
@@ -228,7 +230,7 @@ def test_a_block_replaced_by_another_process_is_reloaded(mount):
                 c.put(["r/a"], [random.Random(2).randbytes({MiB})])
         """)
         subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + DEADLINE
         while True:  # the event arrives within milliseconds; never any bytes but old or new
             got = as_bytes(ag.map(["r/a"])[0])
             assert got in (blob(1, MiB), blob(2, MiB))
@@ -237,7 +239,7 @@ def test_a_block_replaced_by_another_process_is_reloaded(mount):
             time.sleep(0.02)
         assert got == blob(2, MiB)
         os.unlink(mount / "r" / "a")
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + DEADLINE
         while "r/a" in ag.cache and time.monotonic() < deadline:
             time.sleep(0.02)
         with pytest.raises(BatchError):

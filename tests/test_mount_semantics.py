@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_kvfs
+from conftest import DEADLINE, run_kvfs
 
 pytestmark = pytest.mark.fuse
 
@@ -39,7 +39,7 @@ def write(path: Path, data: bytes) -> None:
         f.write(data)
 
 
-def wait_for(pred, timeout=10.0):
+def wait_for(pred, timeout=DEADLINE):
     deadline = time.monotonic() + timeout
     while not pred():
         if time.monotonic() > deadline:

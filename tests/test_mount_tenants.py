@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_kvfs
+from conftest import DEADLINE, account, run_kvfs
 
 TENANT_PY = "/usr/bin/python3"  # an interpreter every user may run (the tests' own may be in /root)
 
@@ -78,7 +78,7 @@ def users():
             cmd = ["useradd", "--no-create-home", "--shell", "/bin/false", "--user-group"]
             if groups and n in groups:
                 cmd += ["-G", groups[n]]
-            res = subprocess.run([*cmd, real], capture_output=True, text=True)
+            res = account(*cmd, real)
             if res.returncode != 0:
                 pytest.skip(f"useradd failed: {res.stderr.strip()}")
             made.append(real)
@@ -88,8 +88,8 @@ def users():
 
     yield make
     for real in made:
-        subprocess.run(["userdel", real], capture_output=True)
-        subprocess.run(["groupdel", real], capture_output=True)
+        account("userdel", real)
+        account("groupdel", real)
 
 
 @pytest.fixture
@@ -281,7 +281,7 @@ def test_s27_s41_a_soft_pin_by_extended_attribute_ends_by_itself(kvfs_mount, tmp
         with pytest.raises(OSError) as info:
             os.setxattr(mp / "b" / "x", "user.kvfs.pinned", bad)
         assert info.value.errno == errno.EINVAL
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + DEADLINE
     while os.getxattr(mp / "b" / "x", "user.kvfs.pinned") != b"0":
         assert time.monotonic() < deadline, "the soft pin did not end"
         time.sleep(0.1)

@@ -6,6 +6,7 @@ import argparse
 import itertools
 import json
 import os
+import signal
 import sys
 import time
 
@@ -20,7 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "Print block events as they happen, one line each: stored, promoted, demoted, evicted, "
         "removed, corrupt, renamed, with the block's name, the tier and the size. Runs until "
-        "interrupted, or until --count events were printed."
+        "interrupted (Ctrl-C, SIGTERM), or until --count events were printed."
     )
     parser.add_argument(
         "mountpoint", nargs="?", default=".", metavar="MOUNTPOINT", help="a kvfs mount or a path inside it (default: .)"
@@ -48,20 +49,19 @@ def _publish(args: argparse.Namespace, target) -> int:
     from kvfs.client import Client
     from kvfs.mount.kv_events import KvEventPublisher, Translator, publish_stream, tier_places
 
-    with Client(target.socket) as client:
-        places = tier_places((t.name, t.kind, t.shared) for t in client.welcome.tiers)
-        tr = Translator(places, block_size=args.block_size)
-        pub = KvEventPublisher(args.zmq)
-        print(f"publishing KV events of {target.display('')} on {pub.address}", file=sys.stderr, flush=True)
-        events = client.events()
-        if args.count is not None:
-            events = itertools.islice(events, args.count)
-        try:
-            publish_stream(events, pub, tr)
-        except KeyboardInterrupt:
-            pass
-        finally:
-            pub.close()
+    try:
+        with Client(target.socket, populate=False) as client:  # it maps no block: no arena pages
+            places = tier_places((t.name, t.kind, t.shared) for t in client.welcome.tiers)
+            tr = Translator(places, block_size=args.block_size)
+            pub = KvEventPublisher(args.zmq)
+            try:
+                events = client.events()  # subscribed when it returns: say so only then
+                print(f"publishing KV events of {target.display('')} on {pub.address}", file=sys.stderr, flush=True)
+                publish_stream(itertools.islice(events, args.count) if args.count is not None else events, pub, tr)
+            finally:
+                pub.close()
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM, wherever it came: a clean stop
+        pass
     return 0
 
 
@@ -73,8 +73,21 @@ def _line(ev: dict, display) -> str:
     return "  ".join(parts)
 
 
+def stop_on_sigterm() -> None:
+    """Make SIGTERM (``kill``, a service manager's stop) end a stream as Ctrl-C does: the
+    ``--zmq`` publisher then says AllBlocksCleared and closes its socket. SIGINT alone is
+    not enough to stop a stream from a script: a shell starts its background jobs with
+    SIGINT ignored, and Python keeps it ignored."""
+
+    def stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+
+
 def run(args: argparse.Namespace) -> int:
     [(target, client)] = clients_for([args.mountpoint], args.socket)
+    stop_on_sigterm()
     if args.zmq:
         client.close()
         return _publish(args, target)

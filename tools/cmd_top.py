@@ -14,6 +14,7 @@ import time
 
 from kvfs.protocol import Top
 
+from .cmd_events import stop_on_sigterm
 from .control_client import add_socket_option, clients_for
 from .flags import positive_int, seconds
 from .render import format_size, table
@@ -153,6 +154,7 @@ def render(f: dict) -> str:
 
 def run(args: argparse.Namespace) -> int:
     [(target, client)] = clients_for([args.mountpoint], args.socket)
+    stop_on_sigterm()
     frames = 1 if args.once else args.count
     shown = 0
     tty = sys.stdout.isatty() and not args.json and frames is None
