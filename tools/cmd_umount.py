@@ -1,9 +1,10 @@
 """``kvfs umount MOUNTPOINT``: write every DRAM-only block down, unmount, and return when
 that is done.
 
-Asks the daemon over its control socket (op ``shutdown``) and waits for the daemon
-process to exit (on a pidfd: the kernel wakes it at the exit), which it does after
-unmounting and flushing; then it says what was done. A stale mount left by a killed
+Asks the daemon over its control socket (op ``shutdown``), waits for the ``flock`` the
+daemon holds on its pid file until it has unmounted, flushed and closed its store (a
+blocking lock: no polling, however long the flush), then for the process's exit (a
+pidfd); then it says what was done. A stale mount left by a killed
 daemon (no one answers the socket) is detached with ``fusermount3 -u -z``.
 
 Then it reads what the daemon could not do (its unmount report): blocks only in DRAM that
@@ -16,12 +17,16 @@ one deadline per stalled tier (docs/store.md, "Unmount").
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import select
 import shutil
 import subprocess
 import sys
+import threading
+import time
+from pathlib import Path
 
 from kvfs.errors import KvfsError
 from kvfs.writeback import FlushReport
@@ -30,6 +35,7 @@ from .flags import seconds
 from .render import print_json
 
 _NAMES_SHOWN = 20  # lost blocks named on the terminal (all of them are in the daemon's log)
+_EXIT_GRACE = 0.5  # seconds the other threads get to end after the main one (killed ones end at once)
 
 
 class UnmountError(KvfsError):
@@ -68,20 +74,71 @@ def _ask_shutdown(sock_path: str) -> int:
             raise UnmountError(f"the daemon refused to shut down: {exc}") from None
 
 
-def wait_exit(pid: int, timeout: float) -> bool:
-    """Block until process *pid* has exited (True), or *timeout* seconds pass (False).
+def _leader_gone(pid: int) -> bool:
+    """Whether process *pid*'s main thread has exited (gone, or a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except OSError:
+        return True
 
-    Waits on a pidfd, which the kernel makes readable when the process exits: no polling.
-    A daemon that has exited but is not yet reaped by its parent (a zombie, e.g. under an
-    init that reaps late) holds nothing any more — no mount, no lock, no memory — and
-    counts as exited."""
+
+def _lock_released(pidfile: Path, pid: int, timeout: float) -> bool:
+    """Block until the daemon *pid* lets go of the ``flock`` it holds on its pid file
+    until its store is closed (:func:`kvfs.mount.daemon.hold`); False after *timeout*
+    seconds. True at once when the file is gone or names another process."""
+    from kvfs.mount.paths import open_private
+
+    try:
+        fd = open_private(pidfile, os.O_RDONLY)
+    except FileNotFoundError:
+        return True
+    with os.fdopen(fd) as f:
+        if f.read().strip() != str(pid):
+            return True
+        got = threading.Event()
+
+        def wait() -> None:  # flock has no timeout: a thread waits, abandoned after ours
+            fcntl.flock(f.fileno(), fcntl.LOCK_SH)
+            got.set()
+
+        threading.Thread(target=wait, daemon=True, name="kvfs-umount-wait").start()
+        return got.wait(timeout)
+
+
+def wait_done(mp: str, pid: int, timeout: float) -> int:
+    """Block until the daemon *pid* of *mp* is done: its pid-file lock released (the
+    flush is over and its store closed), then its process exited (a pidfd: the kernel
+    wakes us). Returns how many of its threads are still alive: 0, unless it abandoned
+    calls in a tier that stopped answering, whose threads end only when it answers (then
+    its main thread has exited and nothing of the mount is left). :class:`UnmountError`
+    after *timeout* seconds."""
+    from kvfs.mount.paths import pid_path
+
+    deadline = time.monotonic() + timeout
+    late = UnmountError(f"{mp}: the daemon (pid {pid}) did not finish flushing within {timeout:g}s")
+    if not _lock_released(pid_path(mp), pid, timeout):
+        raise late
     try:
         fd = os.pidfd_open(pid)
     except ProcessLookupError:
-        return True  # gone already
+        return 0
     try:
-        readable, _, _ = select.select([fd], [], [], timeout)
-        return bool(readable)
+        # what is left after the lock is the interpreter's exit: moments. The main thread
+        # is watched too: threads stuck in a hung tier keep the pidfd from ever firing
+        leader_gone = None
+        while not select.select([fd], [], [], 0.05)[0]:
+            now = time.monotonic()
+            if leader_gone is None and _leader_gone(pid):
+                leader_gone = now
+            if leader_gone is not None and now - leader_gone > _EXIT_GRACE:
+                try:
+                    return max(len(os.listdir(f"/proc/{pid}/task")) - 1, 0)
+                except OSError:
+                    return 0
+            if now > deadline:
+                raise late
+        return 0
     finally:
         os.close(fd)
 
@@ -177,8 +234,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"kvfs: {mp}: the daemon did not answer ({exc.why}); detached the stale mount", file=sys.stderr)
         _say(args, mp, None, None, "stale")
         return 0
-    if not wait_exit(pid, args.timeout):
-        raise UnmountError(f"{mp}: the daemon (pid {pid}) did not finish flushing within {args.timeout:g}s")
+    stuck = wait_done(mp, pid, args.timeout)
+    if stuck:
+        print(
+            f"kvfs: warning: {stuck} thread{'s' if stuck != 1 else ''} of the daemon (pid {pid}) still wait on a "
+            "tier that does not answer; they end when it does (the mount is gone)",
+            file=sys.stderr,
+        )
     how = "unmounted"
     if mount_type(mp) == FSTYPE:  # it died before unmounting (killed mid-flush): detach what is left
         _lazy_unmount(mp)
