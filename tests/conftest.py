@@ -44,6 +44,16 @@ allow_other = {allow_other}
 """
 
 
+ENGINE_DEADLINE = 10 * DEADLINE
+"""Seconds a whole engine run or bench in a subprocess (vLLM, SGLang, LMCache loading a
+model, generating, restarting) may take before it is taken for hung: they take minutes
+on an idle machine, several times that at load 10."""
+
+TIER_TIMEOUT = 60.0
+"""The ``timeout`` of a tier in a test that does not test deadlines: a healthy call on a
+loaded machine never reaches it. A test of a deadline gives the calls it stalls itself a
+short one."""
+
 HANG = 60.0
 """botocore's own connect and read timeouts (seconds): a call to a stopped or stalled S3
 endpoint that kvfs's deadline (1-3 s in the tests) did not cut would wait at least this
@@ -253,3 +263,27 @@ def small_tmpfs(tmp_path):
         pytest.skip(f"cannot mount a tmpfs here: {res.stderr.strip()}")
     yield mp
     subprocess.run(["umount", "-l", str(mp)], capture_output=True)
+
+
+# Files that take minutes (real engines loading models, benches) run first: with parallel
+# workers (`-n 4 --dist loadfile`, each file on one worker) a long file that started last
+# would leave the other workers idle while it runs.
+_SLOW_FIRST = (
+    "test_engine_sglang_backend",
+    "test_bench_engines",
+    "test_engine_vllm",
+    "test_engine_",
+    "test_kv_events",
+    "test_bench_ttft",
+    "test_prefix_cache",
+    "test_gpu_agent",
+    "test_faults",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    def rank(item) -> int:
+        name = item.path.name
+        return next((i for i, prefix in enumerate(_SLOW_FIRST) if name.startswith(prefix)), len(_SLOW_FIRST))
+
+    items.sort(key=rank)  # stable: within a file, and among the rest, the collected order

@@ -24,6 +24,7 @@ import pytest
 from kvfs.client import Client
 from kvfs.tools.engine_clients import client_python
 
+from conftest import ENGINE_DEADLINE
 from engine_harness import need_client, run, without
 
 PAGES = 6
@@ -181,7 +182,7 @@ def test_the_daemon_going_away_is_a_quick_miss_and_coming_back_a_hit(kvfs_mount,
         assert _wait_file(flag + ".missed", proc), "the calls with no daemon did not return"
         kvfs_mount(dram="32MiB", disk="128MiB", data=data, mountpoint=mp)  # the same blocks again
         Path(flag + ".back").touch()
-        out, _ = proc.communicate(timeout=120)
+        out, _ = proc.communicate(timeout=ENGINE_DEADLINE)
     finally:
         proc.kill()
     assert proc.returncode == 0, out[-3000:]
@@ -192,7 +193,7 @@ def test_the_daemon_going_away_is_a_quick_miss_and_coming_back_a_hit(kvfs_mount,
     assert r["back"] == {"batch_exists": 4, "get": 4}
 
 
-def _wait_file(path: str, proc: subprocess.Popen, timeout: float = 120) -> bool:
+def _wait_file(path: str, proc: subprocess.Popen, timeout: float = ENGINE_DEADLINE) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if os.path.exists(path):

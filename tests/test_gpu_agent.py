@@ -30,7 +30,7 @@ from kvfs.errors import BlockCorrupt, BlockNotFound, KvfsError
 from kvfs.gpu import Agent, AgentConfig
 from kvfs.gpu.transfer import TransferUnavailable
 
-from conftest import DEADLINE
+from conftest import DEADLINE, ENGINE_DEADLINE
 
 MiB = 1 << 20
 DATA: dict[Path, Path] = {}  # mountpoint -> its data directory
@@ -229,7 +229,7 @@ def test_a_block_replaced_by_another_process_is_reloaded(mount):
             with Client({str(mount)!r}, write=True) as c:
                 c.put(["r/a"], [random.Random(2).randbytes({MiB})])
         """)
-        subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+        subprocess.run([sys.executable, "-c", code], check=True, timeout=DEADLINE)
         deadline = time.monotonic() + DEADLINE
         while True:  # the event arrives within milliseconds; never any bytes but old or new
             got = as_bytes(ag.map(["r/a"])[0])
@@ -277,7 +277,7 @@ def test_two_agents_in_two_processes_at_once(mount, tmp_path):
         subprocess.Popen([sys.executable, str(script), str(mount), str(me), str(n)], stdout=subprocess.PIPE, text=True)
         for me in (1, 2)
     ]
-    outs = [p.communicate(timeout=120)[0] for p in procs]
+    outs = [p.communicate(timeout=ENGINE_DEADLINE)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
     for o in outs:
         res = json.loads(o.strip().splitlines()[-1])

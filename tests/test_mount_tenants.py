@@ -116,7 +116,7 @@ def run_as(user: tuple[int, int, str], script: str, *args: str) -> dict:
         extra_groups=groups,
         env={"PATH": "/usr/bin:/bin"},
         cwd="/",
-        timeout=60,
+        timeout=DEADLINE,
     )
     assert res.returncode == 0, res.stderr
     return json.loads(res.stdout)

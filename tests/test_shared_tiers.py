@@ -19,7 +19,7 @@ from kvfs.errors import BlockCorrupt, BlockNotFound, TierUnavailable
 from kvfs.names import TierName
 from kvfs.tiers.posix import TMP_PREFIX, PosixTier
 
-from conftest import DEADLINE, HANG, wait_for
+from conftest import DEADLINE, HANG, TIER_TIMEOUT, wait_for
 from s3server import moto  # noqa: F401 - moto is a fixture
 
 
@@ -30,7 +30,7 @@ def new_bucket(moto) -> str:
 
 
 def s3_config(moto, bucket, **kw) -> S3Config:
-    kw.setdefault("timeout", 2.0)
+    kw.setdefault("timeout", TIER_TIMEOUT)
     kw.setdefault("max_attempts", 2)
     return S3Config(
         name=TierName("s3"), capacity=None, bucket=bucket, prefix="kv", endpoint_url=moto.endpoint_url, **kw
@@ -57,7 +57,9 @@ def corrupt_copy(tier, name: str) -> None:
 @pytest.fixture(params=["posix", "s3"])
 def tier(request, tmp_path):
     if request.param == "posix":
-        t = PosixTier(PosixConfig(name=TierName("nfs"), capacity=1 << 30, path=tmp_path / "shared", timeout=2.0))
+        t = PosixTier(
+            PosixConfig(name=TierName("nfs"), capacity=1 << 30, path=tmp_path / "shared", timeout=TIER_TIMEOUT)
+        )
     else:
         from kvfs.tiers.s3 import S3Tier
 
@@ -115,7 +117,7 @@ def test_concurrent_publishers_of_one_name(tier):
 
 
 def posix(tmp_path, **kw) -> PosixTier:
-    kw.setdefault("timeout", DEADLINE)  # a healthy call under load is never cut: only a test's stall is
+    kw.setdefault("timeout", TIER_TIMEOUT)  # a healthy call under load is never cut: only a test's stall is
     return PosixTier(PosixConfig(name=TierName("nfs"), capacity=1 << 30, path=tmp_path / "shared", **kw))
 
 

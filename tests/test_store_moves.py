@@ -44,7 +44,7 @@ from kvfs.tiers.disk import DiskTier
 from kvfs.tiers.dram import DramTier
 from kvfs.tiers.posix import PosixTier
 
-from conftest import DEADLINE, fuse_missing, wait_for
+from conftest import DEADLINE, TIER_TIMEOUT, fuse_missing, wait_for
 
 BLOCK = 64 << 10
 
@@ -70,7 +70,7 @@ def disk(path: Path, capacity: int = 64 << 20, **kw) -> DiskTier:
 
 
 def posix(path: Path, **kw) -> PosixTier:
-    kw.setdefault("timeout", 2.0)
+    kw.setdefault("timeout", TIER_TIMEOUT)
     return PosixTier(PosixConfig(name=TierName("posix"), capacity=1 << 30, path=path, **kw))
 
 

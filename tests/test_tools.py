@@ -348,7 +348,7 @@ def test_evict_never_drops_the_last_copy_unless_forced(server, capsys):
     rc, out, err = kvfs(capsys, "evict", "e/blk")
     assert rc == 1
     assert "0 kept" not in out and "1 kept" in out
-    assert "/e/blk: 'e/blk': the copy in 'disk' is the last one" in err and "kvfs evict --force" in err
+    assert "kvfs: /e/blk: the copy in 'disk' is the last one" in err and "kvfs evict --force" in err
     assert kvfs_json(capsys, "stat", "e/blk")["tiers"] == ["disk"]
 
     rc, out, _ = kvfs(capsys, "evict", "--force", "e/blk")
@@ -435,8 +435,8 @@ def test_events_show_a_scripted_sequence_in_order(server, tmp_path):
     try:
         _wait_for(lambda: server.handler.hub.subscribers == 2)
         expected = _scripted_sequence(server.store)
-        out, err = as_json.communicate(timeout=30)
-        text, _ = as_text.communicate(timeout=30)
+        out, err = as_json.communicate(timeout=DEADLINE)
+        text, _ = as_text.communicate(timeout=DEADLINE)
     finally:
         as_json.kill()
         as_text.kill()

@@ -44,7 +44,7 @@ path = "{root / "disk"}"
 kind = "posix"
 capacity = "256MiB"
 path = "{posix}"
-timeout = "2s"
+timeout = "20s"
 """
     text += f"""
 [[tiers]]
@@ -52,7 +52,7 @@ kind = "s3"
 bucket = "{bucket}"
 prefix = "kv"
 endpoint_url = "{endpoint}"
-timeout = "1s"
+timeout = "10s"
 max_attempts = 2
 
 [mount]
@@ -183,7 +183,7 @@ def test_s32_s3_down_local_blocks_serve_s3_only_blocks_fail_fast_then_recover(tw
             (b / "s/only-in-s3").read_bytes()
         took = time.monotonic() - t0
         assert info.value.errno == errno.EHOSTDOWN, info.value
-        assert took < HANG, took  # bounded: timeout 1 s, 2 attempts, no hang
+        assert took < HANG, took  # bounded: the tier's deadline and 2 attempts, no hang
         df = subprocess_json("df", str(b))
         assert {t["name"]: t["healthy"] for t in df["tiers"]}["s3"] is False
     finally:

@@ -29,7 +29,7 @@ from kvfs.names import TierName
 from kvfs.store import Store
 from kvfs.tiers import open_tier
 
-from conftest import HANG
+from conftest import HANG, TIER_TIMEOUT
 from s3server import MotoS3, moto  # noqa: F401 - moto is a fixture
 
 TTL = 2.0
@@ -49,7 +49,7 @@ class Clock:
 class Cluster:
     """Two nodes over one shared directory and one bucket."""
 
-    def __init__(self, root: Path, moto: MotoS3, *, timeout: float = 2.0, max_attempts: int = 2) -> None:
+    def __init__(self, root: Path, moto: MotoS3, *, timeout: float = TIER_TIMEOUT, max_attempts: int = 2) -> None:
         self.moto = moto
         self.bucket = f"kvfs-{uuid.uuid4().hex[:12]}"
         moto.client().create_bucket(Bucket=self.bucket)

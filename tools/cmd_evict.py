@@ -47,6 +47,15 @@ def _kept(kinds: Counter[str]) -> str:
     return ": " + ", ".join(f"{n} {_WHY.get(kind, kind)}" for kind, n in kinds.most_common())
 
 
+def _why(name: str, error: str) -> str:
+    """The daemon's reason without the block's name it starts with (the line names the
+    path already): ``is pinned; unpin it first …``."""
+    for lead in (f"{name!r}: ", f"{name!r} "):
+        if error.startswith(lead):
+            return error[len(lead) :]
+    return error
+
+
 def run(args: argparse.Namespace) -> int:
     rc = 0
     results = []
@@ -69,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
             f" ({res.removed} removed entirely, {len(res.failed)} kept{_kept(kinds)})"
         )
         for f in res.failed:
-            print(f"kvfs: {target.display(f.name)}: {f.error}", file=sys.stderr)
+            print(f"kvfs: {target.display(f.name)}: {_why(f.name, f.error)}", file=sys.stderr)
     if args.json:
         print_json(results[0] if len(results) == 1 else results)
     return rc

@@ -146,8 +146,9 @@ def render(f: dict) -> str:
         right=tuple(range(1, 13)),
     )
     out = [head, "", body]
-    if f["ops_per_s"]:
-        busiest = sorted(f["ops_per_s"].items(), key=lambda kv: -kv[1])[:10]
+    busy = [(op, rate) for op, rate in f["ops_per_s"].items() if rate > 0]
+    if busy:  # the ten busiest FUSE operations over the interval (none when idle)
+        busiest = sorted(busy, key=lambda kv: -kv[1])[:10]
         out += ["", "fuse ops/s: " + "  ".join(f"{op} {rate:.0f}" for op, rate in busiest)]
     return "\n".join(out)
 
