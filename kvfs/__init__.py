@@ -7,4 +7,11 @@ FUSE mount (``kvfs.mount``), engine-side code (``kvfs.gpu``) and the ``kvfs`` co
 (``kvfs.tools``) build on it.
 """
 
-__version__ = "0.1.0"
+from importlib import metadata as _metadata
+
+try:
+    __version__ = _metadata.version("kvfs")
+    """The installed distribution's version: pyproject.toml's, the one source of truth
+    (``kvfs --version``, the daemon's log line at start, ``Pong`` and ``Welcome``)."""
+except _metadata.PackageNotFoundError:  # pragma: no cover - imported from a tree not installed
+    __version__ = "0+unknown"

@@ -32,6 +32,7 @@ Every error names the field (``tiers[1].capacity``) and says what is wrong.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import enum
 import grp
 import os
@@ -49,7 +50,7 @@ from .errors import ConfigError, InvalidName
 from .hashing import Namespace
 from .names import TierName, is_under, normalize
 from .policies import DEFAULT_POLICY, POLICIES, PolicyContext
-from .units import parse_duration, parse_size
+from .units import format_size, parse_duration, parse_size
 
 __all__ = [
     "ClientConfig",
@@ -277,6 +278,9 @@ class Config:
     namespaces: tuple[NamespaceConfig, ...] = ()
     client: ClientConfig = ClientConfig()
     events: EventsConfig = EventsConfig()
+    origin: str = ""
+    """Where it came from, for people (the daemon's log, ``kvfs df``): the file
+    :func:`load_config` read, or the embedded default and how its sizes were chosen."""
 
     def tier(self, name: str) -> TierConfig:
         for t in self.tiers:
@@ -296,6 +300,25 @@ _KIND_CLASSES: dict[str, type[TierConfig]] = {
 
 
 _POSITIVE = ("concurrency", "max_attempts")
+
+
+def _did_you_mean(word: object, choices: Iterable[str]) -> str:
+    """``" (did you mean 'capacity'?)"`` for the choice closest to a misspelled *word*,
+    or ``""`` when none is close."""
+    close = difflib.get_close_matches(str(word), list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _unknown_key(where: str, key: str, known: Iterable[str], listed: Iterable[str] | None = None) -> ConfigError:
+    """The error for a key no table of this kind has, naming it: ``where.key: unknown
+    key (did you mean …?); known keys are …``. *known*: every key this table takes;
+    *listed*: the ones to list (default: all of them)."""
+    known = list(known)
+    listed = sorted(known if listed is None else listed)
+    return ConfigError(
+        f"{where}.{key}" if where else key,
+        f"unknown key{_did_you_mean(key, known)}; known keys are {', '.join(listed)}",
+    )
 
 
 def _convert(where: str, f: dataclasses.Field[Any], value: Any) -> Any:
@@ -345,7 +368,8 @@ def _convert(where: str, f: dataclasses.Field[Any], value: Any) -> Any:
         msg = str(exc)
         if "is not a valid" in msg:  # enum lookup
             enum_cls = {"write": WriteMode, "promote": PromoteMode}[name]
-            msg = f"{value!r} is not one of {', '.join(repr(m.value) for m in enum_cls)}"
+            values = [m.value for m in enum_cls]
+            msg = f"{value!r} is not one of {', '.join(map(repr, values))}{_did_you_mean(value, values)}"
         raise ConfigError(where, msg) from None
     raise ConfigError(where, "unsupported field")  # pragma: no cover - every field is handled
 
@@ -356,10 +380,7 @@ def _build(cls: type, where: str, table: Any, skip: tuple[str, ...] = ()) -> Any
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init and f.name not in skip}
     unknown = sorted(set(table) - set(fields) - set(skip))
     if unknown:
-        raise ConfigError(
-            f"{where}.{unknown[0]}" if where else unknown[0],
-            f"unknown key; known keys are {', '.join(sorted(fields))}",
-        )
+        raise _unknown_key(where, unknown[0], [*fields, *skip], fields)
     kwargs = {}
     for key, value in table.items():
         if key in skip:
@@ -377,11 +398,13 @@ def _build(cls: type, where: str, table: Any, skip: tuple[str, ...] = ()) -> Any
 
 def parse_config(data: dict[str, Any]) -> Config:
     """Build a :class:`Config` from a parsed TOML document; raises :class:`ConfigError`."""
-    unknown = sorted(set(data) - {"tiers", "policy", "mount", "client", "events", "namespaces"})
+    tables = ("tiers", "policy", "mount", "client", "events", "namespaces")
+    unknown = sorted(set(data) - set(tables))
     if unknown:
         raise ConfigError(
             unknown[0],
-            "unknown top-level key; expected [[tiers]], [policy], [mount], [client], [events] and [[namespaces]]",
+            f"unknown top-level key{_did_you_mean(unknown[0], tables)}; "
+            "expected [[tiers]], [policy], [mount], [client], [events] and [[namespaces]]",
         )
     raw_tiers = data.get("tiers")
     if not raw_tiers:
@@ -396,12 +419,27 @@ def parse_config(data: dict[str, Any]) -> Config:
             raise ConfigError(where, "expected a table")
         kind = raw.get("kind")
         if kind is None:
+            every = {f.name for c in _KIND_CLASSES.values() for f in dataclasses.fields(c) if f.init} | {"kind"}
+            unknown = sorted(set(raw) - every)
+            if unknown:  # `knd = "dram"`: name what was written
+                raise ConfigError(
+                    f"{where}.{unknown[0]}",
+                    f"unknown key{_did_you_mean(unknown[0], every)}; every tier needs kind = one of "
+                    f"{', '.join(_KIND_CLASSES)}",
+                )
             raise ConfigError(f"{where}.kind", f"missing; one of {', '.join(_KIND_CLASSES)}")
         if kind not in _KIND_CLASSES:
-            raise ConfigError(f"{where}.kind", f"{kind!r} is not one of {', '.join(_KIND_CLASSES)}")
+            raise ConfigError(
+                f"{where}.kind",
+                f"{kind!r} is not one of {', '.join(_KIND_CLASSES)}{_did_you_mean(kind, _KIND_CLASSES)}",
+            )
         raw = dict(raw)
         raw.setdefault("name", kind)
         cls = _KIND_CLASSES[kind]
+        keys = [f.name for f in dataclasses.fields(cls) if f.init]
+        unknown = sorted(set(raw) - set(keys) - {"kind"})
+        if unknown:  # before "missing": a misspelled key is named, not the key it misspells
+            raise _unknown_key(where, unknown[0], [*keys, "kind"], keys)
         if cls is not S3Config and "capacity" not in raw:
             raise ConfigError(f"{where}.capacity", 'missing required key (e.g. capacity = "4GiB")')
         raw.setdefault("capacity", "unlimited")
@@ -423,7 +461,10 @@ def parse_config(data: dict[str, Any]) -> Config:
             raise ConfigError(f"tiers[{i}].kind", "a dram tier must be the first (hottest) tier")
     policy = _build(PolicyConfig, "policy", data.get("policy", {}))
     if policy.eviction not in POLICIES:
-        raise ConfigError("policy.eviction", f"{policy.eviction!r} is not one of {', '.join(POLICIES)}")
+        raise ConfigError(
+            "policy.eviction",
+            f"{policy.eviction!r} is not one of {', '.join(POLICIES)}{_did_you_mean(policy.eviction, POLICIES)}",
+        )
     mount = _build(MountConfig, "mount", data.get("mount", {}))
     if mount.metrics_port is not None and not 0 <= mount.metrics_port <= 65535:
         raise ConfigError("mount.metrics_port", "must be a TCP port number (0-65535)")
@@ -489,7 +530,7 @@ def _parse_namespace(where: str, table: Any, tier_names: list[str]) -> Namespace
         raise ConfigError(where, "expected a table")
     unknown = sorted(set(table) - set(_NAMESPACE_KEYS))
     if unknown:
-        raise ConfigError(f"{where}.{unknown[0]}", f"unknown key; known keys are {', '.join(_NAMESPACE_KEYS)}")
+        raise _unknown_key(where, unknown[0], _NAMESPACE_KEYS)
     model = _parse_model(f"{where}.model", table["model"]) if "model" in table else None
     path: str
     if "path" in table:
@@ -504,7 +545,10 @@ def _parse_namespace(where: str, table: Any, tier_names: list[str]) -> Namespace
     quota: dict[str, int] = {}
     for tier, size in raw_quota.items():
         if tier not in tier_names:
-            raise ConfigError(f"{where}.quota.{tier}", f"no tier named {tier!r}; tiers: {', '.join(tier_names)}")
+            raise ConfigError(
+                f"{where}.quota.{tier}",
+                f"no tier named {tier!r}{_did_you_mean(tier, tier_names)}; tiers: {', '.join(tier_names)}",
+            )
         quota[tier] = _parsed(f"{where}.quota.{tier}", parse_size, size)
     retention = None
     if "retention" in table:
@@ -547,7 +591,7 @@ def _parse_model(where: str, table: Any) -> Namespace:
         raise ConfigError(where, "expected a table: { model, dtype, num_layers, num_kv_heads, head_size, ... }")
     unknown = sorted(set(table) - set(_MODEL_KEYS))
     if unknown:
-        raise ConfigError(f"{where}.{unknown[0]}", f"unknown key; known keys are {', '.join(_MODEL_KEYS)}")
+        raise _unknown_key(where, unknown[0], _MODEL_KEYS)
     kwargs: dict[str, Any] = {}
     for f in dataclasses.fields(Namespace):
         if f.name not in table:
@@ -573,7 +617,7 @@ def load_config(path: str | os.PathLike[str]) -> Config:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(str(p), f"not valid TOML: {exc}") from exc
-    return parse_config(data)
+    return dataclasses.replace(parse_config(data), origin=str(p.absolute()))
 
 
 def _memory_bytes() -> int:
@@ -602,9 +646,15 @@ def default_config() -> Config:
         probe = probe.parent
     free = shutil.disk_usage(probe).free
     disk = max(min(free // 4, 64 << 30), min(dram, free // 2), 256 << 20)
+    dram, disk = dram & ~0xFFFFF, disk & ~0xFFFFF
     return Config(
         tiers=(
-            DramConfig(name=TierName("dram"), capacity=dram & ~0xFFFFF),
-            DiskConfig(name=TierName("disk"), capacity=disk & ~0xFFFFF, path=disk_dir),
-        )
+            DramConfig(name=TierName("dram"), capacity=dram),
+            DiskConfig(name=TierName("disk"), capacity=disk, path=disk_dir),
+        ),
+        origin=(
+            f"the embedded default: dram {format_size(dram)} (1/16 of memory, 256 MiB to 8 GiB; "
+            f"reserved as it is used), disk {format_size(disk)} in {disk_dir} "
+            "(a quarter of its filesystem's free space, up to 64 GiB)"
+        ),
     )

@@ -78,6 +78,11 @@ class EventLog:
                 self.dropped += 1
             self._q.append(Event(self._seq, time, kind, name, tier, size, detail, parent))
 
+    @property
+    def seq(self) -> int:
+        """The ``seq`` of the last event emitted (0: none yet); later events have larger ones."""
+        return self._seq
+
     def drain(self) -> list[Event]:
         """Every queued event, oldest first; the queue is empty afterwards."""
         with self._lock:

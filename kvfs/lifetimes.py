@@ -102,6 +102,12 @@ class Lifetimes:
         """Run a retention pass at the next sweep (a retention changed)."""
         self._next_retention = float("-inf")
 
+    def due(self) -> bool:
+        """Whether :meth:`sweep` has work now: a soft pin expired or a retention pass is
+        due (reads without the lock: at worst a sweep runs one pass late)."""
+        now = self.clock()
+        return bool(self._due and self._due[0][0] <= now) or now >= self._next_retention
+
     def sweep(self) -> SweepReport:
         """Unpin the soft pins that expired; when one is due, run a retention pass over
         every namespace with a retention or retired."""

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from .slot import TierSlot
     from .store import Store
 
-__all__ = ["LastCopy", "OperatorCommands", "Usage"]
+__all__ = ["LastCopy", "OperatorCommands", "Pinned", "Usage"]
 
 log = logging.getLogger("kvfs.store")
 
@@ -31,6 +31,11 @@ log = logging.getLogger("kvfs.store")
 class LastCopy(KvfsError):
     """Raised by :meth:`OperatorCommands.evict` when dropping the copy would lose the
     block and no colder tier can take it; pass ``force=True`` to drop it anyway."""
+
+
+class Pinned(KvfsError):
+    """Raised by :meth:`OperatorCommands.evict` for a pinned block (pinned blocks are
+    never evicted, by policy or by request); unpin it first, or pass ``force=True``."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -90,14 +95,18 @@ class OperatorCommands:
     def evict(self, name: str, tier: str | None = None, *, force: bool = False) -> BlockStat | None:
         """Drop the block's copies in *tier*, or in every local (non-shared) tier.
 
-        A copy that is the block's last is first demoted to a colder tier; when none takes
-        it, :class:`LastCopy` is raised unless *force*, which drops it (the block is gone
-        and ``None`` is returned).
+        A pinned block is refused with :class:`Pinned` unless *force* (its copies are then
+        dropped as any other's; it stays pinned where it is left). A copy that is the
+        block's last is first demoted to a colder tier; when none takes it,
+        :class:`LastCopy` is raised unless *force*, which drops it (the block is gone and
+        ``None`` is returned).
         """
         name = normalize(name)
         p = self.placement
         with p.locked():
             rec = self.catalog.require(name)
+            if rec.pinned and not force:
+                raise Pinned(f"{name!r} is pinned; unpin it first (kvfs unpin), or use --force to evict it anyway")
             if tier is None:
                 targets = [i for i in rec.tier_indexes() if not self.slots[i].shared]
             else:

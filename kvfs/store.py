@@ -76,12 +76,23 @@ from .revalidation import SharedRecords
 from .shared import SharedView
 from .slot import TierSlot
 from .stats import StoreStatistics
-from .steering import LastCopy, OperatorCommands, Usage
+from .steering import LastCopy, OperatorCommands, Pinned, Usage
 from .tenancy import Tenancy
 from .tier import BlockRef, Tier
 from .writeback import FlushReport, WriteBack
 
-__all__ = ["BlockStat", "FlushReport", "LastCopy", "Lease", "Reservation", "Store", "StoreBusy", "SweepReport", "Usage"]
+__all__ = [
+    "BlockStat",
+    "FlushReport",
+    "LastCopy",
+    "Lease",
+    "Pinned",
+    "Reservation",
+    "Store",
+    "StoreBusy",
+    "SweepReport",
+    "Usage",
+]
 
 log = logging.getLogger("kvfs.store")
 
@@ -668,6 +679,12 @@ class Store:
         """Whether *peer* may map the DRAM arena itself (it may read every namespace);
         any other peer's reads go through :meth:`read_into` (docs/tenants.md, "Access")."""
         return may_map_arena(peer, self.namespaces.rules())
+
+    @property
+    def idle(self) -> bool:
+        """Whether the background work (:meth:`run_pending`, :meth:`expire_leases`,
+        :meth:`sweep`) has nothing to do now, so its owner need not wake a thread for it."""
+        return not self.pending and not self.leases and not self.lifetimes.due()
 
     def sweep(self) -> SweepReport:
         """End the soft pins that expired and, when due, remove blocks past their

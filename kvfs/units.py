@@ -24,6 +24,7 @@ _SIZE_UNITS = {
 }
 _SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*$")
 _DUR_UNITS = {"ms": 1e-3, "s": 1.0, "": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+_DUR_UNITS_SHOWN = [u for u in _DUR_UNITS if u]  # the error lists exactly what the parser takes
 
 
 def parse_size(value: int | str) -> int:
@@ -61,7 +62,10 @@ def parse_duration(value: float | str) -> float:
     m = _SIZE_RE.match(value)
     unit = m.group(2).lower() if m else None
     if not m or unit not in _DUR_UNITS:
-        raise ValueError(f'{value!r} is not a duration; write a number with ms, s, m or h (e.g. "5s")')
+        raise ValueError(
+            f"{value!r} is not a duration; write seconds, or a number with a unit: "
+            f'{", ".join(_DUR_UNITS_SHOWN)} (e.g. "250ms", "5s", "7d")'
+        )
     return float(m.group(1)) * _DUR_UNITS[unit]
 
 

@@ -31,6 +31,7 @@ from typing import Any, Protocol, TypeVar
 
 import trio
 
+from kvfs import __version__
 from kvfs.blockfile import checksum as compute_checksum
 from kvfs.client.buffers import copy_hashed
 from kvfs.config import ClientConfig
@@ -183,6 +184,7 @@ class ClientOps:
             lease_ttl=self.lease_ttl,
             max_ttl=MAX_TTL,
             copy_buffer=0 if s.copies is None else s.copies.size,
+            version=__version__,
         )
         try:
             await conn.send(welcome, fds)

@@ -36,6 +36,7 @@ from typing import Any
 
 import trio
 
+from kvfs import __version__
 from kvfs.config import ClientConfig
 from kvfs.errors import BlockNotFound, KvfsError
 from kvfs.events import Event
@@ -90,7 +91,7 @@ from kvfs.protocol import (
     decode,
     error_type,
 )
-from kvfs.store import LastCopy, Store
+from kvfs.store import LastCopy, Pinned, Store
 
 from .clientserver import ClientOps, MountSide
 from .session import AccessPolicy, Connection, Peer, Session, call_store, is_request
@@ -101,7 +102,8 @@ log = logging.getLogger("kvfs.mount.control")
 
 _BATCH = 64  # blocks handled per worker-thread call in multi-block ops
 _PROGRESS_EVERY = 0.1  # seconds between progress items
-_EVENT_POLL = 0.02  # seconds between drains of the store's event queue
+_EVENT_POLL = 0.02  # seconds between drains of the store's event queue while someone subscribes
+_EVENT_IDLE_DRAIN = 1.0  # with no subscriber: the queue is emptied (nobody's events) this often
 _MAX_ADVICE = 65536  # names one hint may carry
 _ADVICE_ON_LOOP = 4096  # names a hint handles on the loop when the store's lock is free
 
@@ -112,12 +114,14 @@ class EventHub:
     Each subscriber has its own bounded buffer (*buffer* events). A subscriber that falls
     that far behind is cut off (its channel closed) instead of slowing the others. The
     buffer must also hold one publish's burst: :meth:`ControlHandler.pump_events` drains
-    every 20 ms, so 10k events keep up with 500k events/s.
+    every 20 ms while anyone subscribes, so 10k events keep up with 500k events/s.
     """
 
     def __init__(self, buffer: int = 10_000) -> None:
         self.buffer = buffer
         self._subs: dict[trio.MemorySendChannel[Event], bool] = {}  # channel -> cut off
+        self._after: dict[trio.MemorySendChannel[Event], int] = {}  # channel -> last seq it must not get
+        self._joined = trio.Event()  # set when a subscriber joins
 
     @property
     def subscribers(self) -> int:
@@ -125,22 +129,37 @@ class EventHub:
         return sum(1 for cut in self._subs.values() if not cut)
 
     @contextmanager
-    def subscribe(self) -> Iterator[trio.MemoryReceiveChannel[Event]]:
-        """A channel receiving every event published while the ``with`` block is open."""
+    def subscribe(self, after: int = 0) -> Iterator[trio.MemoryReceiveChannel[Event]]:
+        """A channel receiving every event published while the ``with`` block is open
+        whose ``seq`` is above *after* (the store's :attr:`~kvfs.events.EventLog.seq` when
+        subscribing: nothing that happened before)."""
         send, receive = trio.open_memory_channel[Event](self.buffer)
         self._subs[send] = False
+        self._after[send] = after
+        self._joined.set()
         try:
             yield receive
         finally:
             self._subs.pop(send, None)
+            self._after.pop(send, None)
             send.close()
             receive.close()
+
+    async def until_subscribed(self) -> None:
+        """Return once someone subscribes (at once if someone does)."""
+        while not self.subscribers:
+            if self._joined.is_set():
+                self._joined = trio.Event()
+            await self._joined.wait()
 
     def publish(self, events: list[Event]) -> None:
         for send in list(self._subs):
             if self._subs[send]:
                 continue
+            after = self._after.get(send, 0)
             for ev in events:
+                if ev.seq <= after:
+                    continue
                 try:
                     send.send_nowait(ev)
                 except trio.WouldBlock:
@@ -180,9 +199,12 @@ class ControlHandler:
         opstats: Any = None,
         access: AccessPolicy | None = None,
         mount: MountSide | None = None,
+        *,
+        origin: str = "",
     ) -> None:
         self.store = store
         self.mountpoint = mountpoint
+        self.origin = origin  # where the config came from, for df (Config.origin)
         self.opstats = opstats
         self.access = access or AccessPolicy(store=store)
         self.mount = mount
@@ -261,7 +283,7 @@ class ControlHandler:
     # -- ops -----------------------------------------------------------------------
 
     async def op_ping(self, conn: Connection, req: Ping) -> Pong:
-        return Pong(mountpoint=self.mountpoint, pid=os.getpid())
+        return Pong(mountpoint=self.mountpoint, pid=os.getpid(), version=__version__)
 
     async def op_shutdown(self, conn: Connection, req: Shutdown) -> ShuttingDown:
         """Flush every block that is only in DRAM down and unmount. Replies at once; the
@@ -319,7 +341,7 @@ class ControlHandler:
         each namespace's use against its quotas."""
         st = await trio.to_thread.run_sync(self.store.statistics)
         spaces = await trio.to_thread.run_sync(self.store.namespace_statistics)
-        return DfResult(mountpoint=self.mountpoint, statistics=st, namespaces=spaces)
+        return DfResult(mountpoint=self.mountpoint, statistics=st, namespaces=spaces, config=self.origin)
 
     async def op_quota_show(self, conn: Connection, req: QuotaShow) -> QuotaResult:
         """Every namespace, or the one at ``req.name``, with use, quota, copies and quota
@@ -413,8 +435,8 @@ class ControlHandler:
         )
 
     async def op_evict(self, conn: Connection, req: Evict) -> EvictResult:
-        """Drop copies from *tier* (default: every local tier), never a last copy unless
-        *force*."""
+        """Drop copies from *tier* (default: every local tier), never a pinned block's nor
+        a last copy unless *force*."""
         self._check_tier(req.tier)
         paths, refused = self._permitted(conn, req.paths)
         await self._sealed(*paths)
@@ -428,7 +450,7 @@ class ControlHandler:
         results = await self._each(conn, names, evict)
         failed = [
             Failure(name=f.name, error=f.error.replace("use --force", "use kvfs evict --force"), type=f.type)
-            if f.type == LastCopy.__name__
+            if f.type in (LastCopy.__name__, Pinned.__name__)
             else f
             for f in self._failures(results)
         ]
@@ -497,7 +519,7 @@ class ControlHandler:
             cancel.cancel()
 
         owner = conn.session.owner
-        with self.hub.subscribe() as events:
+        with self.hub.subscribe(after=self.store.events.seq) as events:
             await conn.send(Subscribed())
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(until_hangup, nursery.cancel_scope)
@@ -513,13 +535,19 @@ class ControlHandler:
 
     async def pump_events(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Drain the store's event queue forever and publish to :attr:`hub`. :func:`serve`
-        runs it; only one task may drain a store's events."""
+        runs it; only one task may drain a store's events. It polls only while someone
+        subscribes: with nobody, it wakes once a second to empty the queue (an idle
+        daemon does not spin)."""
         task_status.started()
         while True:
+            if not self.hub.subscribers:
+                with trio.move_on_after(_EVENT_IDLE_DRAIN):
+                    await self.hub.until_subscribed()
             events = self.store.events.drain()  # a lock and a list copy: fine on the loop
             if events:
                 self.hub.publish(events)
-            await trio.sleep(_EVENT_POLL)
+            if self.hub.subscribers:
+                await trio.sleep(_EVENT_POLL)
 
 
 _Op = Callable[[Connection, Any], Awaitable[Message | None]]
@@ -527,7 +555,8 @@ _Op = Callable[[Connection, Any], Awaitable[Message | None]]
 
 class Server:
     """Every request on the daemon's sockets: decode, authorize, dispatch (see the module
-    doc). *client* configures the batch client's side (group socket, leases, puts)."""
+    doc). *client* configures the batch client's side (group socket, leases, puts);
+    *origin* says where the mount's config came from (``kvfs df`` shows it)."""
 
     def __init__(
         self,
@@ -538,11 +567,12 @@ class Server:
         client: ClientConfig = ClientConfig(),
         access: AccessPolicy | None = None,
         mount: MountSide | None = None,
+        origin: str = "",
     ) -> None:
         self.store = store
         self.config = client
         self.access = access or AccessPolicy(group_writes=client.group_writes, store=store)
-        self.control = ControlHandler(store, mountpoint, opstats, self.access, mount)
+        self.control = ControlHandler(store, mountpoint, opstats, self.access, mount, origin=origin)
         self.clients = ClientOps(store, mountpoint, client, self.access, mount)
         self._ops: dict[str, _Op] = {}
         for handler in (self.control, self.clients):

@@ -15,8 +15,9 @@ commands and the batch client, :mod:`kvfs.mount.control`) in one trio nursery.
 
 Every way the loop ends goes through the same exit path, so ``fusermount3 -u`` (the
 kernel's destroy, which ends ``pyfuse3.main``) flushes exactly as ``kvfs umount`` does.
-The pid file (:func:`~kvfs.mount.paths.pid_path`) exists while the daemon runs;
-``kvfs umount`` waits for the process to end, which is after the flush.
+The pid file (:func:`~kvfs.mount.paths.pid_path`) exists while the daemon runs, and the
+daemon holds an exclusive ``flock`` on it until it has flushed and closed its store
+(:func:`hold`); ``kvfs umount`` waits for that lock, then for the process's exit.
 
 A hung tier never holds the exit: store calls that are still waiting on a tier when the
 loop ends are abandoned (their threads are daemon threads, never joined), every shared
@@ -28,6 +29,7 @@ that still had work queued (docs/store.md, "Unmount").
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import logging
 import os
@@ -38,6 +40,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from kvfs import __version__
 from kvfs.config import Config
 from kvfs.errors import KvfsError
 from kvfs.store import FlushReport, Store
@@ -137,8 +140,9 @@ async def _write_through(store: Store) -> None:
     import trio
 
     while True:
-        # abandoned on cancel: a copy stuck in a hung tier must not hold the unmount
-        await trio.to_thread.run_sync(_background_pass, store, abandon_on_cancel=True)
+        if not store.idle:  # an idle daemon wakes no thread (memory reads only: fine on the loop)
+            # abandoned on cancel: a copy stuck in a hung tier must not hold the unmount
+            await trio.to_thread.run_sync(_background_pass, store, abandon_on_cancel=True)
         await trio.sleep(_WRITE_THROUGH_INTERVAL)
 
 
@@ -167,7 +171,7 @@ async def _serve(ops, store, mountpoint: str, sock: Path, on_ready, config: Conf
 
     from .control import Server, serve
 
-    server = Server(store, mountpoint, opstats=ops.opstats, client=config.client, mount=ops)
+    server = Server(store, mountpoint, opstats=ops.opstats, client=config.client, mount=ops, origin=config.origin)
     publisher = None
     if config.events.zmq is not None:  # bound before anything starts: a bad address fails the mount
         from .kv_events import KvEventPublisher
@@ -241,6 +245,7 @@ def serve_foreground(mountpoint: str, config: Config, on_ready: Any = lambda: No
     ops = KvfsOperations(store, options, write_buffer=config.mount.write_buffer)
     metrics_server = None
     report = FlushReport()
+    pid_lock: int | None = None
     try:
         if config.mount.metrics_port is not None:  # before mounting: a busy port mounts nothing
             from .metrics import start_metrics
@@ -256,11 +261,14 @@ def serve_foreground(mountpoint: str, config: Config, on_ready: Any = lambda: No
             raise MountError(f"{mountpoint}: mount failed: {exc}") from exc
         _set_read_ahead(mountpoint, options.read_ahead_kb)
         write_private(pidfile, f"{os.getpid()}\n")
+        pid_lock = hold(pidfile)
         log.info(
-            "kvfs mounted at %s (pid %d, tiers %s)",
+            "kvfs %s mounted at %s (pid %d, tiers %s; config: %s)",
+            __version__,
             mountpoint,
             os.getpid(),
             ", ".join(f"{t.name}:{t.kind.value}" for t in store.tiers),
+            config.origin or "given in code",
         )
         try:
             trio.run(_serve, ops, store, mountpoint, sock, on_ready, config)
@@ -281,7 +289,19 @@ def serve_foreground(mountpoint: str, config: Config, on_ready: Any = lambda: No
                 pidfile.unlink()
         except OSError:
             pass
+        if pid_lock is not None:
+            os.close(pid_lock)  # the last thing done: kvfs umount waits for this lock
     return 0 if report.ok else 1
+
+
+def hold(pidfile: Path) -> int:
+    """An exclusive ``flock`` on the pid file, held (by the returned descriptor) until the
+    daemon has unmounted, flushed and closed its store. ``kvfs umount`` waits for it:
+    unlike the process's exit, its release does not wait for threads the daemon abandoned
+    in a tier that stopped answering (they end when the tier answers)."""
+    fd = open_private(pidfile, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
 
 
 def _log_report(report: FlushReport) -> None:

@@ -19,6 +19,12 @@ import pytest
 
 KVFS = [sys.executable, "-m", "kvfs.tools.cli"]
 
+DEADLINE = float(os.environ.get("KVFS_TEST_DEADLINE", "180"))
+"""Seconds a test waits for something that happens at once on an idle machine (a mount to
+serve, a process to exit, a background copy to land) before it fails. Generous on
+purpose: the suite must pass on a machine at load 10; waiting costs nothing when the
+condition comes sooner. tests/README.md, "Writing tests"."""
+
 DEFAULT_CONFIG = """\
 [[tiers]]
 kind = "dram"
@@ -38,13 +44,44 @@ allow_other = {allow_other}
 """
 
 
-def wait_for(cond, timeout: float = 10.0, interval: float = 0.02) -> None:
-    """Poll *cond* until it is true; AssertionError after *timeout* seconds."""
+ENGINE_DEADLINE = 10 * DEADLINE
+"""Seconds a whole engine run or bench in a subprocess (vLLM, SGLang, LMCache loading a
+model, generating, restarting) may take before it is taken for hung: they take minutes
+on an idle machine, several times that at load 10."""
+
+TIER_TIMEOUT = 60.0
+"""The ``timeout`` of a tier in a test that does not test deadlines: a healthy call on a
+loaded machine never reaches it. A test of a deadline gives the calls it stalls itself a
+short one."""
+
+HANG = 60.0
+"""botocore's own connect and read timeouts (seconds): a call to a stopped or stalled S3
+endpoint that kvfs's deadline (1-3 s in the tests) did not cut would wait at least this
+long. "Bounded, not a hang" is asserted as ``elapsed < HANG``: it holds at any load a
+test can pass at, and fails when the deadline is missing."""
+
+
+def wait_for(cond, timeout: float = DEADLINE, interval: float = 0.02) -> None:
+    """Poll *cond* until it is true; AssertionError after *timeout* seconds (default: the
+    suite's :data:`DEADLINE`)."""
     deadline = time.monotonic() + timeout
     while not cond():
         if time.monotonic() > deadline:
             raise AssertionError("timed out")
         time.sleep(interval)
+
+
+def account(*argv: str) -> subprocess.CompletedProcess:
+    """Run ``useradd``/``userdel``/``groupdel`` *argv*, again while another process holds
+    the lock on /etc/passwd (tests in other workers, other suites on the machine make and
+    remove users too); returns the last try."""
+    deadline = time.monotonic() + DEADLINE
+    while True:
+        res = subprocess.run(list(argv), capture_output=True, text=True)
+        busy = res.returncode != 0 and ("lock" in res.stderr.lower() or "try again" in res.stderr.lower())
+        if not busy or time.monotonic() > deadline:
+            return res
+        time.sleep(0.1)
 
 
 def fuse_missing() -> str | None:
@@ -67,8 +104,22 @@ def _mount_type(path: Path) -> str | None:
     return mount_type(path)
 
 
+def _serving(mp: Path) -> bool:
+    """Whether the daemon of the mount at *mp* answers on its control socket."""
+    from kvfs.mount.paths import control_socket_path
+    from kvfs.protocol import DaemonNotAnswering, Ping
+    from kvfs.tools.control_client import ControlClient
+
+    try:
+        with ControlClient(control_socket_path(mp), timeout=DEADLINE) as c:
+            c.request(Ping())
+        return True
+    except DaemonNotAnswering:
+        return False
+
+
 def run_kvfs(
-    *args: str, timeout: float = 60, env: dict | None = None, check: bool = False
+    *args: str, timeout: float = DEADLINE, env: dict | None = None, check: bool = False
 ) -> subprocess.CompletedProcess:
     """Run ``kvfs ARGS…`` with this interpreter; returns the completed process (text)."""
     return subprocess.run(
@@ -123,19 +174,18 @@ class KvfsMounter:
             )
             self.foreground[mp] = proc
             self.mounts.append(mp)
-            deadline = time.monotonic() + 30
-            while _mount_type(mp) != "fuse.kvfs":
+            deadline = time.monotonic() + DEADLINE
+            while _mount_type(mp) != "fuse.kvfs" or not _serving(mp):  # the socket starts right after the mount
                 if proc.poll() is not None or time.monotonic() > deadline:
                     out = proc.stdout.read().decode() if proc.poll() is not None else ""
                     raise RuntimeError(f"kvfs mount --foreground did not mount {mp}: {out}")
                 time.sleep(0.02)
-            time.sleep(0.1)  # the control socket starts right after the mount
         else:
             res = subprocess.run(
                 [*KVFS, "mount", str(mp), "--config", str(cfg), *args],
                 capture_output=True,
                 text=True,
-                timeout=60,
+                timeout=DEADLINE,
                 env=full_env,
             )
             if res.returncode != 0:
@@ -144,7 +194,7 @@ class KvfsMounter:
         self.config_files[mp] = cfg
         return mp
 
-    def umount(self, mp: Path, timeout: float = 120) -> subprocess.CompletedProcess:
+    def umount(self, mp: Path, timeout: float = DEADLINE) -> subprocess.CompletedProcess:
         """``kvfs umount MP`` (flushes DRAM-only blocks down); waits for a foreground daemon."""
         res = run_kvfs("umount", str(mp), timeout=timeout)
         proc = self.foreground.pop(mp, None)
@@ -156,7 +206,7 @@ class KvfsMounter:
         for mp in self.mounts:
             if _mount_type(mp) == "fuse.kvfs":
                 try:
-                    self.umount(mp, timeout=60)
+                    self.umount(mp)
                 except subprocess.TimeoutExpired:
                     pass
             if _mount_type(mp) == "fuse.kvfs":
@@ -165,7 +215,7 @@ class KvfsMounter:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
                 try:
-                    proc.wait(timeout=30)
+                    proc.wait(timeout=DEADLINE)
                 except subprocess.TimeoutExpired:
                     proc.kill()
 
@@ -198,3 +248,42 @@ def kvfs_mount(tmp_path):
         yield mounter
     finally:
         mounter.cleanup()
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """A 4 MiB tmpfs mounted in the test's tmp_path (a full /dev/shm, in small); skipped
+    unless the tests run as root."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a small tmpfs")
+    mp = tmp_path / "small"
+    mp.mkdir()
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mp)], capture_output=True, text=True)
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {res.stderr.strip()}")
+    yield mp
+    subprocess.run(["umount", "-l", str(mp)], capture_output=True)
+
+
+# Files that take minutes (real engines loading models, benches) run first: with parallel
+# workers (`-n 4 --dist loadfile`, each file on one worker) a long file that started last
+# would leave the other workers idle while it runs.
+_SLOW_FIRST = (
+    "test_engine_sglang_backend",
+    "test_bench_engines",
+    "test_engine_vllm",
+    "test_engine_",
+    "test_kv_events",
+    "test_bench_ttft",
+    "test_prefix_cache",
+    "test_gpu_agent",
+    "test_faults",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    def rank(item) -> int:
+        name = item.path.name
+        return next((i for i, prefix in enumerate(_SLOW_FIRST) if name.startswith(prefix)), len(_SLOW_FIRST))
+
+    items.sort(key=rank)  # stable: within a file, and among the rest, the collected order

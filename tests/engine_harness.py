@@ -33,6 +33,8 @@ from kvfs.tools.engine_clients import (
     without,
 )
 
+from conftest import ENGINE_DEADLINE
+
 __all__ = ["MOUNT", "REQUIRE", "assert_same", "kv_dirs", "need_client", "run", "without"]
 
 REQUIRE = os.environ.get("KVFS_REQUIRE_ENGINES") == "1"
@@ -60,7 +62,7 @@ def kv_dirs(kvfs_mount, tmp_path) -> dict[str, Path]:
     return {"plain": plain, "kvfs": kvfs_mount(**MOUNT)}
 
 
-def run(client: Client | str, *args: str | Path, where: str, timeout: float = 300) -> dict:
+def run(client: Client | str, *args: str | Path, where: str, timeout: float = ENGINE_DEADLINE) -> dict:
     """``run_client`` for a test: *where* (``kvfs``/``plain``) names the run in a failure."""
     try:
         return run_client(client, *map(str, args), timeout=timeout)

@@ -27,6 +27,8 @@ from kvfs.access import (
     parse_mode,
 )
 
+from conftest import account
+
 OWNER, GROUP = 1001, 2001
 READS = (Operation.LIST, Operation.READ)
 CHANGES = (Operation.WRITE, Operation.EVICT, Operation.PIN)
@@ -125,16 +127,12 @@ def second_user():
     if os.geteuid() != 0 or shutil.which("useradd") is None or not os.path.exists("/usr/bin/python3"):
         pytest.skip("needs root, useradd and /usr/bin/python3 to connect as a second real user")
     name = f"kvfsp{uuid.uuid4().hex[:6]}"
-    res = subprocess.run(
-        ["useradd", "--no-create-home", "--shell", "/bin/false", "--user-group", "-G", "daemon", name],
-        capture_output=True,
-        text=True,
-    )
+    res = account("useradd", "--no-create-home", "--shell", "/bin/false", "--user-group", "-G", "daemon", name)
     if res.returncode != 0:
         pytest.skip(f"useradd failed: {res.stderr.strip()}")
     yield pwd.getpwnam(name)
-    subprocess.run(["userdel", name], capture_output=True)
-    subprocess.run(["groupdel", name], capture_output=True)
+    account("userdel", name)
+    account("groupdel", name)
 
 
 def test_peer_credentials_from_a_socket_a_second_user_connected(second_user):

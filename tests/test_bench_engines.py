@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import fuse_missing
+from conftest import ENGINE_DEADLINE, fuse_missing
 from engine_harness import need_client
 
 
@@ -18,7 +18,7 @@ def _bench(*args: str) -> subprocess.CompletedProcess:
         [sys.executable, "-m", "kvfs.tools.cli", "bench", "engines", "--quick", *args],
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=ENGINE_DEADLINE,
         check=False,
     )
 

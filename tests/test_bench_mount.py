@@ -7,14 +7,14 @@ import json
 
 import pytest
 
-from conftest import fuse_missing, run_kvfs
+from conftest import DEADLINE, fuse_missing, run_kvfs
 
 pytestmark = [pytest.mark.fuse, pytest.mark.skipif(fuse_missing() is not None, reason=str(fuse_missing()))]
 
 
 @pytest.mark.slow
 def test_soak_of_25_seconds_reads_nothing_wrong(tmp_path):
-    res = run_kvfs("bench", "soak", "--seconds", "25", "--dir", str(tmp_path), "--json", timeout=240)
+    res = run_kvfs("bench", "soak", "--seconds", "25", "--dir", str(tmp_path), "--json", timeout=4 * DEADLINE)
     out = json.loads(res.stdout)
     assert res.returncode == 0, out["examples"]
     assert out["wrong_reads"] == 0 and out["close_to_open_failures"] == 0 and out["errors"] == 0, out["examples"]
@@ -25,7 +25,9 @@ def test_soak_of_25_seconds_reads_nothing_wrong(tmp_path):
 
 
 def test_bench_fuse_prints_kvfs_the_ceiling_and_tmpfs(tmp_path):
-    res = run_kvfs("bench", "fuse", "--blocks", "2", "--entries", "300", "--dir", str(tmp_path), "--json", timeout=240)
+    res = run_kvfs(
+        "bench", "fuse", "--blocks", "2", "--entries", "300", "--dir", str(tmp_path), "--json", timeout=4 * DEADLINE
+    )
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)
     keys = {"write_GBps", "read_repeat_GBps", "open_read_close_p50_us", "miss_per_s", "create_entries_per_s"}

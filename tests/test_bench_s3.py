@@ -4,6 +4,8 @@ import json
 import subprocess
 import sys
 
+from conftest import DEADLINE
+
 
 def test_bench_s3_json():
     out = subprocess.run(
@@ -25,7 +27,7 @@ def test_bench_s3_json():
         ],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=4 * DEADLINE,
         check=True,
     ).stdout
     rows = json.loads(out)["results"]

@@ -207,8 +207,8 @@ def test_a_killed_client_loses_its_leases_at_once_and_eviction_proceeds(mount):
         assert dram.used <= dram.capacity
         holder.kill()
         # given back when the socket closed: long before any lease's ttl (60 s) could end it
-        wait_for(lambda: statistics(mp).leases == 0 and statistics(mp).reserved == 0, timeout=20)
-        wait_for(lambda: not os.path.exists(where["path"]), timeout=20)
+        wait_for(lambda: statistics(mp).leases == 0 and statistics(mp).reserved == 0)
+        wait_for(lambda: not os.path.exists(where["path"]))
         c.put([f"m/{i}" for i in range(6)], [blob(40 + i, 2 * MiB) for i in range(6)])
         assert all("dram" in c.stat(f"m/{i}").tiers for i in range(6))  # the extents are free again
         assert not c.lookup(["k/pending"]).present(0)  # the reservation was never published
@@ -280,9 +280,12 @@ def test_bad_requests_get_clear_errors_and_change_nothing(mount):
     mp = mount()
     with Client(mp, write=True) as c:
         c.put(["nope/y"], [b"y"])
-        with pytest.raises(BatchError, match="get_into: 1 of 2 blocks failed; first: nope/x") as info:
+        with pytest.raises(
+            BatchError, match=r"^get_into: 1 of 2 blocks failed \(BlockNotFound: 1\); first, #0: BlockNotFound: nope/x$"
+        ) as info:
             c.get_into(["nope/x", "nope/y"], [bytearray(4), bytearray(4)])
         assert isinstance(info.value.errors[0], BlockNotFound) and info.value.results[1] == 1  # the rest was done
+        assert info.value.kinds == {"BlockNotFound": 1}
         with pytest.raises(BlockNotFound):
             c.stat("nope/x")
         with pytest.raises(NoSpace, match=r"larger than this mount takes from a client \(8388608 bytes"):
@@ -316,7 +319,7 @@ def test_bad_requests_get_clear_errors_and_change_nothing(mount):
     assert statistics(mp).reserved == 2
     s.sendall(b'{"v":3,"kind":"commit","ids":[')
     s.close()
-    wait_for(lambda: statistics(mp).reserved == 0, timeout=5)
+    wait_for(lambda: statistics(mp).reserved == 0)
     with Client(mp) as c:
         assert c.lookup(["mid/a", "mid/b"]).sizes == [-1, -1]
     # a client of another protocol version
@@ -440,3 +443,23 @@ def test_events_reach_a_client_and_holds_renew(mount):
         h.release()
         c.renew([h])  # an ended hold is left alone
         assert not h.valid and statistics(mp).leases == 0
+
+
+def test_a_batch_error_says_why_and_counts_each_kind_of_failure():
+    from kvfs.errors import BlockCorrupt
+    from kvfs.protocol import RemoteError
+
+    results = [
+        4096,
+        BlockNotFound("m/ab/ab01"),
+        BlockCorrupt("m/cd/cd02: the copy in 'disk' does not match its checksum"),
+        BlockNotFound("m/ef/ef03"),
+        RemoteError("a newer daemon's reason", "QuotaExceeded"),
+    ]
+    exc = BatchError("get_into", results)
+    assert str(exc) == (
+        "get_into: 4 of 5 blocks failed (BlockNotFound: 2, BlockCorrupt: 1, QuotaExceeded: 1); "
+        "first, #1: BlockNotFound: m/ab/ab01"
+    )
+    assert exc.kinds == {"BlockNotFound": 2, "BlockCorrupt": 1, "QuotaExceeded": 1}
+    assert sorted(exc.errors) == [1, 2, 3, 4] and exc.results[0] == 4096

@@ -70,7 +70,10 @@ def _with(**tier0):
         (
             _with(timeout="soon"),
             "tiers[0].timeout",
-            "'soon' is not a duration; write a number with ms, s, m or h (e.g. \"5s\")",
+            (
+                "'soon' is not a duration; write seconds, or a number with a unit: ms, s, m, min, h, d "
+                '(e.g. "250ms", "5s", "7d")'
+            ),
         ),
         (_with(concurrency=0), "tiers[0].concurrency", "expected a positive whole number"),
         (_with(direct_io="yes"), "tiers[0].direct_io", "expected true or false"),
@@ -100,7 +103,10 @@ def _with(**tier0):
         (
             {"tiers": GOOD["tiers"], "mounts": {}},
             "mounts",
-            "unknown top-level key; expected [[tiers]], [policy], [mount], [client], [events] and [[namespaces]]",
+            (
+                "unknown top-level key (did you mean 'mount'?); "
+                "expected [[tiers]], [policy], [mount], [client], [events] and [[namespaces]]"
+            ),
         ),
     ],
 )
@@ -155,3 +161,77 @@ def test_write_buffer_is_a_size_or_auto():
     with pytest.raises(ConfigError) as info:
         parse_config({**GOOD, "mount": {"write_buffer": "1MiB"}})
     assert str(info.value).endswith('mount.write_buffer: must be at least 16MiB (or "auto")')
+
+
+# -- a misspelled key is named, with the key it misspells (issue 24) ----------------------
+
+NS = {"path": "tenant-a", "quota": {"nvme": "1GiB"}}
+MODEL = {"model": "m", "dtype": "bf16", "num_layers": 2, "num_kv_heads": 2, "head_size": 64}
+
+
+@pytest.mark.parametrize(
+    "data, field, hint",
+    [
+        # a misspelled required key: named as unknown, never reported as the missing one
+        ({"tiers": [{"kind": "dram", "capacty": "256MiB"}]}, "tiers[0].capacty", "'capacity'"),
+        ({"tiers": [{"kind": "disk", "capacity": "1GiB", "pth": "/tmp/x"}]}, "tiers[0].pth", "'path'"),
+        ({"tiers": [{"kind": "s3", "buckt": "kvfs-bucket"}]}, "tiers[0].buckt", "'bucket'"),
+        ({"tiers": [{"kind": "dram", "capacity": "64MiB", "mlok": False}]}, "tiers[0].mlok", "'mlock'"),
+        ({"tiers": [{"kind": "dram", "capacity": "64MiB", "knd": "dram"}]}, "tiers[0].knd", "'kind'"),
+        ({"tiers": [{"knd": "dram", "capacity": "64MiB"}]}, "tiers[0].knd", "'kind'"),
+        ({"tiers": GOOD["tiers"], "policy": {"evicton": "lru"}}, "policy.evicton", "'eviction'"),
+        ({"tiers": GOOD["tiers"], "mount": {"allow_others": True}}, "mount.allow_others", "'allow_other'"),
+        ({"tiers": GOOD["tiers"], "client": {"lease_tll": "10s"}}, "client.lease_tll", "'lease_ttl'"),
+        ({"tiers": GOOD["tiers"], "events": {"zmg": "tcp://127.0.0.1:1"}}, "events.zmg", "'zmq'"),
+        ({"tiers": GOOD["tiers"], "namespaces": [NS | {"quotas": {}}]}, "namespaces[0].quotas", "'quota'"),
+        (
+            {"tiers": GOOD["tiers"], "namespaces": [{"model": MODEL | {"num_layer": 2}}]},
+            "namespaces[0].model.num_layer",
+            "'num_layers'",
+        ),
+        ({"tiers": GOOD["tiers"], "polcy": {}}, "polcy", "'policy'"),
+    ],
+)
+def test_an_unknown_key_is_named_with_the_key_it_misspells(data, field, hint):
+    with pytest.raises(ConfigError) as info:
+        parse_config(data)
+    assert info.value.field == field
+    if hint is not None:
+        assert f"(did you mean {hint}?)" in info.value.reason
+        assert "unknown" in info.value.reason and "missing" not in info.value.reason
+
+
+@pytest.mark.parametrize(
+    "data, field, hint",
+    [
+        ({"tiers": [{"kind": "dramm", "capacity": "1GiB"}]}, "tiers[0].kind", "'dram'"),
+        ({"tiers": [GOOD["tiers"][1] | {"write": "trough"}]}, "tiers[0].write", "'through'"),
+        ({"tiers": GOOD["tiers"], "policy": {"eviction": "session-acr"}}, "policy.eviction", "'session-arc'"),
+        (
+            {"tiers": GOOD["tiers"], "namespaces": [NS | {"quota": {"nvm": "1GiB"}}]},
+            "namespaces[0].quota.nvm",
+            "'nvme'",
+        ),
+    ],
+)
+def test_an_unknown_value_of_a_closed_set_says_which_was_meant(data, field, hint):
+    with pytest.raises(ConfigError) as info:
+        parse_config(data)
+    assert info.value.field == field
+    assert f"(did you mean {hint}?)" in info.value.reason
+
+
+def test_a_key_like_no_other_gets_no_guess():
+    with pytest.raises(ConfigError) as info:
+        parse_config({"tiers": [{"kind": "dram", "capacity": "1GiB", "xyzzy": 1}]})
+    assert (
+        info.value.reason
+        == "unknown key; known keys are capacity, concurrency, mlock, name, path, prefault, timeout, write"
+    )
+
+
+def test_a_loaded_config_says_where_it_came_from(tmp_path):
+    good = tmp_path / "good.toml"
+    good.write_text('[[tiers]]\nkind = "dram"\ncapacity = "8MiB"\n')
+    assert load_config(good).origin == str(good)
+    assert default_config().origin.startswith("the embedded default: dram ")

@@ -24,6 +24,7 @@ import pytest
 from kvfs.client import Client
 from kvfs.tools.engine_clients import client_python
 
+from conftest import ENGINE_DEADLINE
 from engine_harness import need_client, run, without
 
 PAGES = 6
@@ -163,12 +164,18 @@ def test_no_daemon_is_a_clear_error_at_construction(tmp_path):
     assert "kvfs_timeout = -1" in out["made"]["error"]
 
 
+_LONG = 900  # seconds: the backend's kvfs_timeout in the next test, far past what a failing call takes
+
+
 def test_the_daemon_going_away_is_a_quick_miss_and_coming_back_a_hit(kvfs_mount, tmp_path):
     client = need_client("sglang-backend")
     mp, data = _mount(kvfs_mount, tmp_path)
     flag = str(tmp_path / "flag")
     proc = subprocess.Popen(
-        [client_python(client), str(client.path), "--dir", str(mp), "--phase", "store", "--pages", "4", "--flag", flag],
+        [
+            *(client_python(client), str(client.path), "--dir", str(mp), "--phase", "store", "--pages", "4"),
+            *("--flag", flag, "--extra", json.dumps({"kvfs_timeout": _LONG})),
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -181,18 +188,20 @@ def test_the_daemon_going_away_is_a_quick_miss_and_coming_back_a_hit(kvfs_mount,
         assert _wait_file(flag + ".missed", proc), "the calls with no daemon did not return"
         kvfs_mount(dram="32MiB", disk="128MiB", data=data, mountpoint=mp)  # the same blocks again
         Path(flag + ".back").touch()
-        out, _ = proc.communicate(timeout=120)
+        out, _ = proc.communicate(timeout=ENGINE_DEADLINE)
     finally:
         proc.kill()
     assert proc.returncode == 0, out[-3000:]
     r = json.loads(out.split("KVFS-RESULT ", 1)[1].splitlines()[0])
     assert r["set"] is True
     assert r["down"] == {"batch_exists": 0, "get": 0, "set": False, "exists": False}
-    assert r["down_s"] < 15  # each call fails at once (no socket), never waits for kvfs_timeout (20 s)
+    # each call fails at once (no socket): four calls that waited for their timeout would
+    # take 4 x _LONG; a loaded machine takes seconds
+    assert r["down_s"] < _LONG
     assert r["back"] == {"batch_exists": 4, "get": 4}
 
 
-def _wait_file(path: str, proc: subprocess.Popen, timeout: float = 120) -> bool:
+def _wait_file(path: str, proc: subprocess.Popen, timeout: float = ENGINE_DEADLINE) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if os.path.exists(path):

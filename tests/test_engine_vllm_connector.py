@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import ENGINE_DEADLINE
 from engine_harness import MOUNT, need_client, run, without
 
 PROMPTS, PROMPT_LEN, BLOCK = 2, 100, 32
@@ -138,7 +139,7 @@ def test_a_missing_mount_is_a_clear_error(tiny_model, tmp_path):
             str(tmp_path),
             "--prompts",
             "1",
-            timeout=300,
+            timeout=ENGINE_DEADLINE,
         )
     assert "kvfs" in exc.value.output and str(tmp_path) in exc.value.output
 

@@ -86,7 +86,7 @@ def test_umount_with_s3_down_names_every_lost_block_and_fails(kvfs_mount, tmp_pa
         names = [f"blk{i}" for i in range(10)]
         for n in names:
             (mp / n).write_bytes(random.Random(n).randbytes(100_000))
-        res = kvfs_mount.umount(mp, timeout=120)
+        res = kvfs_mount.umount(mp)
     finally:
         proc.send_signal(signal.SIGCONT)
         proc.kill()

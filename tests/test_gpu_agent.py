@@ -30,6 +30,8 @@ from kvfs.errors import BlockCorrupt, BlockNotFound, KvfsError
 from kvfs.gpu import Agent, AgentConfig
 from kvfs.gpu.transfer import TransferUnavailable
 
+from conftest import DEADLINE, ENGINE_DEADLINE
+
 MiB = 1 << 20
 DATA: dict[Path, Path] = {}  # mountpoint -> its data directory
 
@@ -227,8 +229,8 @@ def test_a_block_replaced_by_another_process_is_reloaded(mount):
             with Client({str(mount)!r}, write=True) as c:
                 c.put(["r/a"], [random.Random(2).randbytes({MiB})])
         """)
-        subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
-        deadline = time.monotonic() + 10
+        subprocess.run([sys.executable, "-c", code], check=True, timeout=DEADLINE)
+        deadline = time.monotonic() + DEADLINE
         while True:  # the event arrives within milliseconds; never any bytes but old or new
             got = as_bytes(ag.map(["r/a"])[0])
             assert got in (blob(1, MiB), blob(2, MiB))
@@ -237,7 +239,7 @@ def test_a_block_replaced_by_another_process_is_reloaded(mount):
             time.sleep(0.02)
         assert got == blob(2, MiB)
         os.unlink(mount / "r" / "a")
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + DEADLINE
         while "r/a" in ag.cache and time.monotonic() < deadline:
             time.sleep(0.02)
         with pytest.raises(BatchError):
@@ -275,7 +277,7 @@ def test_two_agents_in_two_processes_at_once(mount, tmp_path):
         subprocess.Popen([sys.executable, str(script), str(mount), str(me), str(n)], stdout=subprocess.PIPE, text=True)
         for me in (1, 2)
     ]
-    outs = [p.communicate(timeout=120)[0] for p in procs]
+    outs = [p.communicate(timeout=ENGINE_DEADLINE)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
     for o in outs:
         res = json.loads(o.strip().splitlines()[-1])

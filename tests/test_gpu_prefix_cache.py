@@ -17,6 +17,8 @@ from kvfs.gpu.kv_block_file import HEADER_LENGTH
 from kvfs.gpu.prefix_cache import PrefixCache, StopReason, generate, prefill
 from kvfs.gpu.random_llama import build_model
 
+from conftest import DEADLINE
+
 T = 8
 
 
@@ -66,7 +68,7 @@ def test_bad_kv_under_a_valid_kvfs_block_stops_the_prefix_and_leaves_the_agent(k
         with open(path, "wb") as f:
             f.write(data)
         c.evict([names[2]], tier="dram")  # and it went to disk: the agent reads its file
-        deadline = time.monotonic() + 10  # the replacement's event marks the cached copy for a re-check
+        deadline = time.monotonic() + DEADLINE  # the replacement's event marks the cached copy for a re-check
         while names[2] in ag.cache and names[2] not in ag._stale and time.monotonic() < deadline:
             time.sleep(0.02)
         hit = pc.load(prompt, fp32.model)

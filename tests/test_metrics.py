@@ -17,6 +17,7 @@ from kvfs.errors import BlockNotFound, TierUnavailable
 from kvfs.mount.metrics import start_metrics
 from kvfs.mount.opstats import OpStats
 
+from conftest import DEADLINE
 from control_harness import make_store
 
 DASHBOARD = Path(__file__).resolve().parent.parent / "docs" / "grafana-dashboard.json"
@@ -35,7 +36,7 @@ def mount_metrics(tmp_path):
 
 def scrape(port: int) -> dict[tuple[str, tuple], float]:
     """``{(sample name, sorted labels): value}`` from a real HTTP GET of /metrics."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=DEADLINE) as resp:
         assert resp.status == 200
         assert resp.headers["Content-Type"].startswith("text/plain")
         text = resp.read().decode()

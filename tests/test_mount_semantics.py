@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_kvfs
+from conftest import DEADLINE, run_kvfs
 
 pytestmark = pytest.mark.fuse
 
@@ -39,7 +39,7 @@ def write(path: Path, data: bytes) -> None:
         f.write(data)
 
 
-def wait_for(pred, timeout=10.0):
+def wait_for(pred, timeout=DEADLINE):
     deadline = time.monotonic() + timeout
     while not pred():
         if time.monotonic() > deadline:
@@ -484,7 +484,7 @@ def test_s35_umount_flushes_and_remount_finds_every_block(kvfs_mount, tmp_path):
     write(mp2 / "late", b"late")
     pid = int(pid_path(mp2).read_text())
     subprocess.run(["fusermount3", "-u", str(mp2)], check=True)
-    wait_for(lambda: exited(pid), timeout=60)  # its flush is over (not merely the file's rename)
+    wait_for(lambda: exited(pid))  # its flush is over (not merely the file's rename)
     assert any(p.name == "late" for p in (data / "disk/blocks").iterdir())
     mp3 = kvfs_mount(data=data, mountpoint=mp)
     assert (mp3 / "late").read_bytes() == b"late"
@@ -496,7 +496,7 @@ def test_s35_foreground_sigterm_flushes(kvfs_mount, tmp_path):
     write(mp / "fgblock", b"kept")
     proc = kvfs_mount.foreground[mp]
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=30) == 0
+    assert proc.wait(timeout=DEADLINE) == 0
     from kvfs.mount.daemon import mount_type
 
     assert mount_type(mp) is None

@@ -16,6 +16,7 @@ import pwd
 import shutil
 import subprocess
 import sys
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -27,7 +28,7 @@ from kvfs.names import TierName
 from kvfs.tiers.disk import DiskTier
 from kvfs.tiers.dram import DramTier
 
-from conftest import KVFS, fuse_missing
+from conftest import DEADLINE, KVFS, account, fuse_missing, small_tmpfs  # noqa: F401 (a fixture)
 
 
 def dram_at(path: Path | None, capacity: int = 1 << 20) -> DramTier:
@@ -105,25 +106,12 @@ def test_a_second_tier_on_one_disk_directory_is_refused(tmp_path):
         first.close()
 
 
-@pytest.fixture
-def small_tmpfs(tmp_path):
-    if os.geteuid() != 0:
-        pytest.skip("needs root to mount a small tmpfs")
-    mp = tmp_path / "small"
-    mp.mkdir()
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mp)], capture_output=True, text=True)
-    if res.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {res.stderr.strip()}")
-    yield mp
-    subprocess.run(["umount", "-l", str(mp)], capture_output=True)
-
-
 def test_an_arena_larger_than_free_space_is_a_clear_error(small_tmpfs):
     path = small_tmpfs / "arena"
     with pytest.raises(TierUnavailable, match=r"the arena needs 16 MiB but .* has only .* free; lower tiers\[0\]"):
         dram_at(path, capacity=16 << 20)
     assert not path.exists()
-    t = dram_at(path, capacity=2 << 20)  # what fits is allocated whole: writing it never SIGBUSes
+    t = dram_at(path, capacity=2 << 20)  # what fits: reserved as it is used, writing it never SIGBUSes
     t.put("a", b"y" * (2 << 20), 1)
     t.close()
 
@@ -169,51 +157,56 @@ def other_user():
     if os.geteuid() != 0 or shutil.which("useradd") is None or shutil.which("unshare") is None:
         pytest.skip("needs root, useradd and unshare to play a second local user")
     name = f"kvfst{uuid.uuid4().hex[:6]}"
-    res = subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/false", name], capture_output=True)
+    res = account("useradd", "--no-create-home", "--shell", "/bin/false", name)
     if res.returncode != 0:
-        pytest.skip(f"useradd failed: {res.stderr.decode().strip()}")
+        pytest.skip(f"useradd failed: {res.stderr.strip()}")
     yield name
-    subprocess.run(["userdel", name], capture_output=True)
+    account("userdel", name)
 
 
 SQUAT = r"""
 set -eu
-mount -t tmpfs tmpfs /tmp          # a private /tmp: other tests keep theirs
-mkdir -p /tmp/mnt /tmp/mnt2 /tmp/victim /tmp/safe
-echo precious > /tmp/victim/file
-cfg=/tmp/kvfs.toml
+# In a private mount namespace, /tmp/kvfs-0 (root's runtime directory when XDG_RUNTIME_DIR
+# is unset) becomes a fresh directory of the other user's, mode 0777: what a user who got
+# there first leaves. Only that directory is covered, so the checkout, its interpreter and
+# every other test's runtime files stay where they are, wherever the checkout lives.
+mkdir -p /tmp/kvfs-0
+mount -t tmpfs -o uid=$(id -u {user}),mode=0777,size=1m tmpfs /tmp/kvfs-0
+cd {root}
+mkdir -p mnt mnt2 victim safe
+echo precious > victim/file
+cfg={root}/kvfs.toml
 printf '[[tiers]]\nkind = "dram"\ncapacity = "8MiB"\nmlock = false\nprefault = false\n' > $cfg
 # a mount whose daemon keeps its socket in a safe runtime directory
-XDG_RUNTIME_DIR=/tmp/safe {kvfs} mount /tmp/mnt2 --config $cfg
-trap 'XDG_RUNTIME_DIR=/tmp/safe {kvfs} umount /tmp/mnt2 >/dev/null 2>&1 || fusermount3 -u -z /tmp/mnt2' EXIT
-# the other user gets to /tmp/kvfs-0 first and plants symlinks and a fake socket
-runuser -u {user} -- mkdir -m 0777 /tmp/kvfs-0
-for mp in /tmp/mnt /tmp/mnt2; do
+XDG_RUNTIME_DIR={root}/safe {kvfs} mount {root}/mnt2 --config $cfg
+trap 'XDG_RUNTIME_DIR={root}/safe {kvfs} umount {root}/mnt2 >/dev/null 2>&1 || fusermount3 -u -z {root}/mnt2' EXIT
+# the other user plants symlinks and a fake socket where the daemons' files would go
+for mp in {root}/mnt {root}/mnt2; do
     key=$({py} -c 'import sys; from kvfs.mount.paths import _key; print(_key(sys.argv[1]))' $mp)
-    runuser -u {user} -- ln -s /tmp/victim/file /tmp/kvfs-0/$key.pid
-    runuser -u {user} -- ln -s /tmp/victim/file /tmp/kvfs-0/$key.log
+    runuser -u {user} -- ln -s {root}/victim/file /tmp/kvfs-0/$key.pid
+    runuser -u {user} -- ln -s {root}/victim/file /tmp/kvfs-0/$key.log
     {py} -c 'import socket, sys; socket.socket(socket.AF_UNIX).bind(sys.argv[1])' /tmp/kvfs-0/$key.sock
     chown {user} /tmp/kvfs-0/$key.sock
 done
 unset XDG_RUNTIME_DIR
 set +e
-{kvfs} mount /tmp/mnt --config $cfg > /tmp/mount.out 2>&1; echo "mount=$?"
-{kvfs} df /tmp/mnt2 > /tmp/df.out 2>&1; echo "df=$?"
+{kvfs} mount {root}/mnt --config $cfg > {root}/mount.out 2>&1; echo "mount=$?"
+{kvfs} df {root}/mnt2 > {root}/df.out 2>&1; echo "df=$?"
 set -e
-echo "victim=$(cat /tmp/victim/file)"
-echo "mounted=$(grep -c ' /tmp/mnt ' /proc/self/mountinfo || true)"
-cat /tmp/mount.out /tmp/df.out
+echo "victim=$(cat {root}/victim/file)"
+echo "mounted=$(grep -c ' {root}/mnt ' /proc/self/mountinfo || true)"
+cat {root}/mount.out {root}/df.out
 """
 
 
 def test_a_runtime_directory_squatted_by_another_user_is_refused(other_user):
     if fuse_missing():
         pytest.skip(fuse_missing())
-    here = Path(sys.executable).absolute()
-    if here.is_relative_to("/tmp") or Path(__file__).absolute().is_relative_to("/tmp"):
-        pytest.skip("this test hides /tmp behind a private tmpfs: run the suite from a checkout outside /tmp")
+    if os.getuid() != 0:
+        pytest.skip("plays root, whose runtime directory is /tmp/kvfs-0")
     kvfs = " ".join(KVFS)
-    script = SQUAT.format(user=other_user, py=sys.executable, kvfs=kvfs)
+    root = Path(tempfile.mkdtemp(prefix="kvfs-sq-"))  # short: the sockets under it are limited to 107 bytes
+    script = SQUAT.format(user=other_user, py=sys.executable, kvfs=kvfs, root=root)
     env = {k: v for k, v in os.environ.items() if k != "XDG_RUNTIME_DIR"}
     env["PYTHONPATH"] = os.pathsep.join(sys.path)
     res = subprocess.run(
@@ -221,8 +214,9 @@ def test_a_runtime_directory_squatted_by_another_user_is_refused(other_user):
         capture_output=True,
         text=True,
         env=env,
-        timeout=120,
+        timeout=DEADLINE,
     )
+    shutil.rmtree(root, ignore_errors=True)
     out = res.stdout
     assert "mount=1" in out and "df=1" in out, out + res.stderr
     assert "victim=precious" in out  # nothing written through the planted symlinks

@@ -44,7 +44,7 @@ from kvfs.tiers.disk import DiskTier
 from kvfs.tiers.dram import DramTier
 from kvfs.tiers.posix import PosixTier
 
-from conftest import fuse_missing
+from conftest import DEADLINE, TIER_TIMEOUT, fuse_missing, wait_for
 
 BLOCK = 64 << 10
 
@@ -70,7 +70,7 @@ def disk(path: Path, capacity: int = 64 << 20, **kw) -> DiskTier:
 
 
 def posix(path: Path, **kw) -> PosixTier:
-    kw.setdefault("timeout", 2.0)
+    kw.setdefault("timeout", TIER_TIMEOUT)
     return PosixTier(PosixConfig(name=TierName("posix"), capacity=1 << 30, path=path, **kw))
 
 
@@ -98,18 +98,15 @@ def test_deadline_executor_abandons_and_never_joins():
     ex = DeadlineExecutor("stuck", timeout=0.2, workers=1)
     gate = threading.Event()
     released = []
-    with pytest.raises(TierUnavailable, match="timed out"):
-        ex.call(lambda: (gate.wait(10), "result")[1], on_abandon=released.append)
+    with pytest.raises(TierUnavailable, match="timed out"):  # the call waits for the gate: always late
+        ex.call(lambda: (gate.wait(), "result")[1], on_abandon=released.append)
     gate.set()
-    for _ in range(200):
-        if released:
-            break
-        time.sleep(0.01)
+    wait_for(lambda: released)
     assert released == ["result"]  # the late result was handed back, not leaked
     assert all(t.daemon for t in threading.enumerate() if t.name == "kvfs-stuck")
     done = threading.Event()
     job = ex.submit(lambda: 7, on_done=lambda j: done.set())
-    assert job is not None and done.wait(5) and job.result == 7
+    assert job is not None and done.wait(DEADLINE) and job.result == 7
     ex.close()
 
 
@@ -210,7 +207,7 @@ def test_a_delete_reaches_a_half_open_shared_tier_in_the_background(tmp_path):
     posix_slot = s.slots[1]
     _half_open(posix_slot, clock)
     _in_thread(lambda: s.delete("m/x"))
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + DEADLINE
     while posix_slot.busy and time.monotonic() < deadline:  # held until the delete ran
         time.sleep(0.01)
     assert not posix_slot.busy and s.pending == 0, "the background delete never ran"
@@ -260,7 +257,7 @@ def test_a_dram_hit_never_waits_behind_a_demotion(stalling):
         stalling.stall()
         putter = threading.Thread(target=s.put, args=("b4", blob(4)))
         putter.start()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + DEADLINE
         while not s.slots[1].busy and time.monotonic() < deadline:  # the demotion of b0 is in flight
             time.sleep(0.01)
         assert s.slots[1].busy, "the demotion never started"
@@ -513,7 +510,7 @@ def test_revalidation_runs_in_the_background(tmp_path):
     a.run_pending()
     clock.now += 2.5
     assert b.read("m/x") == blob(1)  # answered from DRAM; the check runs meanwhile
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + DEADLINE
     while b.lookup("m/x") is not None and time.monotonic() < deadline:
         time.sleep(0.02)
     assert b.lookup("m/x") is None
@@ -566,7 +563,7 @@ def test_a_rename_while_the_write_through_runs_copies_the_block_under_its_new_na
         stalling.stall()
         copier = threading.Thread(target=a.run_pending)
         copier.start()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + DEADLINE
         while not a.slots[1].busy and time.monotonic() < deadline:  # the copy into posix is in flight
             time.sleep(0.01)
         assert a.slots[1].busy == {"m/ab/.x1.tmp": 1}, "the write-through never started"

@@ -17,6 +17,7 @@ from kvfs.errors import BlockCorrupt, BlockNotFound
 from kvfs.names import TierName
 from kvfs.tier import BlockInfo, Tier
 
+from conftest import TIER_TIMEOUT
 from s3server import moto  # noqa: F401 - the moto S3 server fixture, used by the s3 factory
 
 
@@ -42,7 +43,9 @@ def _posix(tmp_path, request) -> Tier:
     from kvfs.config import PosixConfig
     from kvfs.tiers.posix import PosixTier
 
-    return PosixTier(PosixConfig(name=TierName("posix"), capacity=1 << 30, path=tmp_path / "shared", timeout=5.0))
+    return PosixTier(
+        PosixConfig(name=TierName("posix"), capacity=1 << 30, path=tmp_path / "shared", timeout=TIER_TIMEOUT)
+    )
 
 
 def _s3(tmp_path, request) -> Tier:
@@ -62,7 +65,7 @@ def _s3(tmp_path, request) -> Tier:
             bucket=bucket,
             prefix="kv",
             endpoint_url=server.endpoint_url,
-            timeout=5.0,
+            timeout=TIER_TIMEOUT,
             max_attempts=2,
         )
     )

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import xxhash
 
+from conftest import DEADLINE, HANG
 from s3server import FAKE_ENV, moto  # noqa: F401 - moto is a fixture
 
 NEGATIVE_TTL = 0.5
@@ -43,7 +44,7 @@ path = "{root / "disk"}"
 kind = "posix"
 capacity = "256MiB"
 path = "{posix}"
-timeout = "2s"
+timeout = "20s"
 """
     text += f"""
 [[tiers]]
@@ -51,7 +52,7 @@ kind = "s3"
 bucket = "{bucket}"
 prefix = "kv"
 endpoint_url = "{endpoint}"
-timeout = "1s"
+timeout = "10s"
 max_attempts = 2
 
 [mount]
@@ -93,7 +94,7 @@ def check(ok: bool) -> None:
         raise AssertionError("not yet")
 
 
-def wait_for(fn, timeout: float = 15.0, interval: float = 0.1):
+def wait_for(fn, timeout: float = DEADLINE, interval: float = 0.1):
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -126,9 +127,9 @@ def test_written_on_a_read_on_b_promoted_then_removed(two_mounts):
             return
         raise AssertionError("still readable on B")
 
-    t0 = time.monotonic()
-    wait_for(gone_on_b, timeout=10)
-    assert time.monotonic() - t0 < 10
+    # B revalidates within its listing TTL (5 s): 60 s leaves a loaded machine room; what
+    # this catches is B never noticing
+    wait_for(gone_on_b, timeout=60)
 
 
 def test_eight_threads_per_node_lose_nothing(two_mounts):
@@ -182,12 +183,12 @@ def test_s32_s3_down_local_blocks_serve_s3_only_blocks_fail_fast_then_recover(tw
             (b / "s/only-in-s3").read_bytes()
         took = time.monotonic() - t0
         assert info.value.errno == errno.EHOSTDOWN, info.value
-        assert took < 10, took  # bounded: timeout 1 s, 2 attempts, no hang
+        assert took < HANG, took  # bounded: the tier's deadline and 2 attempts, no hang
         df = subprocess_json("df", str(b))
         assert {t["name"]: t["healthy"] for t in df["tiers"]}["s3"] is False
     finally:
         moto.start()
-    assert wait_for(lambda: (b / "s/only-in-s3").read_bytes(), timeout=20) == content("s/only-in-s3")
+    assert wait_for(lambda: (b / "s/only-in-s3").read_bytes()) == content("s/only-in-s3")
 
 
 def test_s25_a_block_replaced_on_another_node_while_readers_read(two_mounts):
@@ -225,7 +226,7 @@ def test_s25_a_block_replaced_on_another_node_while_readers_read(two_mounts):
         t.start()
     try:
         publish(a / name, v2)
-        wait_for(lambda: check(seen[-3:] == ["v2"] * 3), timeout=20)
+        wait_for(lambda: check(seen[-3:] == ["v2"] * 3))
         assert os.stat(b / name).st_size == len(v2)
     finally:
         stop.set()

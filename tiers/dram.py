@@ -1,9 +1,9 @@
 """The ``dram`` tier: one shared-memory arena of pinned host memory.
 
-The arena is a file under ``/dev/shm`` mapped shared, touched once at start (the first
-touch of fresh memory is slow on these machines), and mlocked where the memlock limit
-allows. Blocks are extents of it, addressed by ``(offset, length)`` so clients and the GPU
-agent can map the same file and read without a copy (:meth:`DramTier.locate`).
+The arena is a file under ``/dev/shm`` mapped shared, reserved and mlocked (where the
+memlock limit allows) as it is used. Blocks are extents of it, addressed by ``(offset,
+length)`` so clients and the GPU agent can map the same file and read without a copy
+(:meth:`DramTier.locate`).
 
 A reader holds a :class:`~kvfs.tier.BlockRef` on an extent; replacing, renaming over or
 deleting the block while it is held retires the extent, which is reused only after the
@@ -16,9 +16,16 @@ Ownership. The arena belongs to one daemon: it holds an exclusive ``flock`` on t
 while the tier is open, and a second daemon given the same ``path`` is refused, naming the
 holder (:mod:`kvfs.ownership`). The file's first 4 KiB are a header marking it as a kvfs
 arena; a configured ``path`` that names an existing file without it (or a symlink, or not
-a regular file) is refused, never truncated. The whole arena is allocated at start
-(``posix_fallocate``) after checking the filesystem's free space, so a full ``/dev/shm``
-is a clear error at mount, never a SIGBUS on a later write.
+a regular file) is refused, never truncated.
+
+Reservation. The file gets its whole size at start after checking the filesystem's free
+space, so a ``/dev/shm`` too small for the arena is a clear error at mount. Its memory is
+reserved (``posix_fallocate``), then locked (``mlock``) or populated, in steps of
+:data:`STEP` as extents are first handed out, never ahead: an idle daemon holds only what
+it has used, and a mount does not wait for gigabytes to be faulted in. No extent is ever
+handed out (to the daemon's writes or a client's reservation) before it is reserved, so
+writing the arena never SIGBUSes; if ``/dev/shm`` fills up meanwhile, the arena stops
+growing and behaves as a smaller tier (puts there evict or fall to the next tier).
 """
 
 from __future__ import annotations
@@ -52,6 +59,7 @@ log = logging.getLogger("kvfs.tiers.dram")
 
 _MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
 HEADER = 4096  # the arena file's first page: the marker below, then nothing
+STEP = 2 << 20  # the arena is reserved and locked this much at a time, as extents are handed out
 _MAGIC = b"KVFSARENA\x01\n"
 
 
@@ -66,16 +74,20 @@ class _Extent:
     """Set when it was retired while held (its :class:`HeldChange`'s token)."""
 
 
-def _mlock(buf: mmap.mmap, length: int) -> bool:
-    libc_name = ctypes.util.find_library("c")
-    if not libc_name:  # pragma: no cover
-        return False
-    libc = ctypes.CDLL(libc_name, use_errno=True)
-    addr = ctypes.addressof(ctypes.c_char.from_buffer(buf))
-    ok = bool(libc.mlock(ctypes.c_void_p(addr), ctypes.c_size_t(length)) == 0)
-    if not ok:
-        log.info("mlock of the DRAM arena failed (errno %d); pages may be swapped", ctypes.get_errno())
-    return ok
+class _Libc:
+    """``mlock(2)`` through ctypes (the standard library has no binding)."""
+
+    def __init__(self) -> None:
+        name = ctypes.util.find_library("c")
+        self._libc = ctypes.CDLL(name, use_errno=True) if name else None
+
+    def mlock(self, addr: int, length: int) -> int:
+        """0, or the errno of the failure."""
+        if self._libc is None:  # pragma: no cover - every Linux has a libc
+            return -1
+        if self._libc.mlock(ctypes.c_void_p(addr), ctypes.c_size_t(length)) == 0:
+            return 0
+        return ctypes.get_errno()
 
 
 _SHM = "/dev/shm"
@@ -158,19 +170,19 @@ def _open_arena(path: Path, *, private: bool, what: str) -> int:
         raise
 
 
-def _allocate(fd: int, path: Path, size: int, what: str) -> None:
-    """Give the arena file its whole size now, so writing it can never SIGBUS later."""
-    os.ftruncate(fd, 0)
+def _size_file(fd: int, path: Path, size: int, what: str) -> None:
+    """Give the arena file its size, empty (sparse), after checking that the filesystem has
+    room for all of it now: a ``/dev/shm`` too small is a clear error at mount. The memory
+    itself is reserved as it is used (:meth:`DramTier._reserve_to`)."""
+    os.ftruncate(fd, 0)  # a re-used arena's old bytes are nobody's now
     free = os.statvfs(path.parent)
     avail = free.f_bavail * free.f_frsize
-    short = f"{what}: the arena needs {format_size(size)} but {path.parent} has only {format_size(avail)} free"
     if avail < size:
-        raise TierUnavailable(f"{short}; lower tiers[0].capacity or give {path.parent} more room")
-    try:
-        os.posix_fallocate(fd, 0, size)
-    except OSError as exc:
-        raise TierUnavailable(f"{short} ({exc.strerror}); lower tiers[0].capacity") from exc
-    os.pwrite(fd, _MAGIC, 0)
+        raise TierUnavailable(
+            f"{what}: the arena needs {format_size(size)} but {path.parent} has only {format_size(avail)} free; "
+            f"lower tiers[0].capacity or give {path.parent} more room"
+        )
+    os.ftruncate(fd, size)
 
 
 class DramTier(Tier):
@@ -193,16 +205,19 @@ class DramTier(Tier):
         size = HEADER + config.capacity - config.capacity % 4096
         self._fd = _open_arena(self.path, private=private, what=what)
         try:
-            _allocate(self._fd, self.path, size, what)
+            _size_file(self._fd, self.path, size, what)
             self._mm = mmap.mmap(self._fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         except BaseException:
             os.close(self._fd)
             os.unlink(self.path)
             raise
-        # mlock faults every page in; where it is not allowed, prefault explicitly.
-        self.locked = _mlock(self._mm, size) if config.mlock else False
-        if config.prefault and not self.locked:
-            self._prefault(size)
+        self._what = what
+        self._libc = _Libc()
+        self._addr = ctypes.addressof(ctypes.c_char.from_buffer(self._mm))  # the mapping's start, for mlock
+        self.locked = config.mlock  # until an mlock fails (the memlock limit): then pages may be swapped
+        self._prefault = config.prefault
+        self._reserved = 0  # bytes of the file, from its start, reserved and locked (or populated)
+        self._stuck = False  # the last reservation failed (the filesystem is full): said once
         self._whole = memoryview(self._mm)
         self._view = self._whole[HEADER:]
         self._ro = self._view.toreadonly()
@@ -211,17 +226,79 @@ class DramTier(Tier):
         self._lock = threading.Lock()
         self._held: dict[int, HeldChange] = {}  # not yet drained, in order: +token retired, -token freed
         self._tokens = 0
-
-    def _prefault(self, size: int) -> None:
-        """Touch every page once now, so the first writes to blocks do not pay page faults."""
         try:
-            self._mm.madvise(_MADV_POPULATE_WRITE)  # Linux 5.14+: one call
+            self._reserve_to(HEADER)
+        except TierFull as exc:  # the filesystem filled up since the check above
+            self.close()
+            raise TierUnavailable(f"{what}: {exc}; lower tiers[0].capacity") from exc
+        os.pwrite(self._fd, _MAGIC, 0)
+
+    @property
+    def reserved_bytes(self) -> int:
+        """Bytes of the arena file reserved so far (its header included): what this tier
+        holds of ``/dev/shm``; it grows as extents are first used, up to :attr:`arena_size`."""
+        return self._reserved
+
+    def _reserve_to(self, end: int) -> None:
+        """Reserve the arena file up to *end* (a file offset), rounded up to :data:`STEP`:
+        ``posix_fallocate``, then ``mlock`` (or populate) the new range, so a write there can
+        never SIGBUS and its first touch costs no page faults. Raises :class:`TierFull`
+        (nothing reserved) when the filesystem has no room. Under ``_lock``, or before
+        the tier is shared."""
+        if end <= self._reserved:
+            return
+        start = self._reserved
+        stop = min(len(self._mm), -(-end // STEP) * STEP)
+        try:
+            os.posix_fallocate(self._fd, start, stop - start)
+        except OSError as exc:
+            if not self._stuck:
+                self._stuck = True
+                log.warning(
+                    "%s: the arena cannot grow past %s of %s: %s is full (%s); it holds no more until room is made",
+                    self._what,
+                    format_size(start),
+                    format_size(len(self._mm)),
+                    self.path.parent,
+                    exc.strerror,
+                )
+            raise TierFull(
+                f"DRAM arena cannot grow past {format_size(start)}: {self.path.parent} is full ({exc.strerror})"
+            ) from exc
+        self._stuck = False
+        if self.locked:
+            err = self._libc.mlock(self._addr + start, stop - start)  # faults the range in, once
+            if err:
+                self.locked = False
+                log.info("%s: mlock of the DRAM arena failed (errno %d); its pages may be swapped", self._what, err)
+        if self._prefault and not self.locked:
+            self._populate(start, stop - start)
+        self._reserved = stop
+
+    def _populate(self, start: int, length: int) -> None:
+        """Touch the pages of ``[start, start + length)`` now, in one call where the kernel
+        has one, so the first writes there do not pay a fault per page."""
+        try:
+            self._mm.madvise(_MADV_POPULATE_WRITE, start, length)  # Linux 5.14+
             return
         except OSError:
             pass
-        pages = np.frombuffer(self._mm, dtype=np.uint8)[:: mmap.PAGESIZE]
-        pages[:] = 0  # one strided write per page, in C
+        pages = np.frombuffer(self._mm, dtype=np.uint8)[start : start + length : mmap.PAGESIZE]
+        pages[:] = 0  # one strided write per page, in C (the range is reserved and unused)
         del pages
+
+    def _take(self, size: int) -> int | None:
+        """A free extent of *size* bytes, reserved (under ``_lock``), or None when no hole is
+        large enough; :class:`TierFull` when the arena cannot grow to hold it."""
+        off = self._alloc.alloc(size)
+        if off is None:
+            return None
+        try:
+            self._reserve_to(HEADER + off + self._alloc.round(size))
+        except TierFull:
+            self._alloc.free(off, size)
+            raise
+        return off
 
     def footprint(self, name: str, size: int) -> int:
         return self._alloc.round(size)
@@ -230,7 +307,7 @@ class DramTier(Tier):
         mv = memoryview(data).cast("B")
         n = len(mv)
         with self._lock:
-            off = self._alloc.alloc(n)
+            off = self._take(n)
             if off is None:
                 raise TierFull(f"DRAM arena has no free extent of {n} bytes")
             ext = _Extent(off, n, checksum)
@@ -278,7 +355,7 @@ class DramTier(Tier):
         """A free extent of *size* bytes, outside the index (no reader sees it); returns its
         arena offset. Raises :class:`TierFull` when no hole is large enough."""
         with self._lock:
-            off = self._alloc.alloc(size)
+            off = self._take(size)
         if off is None:
             raise TierFull(f"DRAM arena has no free extent of {size} bytes")
         return off

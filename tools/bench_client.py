@@ -41,17 +41,18 @@ from kvfs.blockfile import header_length
 from kvfs.units import format_size, parse_size
 
 from .bench_tiers import best_of
+from .flags import positive_int, size
 from .render import table
 
 __all__ = ["add_arguments", "random_blocks", "run"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--block-size", default="2MiB", help="block size (default 2MiB)")
-    p.add_argument("--blocks", type=int, default=64, help="blocks per pass (default 64)")
-    p.add_argument("--batch", type=int, default=32, help="blocks per client call (default 32)")
-    p.add_argument("--passes", type=int, default=5, help="passes; the best is reported (default 5)")
-    p.add_argument("--names", type=int, default=1000, help="names per lookup (default 1000)")
+    p.add_argument("--block-size", type=size, default="2MiB", help="block size (default 2MiB)")
+    p.add_argument("--blocks", type=positive_int, default=64, help="blocks per pass (default 64)")
+    p.add_argument("--batch", type=positive_int, default=32, help="blocks per client call (default 32)")
+    p.add_argument("--passes", type=positive_int, default=5, help="passes; the best is reported (default 5)")
+    p.add_argument("--names", type=positive_int, default=1000, help="names per lookup (default 1000)")
     p.add_argument("--dir", type=Path, default=None, help="where to mount (default: a temp dir under /var/tmp)")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
 
@@ -134,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
                 rows.append(_row(path, "get", best_of(get_all, args.passes), "memcpy", copy_out, total))
                 for o, b in zip(outs, blocks):
                     if not np.array_equal(o, b):
-                        raise SystemExit(f"kvfs bench client: {path} read back the wrong bytes")
+                        raise SystemExit(f"kvfs: bench client: {path} read back the wrong bytes")
                 say(f"  {path} put/get done")
 
             put_get(c, "client")
@@ -154,12 +155,12 @@ def run(args: argparse.Namespace) -> int:
                     finally:
                         os.close(fd)
                     if got != size or xxhash.xxh3_64_intdigest(o) != csum:
-                        raise SystemExit(f"kvfs bench client: {path} does not verify")
+                        raise SystemExit(f"kvfs: bench client: {path} does not verify")
 
             raw_s = best_of(raw, args.passes)
             disk_s = best_of(lambda: get("never"), args.passes)
             if any("dram" in c.stat(nm).tiers for nm in names):
-                raise SystemExit("kvfs bench client: a direct read promoted a block")
+                raise SystemExit("kvfs: bench client: a direct read promoted a block")
             rows.append(_row("client", "get (disk, direct)", disk_s, "preadv + xxh3", raw_s, total))
             say("  disk direct get done")
 
@@ -169,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
             reps = max(10, args.passes * 4)
             found = c.lookup(lnames)
             if found.prefix != len(lnames):
-                raise SystemExit("kvfs bench client: lookup missed names it should have found")
+                raise SystemExit("kvfs: bench client: lookup missed names it should have found")
             look_s = best_of(lambda: c.lookup(lnames), reps)
             stat_s = best_of(lambda: [os.stat(mp / nm) for nm in lnames], max(3, args.passes))
             rows.append(

@@ -46,6 +46,7 @@ from pathlib import Path
 
 from . import bench_lmcache_backend, bench_sglang_backend, bench_vllm_tier
 from .engine_clients import CLIENTS, ClientFailed, ClientMissing, client_python, differences, run_client, without
+from .flags import positive_int
 from .render import table
 from .scratch import dram_disk_config, mount, umount
 
@@ -78,7 +79,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--clients", default=",".join(WORKLOADS), help=f"comma separated, of {', '.join(WORKLOADS)} (default: all)"
     )
     parser.add_argument("--quick", action="store_true", help="smaller workloads (CI, shared machines)")
-    parser.add_argument("--rounds", type=int, default=1, help="runs per directory, best kept (default 1)")
+    parser.add_argument("--rounds", type=positive_int, default=1, help="runs per directory, best kept (default 1)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--dir", default=None, help="where the mount, its disk tier and the plain dir go")
     parser.add_argument("--venvs", default=None, help="the engine virtualenvs (default: .venvs of the source tree)")
@@ -273,7 +274,7 @@ def run(args: argparse.Namespace) -> int:
     names = [n.strip() for n in args.clients.split(",") if n.strip()]
     unknown = [n for n in names if n not in WORKLOADS]
     if unknown:
-        raise SystemExit(f"kvfs bench engines: unknown client {', '.join(unknown)} (known: {', '.join(WORKLOADS)})")
+        raise SystemExit(f"kvfs: bench engines: unknown client {', '.join(unknown)} (known: {', '.join(WORKLOADS)})")
     venvs = Path(args.venvs) if args.venvs else None
     base = Path(tempfile.mkdtemp(prefix="kvfs-bench-engines-", dir=args.dir))
     result: dict = {"load_avg_before": os.getloadavg(), "quick": args.quick, "rounds": args.rounds, "clients": []}

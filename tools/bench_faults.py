@@ -31,6 +31,7 @@ from typing import Any
 from kvfs.units import parse_duration, parse_size
 
 from .faultrig import SCENARIOS, FaultRig
+from .flags import positive_int, seconds, size
 from .render import print_json, table
 
 __all__ = ["add_arguments", "measure", "run"]
@@ -43,10 +44,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         choices=SCENARIOS,
         help="which fault (repeatable; default: all of them)",
     )
-    p.add_argument("--hits", type=int, default=200, help="reads per measurement (default: %(default)s)")
-    p.add_argument("--block-size", default="256KiB", help="payload bytes per block (default: %(default)s)")
-    p.add_argument("--blocks", type=int, default=12, help="blocks written (default: %(default)s)")
-    p.add_argument("--timeout", default="2s", help="the shared tier's timeout (default: %(default)s)")
+    p.add_argument("--hits", type=positive_int, default=200, help="reads per measurement (default: %(default)s)")
+    p.add_argument("--block-size", type=size, default="256KiB", help="payload bytes per block (default: %(default)s)")
+    p.add_argument("--blocks", type=positive_int, default=12, help="blocks written (default: %(default)s)")
+    p.add_argument("--timeout", type=seconds(), default="2s", help="the shared tier's timeout (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 

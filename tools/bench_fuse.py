@@ -32,6 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from .flags import at_least, positive_int
 from .scratch import dram_disk_config, mount, umount
 
 MiB = 1 << 20
@@ -47,14 +48,16 @@ VARIANTS: dict[str, dict] = {
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--blocks", type=int, default=None, help="2 MiB blocks per pass (default 128; quick 48)")
     parser.add_argument(
-        "--entries", type=int, default=None, help="directory entries to list (default 100000; quick 10000)"
+        "--blocks", type=positive_int, default=None, help="2 MiB blocks per pass (default 128; quick 48)"
+    )
+    parser.add_argument(
+        "--entries", type=positive_int, default=None, help="directory entries to list (default 100000; quick 10000)"
     )
     parser.add_argument("--quick", action="store_true", help="a smaller run (CI, shared machines)")
     parser.add_argument("--settings", action="store_true", help="also compare per-file FUSE settings")
     parser.add_argument(
-        "--rss-rounds", type=int, default=0, metavar="N", help="measure daemon memory over N more passes"
+        "--rss-rounds", type=at_least(0), default=0, metavar="N", help="measure daemon memory over N more passes"
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--dir", default=None, help="where to make the mountpoint and disk tier (default: a temp dir)")
@@ -195,7 +198,7 @@ def mount_ceiling(mp: Path) -> subprocess.Popen:
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
             err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-            raise SystemExit(f"kvfs bench fuse: the ceiling filesystem did not mount at {mp}: {err}")
+            raise SystemExit(f"kvfs: bench fuse: the ceiling filesystem did not mount at {mp}: {err}")
         time.sleep(0.02)
     return proc
 

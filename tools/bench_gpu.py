@@ -49,6 +49,7 @@ from kvfs.units import format_size, parse_size
 from .bench_client import _chunks, random_blocks
 from .bench_client import _row as _rate
 from .bench_tiers import best_of
+from .flags import positive_int, size
 from .render import table
 
 __all__ = ["add_arguments", "run"]
@@ -66,12 +67,16 @@ GPU_ROWS = [
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", help="cpu, or cuda[:N] for the GPU rows too (default cpu)")
-    p.add_argument("--block-size", default="2MiB", help="block size (default 2MiB)")
-    p.add_argument("--blocks", type=int, default=64, help="blocks per pass (default 64)")
-    p.add_argument("--batch", type=int, default=16, help="blocks per map call / NIXL transfer (default 16)")
-    p.add_argument("--passes", type=int, default=5, help="passes; the best is reported (default 5)")
-    p.add_argument("--ttft-tokens", type=int, default=4096, help="prompt length of the TTFT rows (default 4096)")
-    p.add_argument("--ttft-block", type=int, default=256, help="tokens per block of the TTFT rows (default 256)")
+    p.add_argument("--block-size", type=size, default="2MiB", help="block size (default 2MiB)")
+    p.add_argument("--blocks", type=positive_int, default=64, help="blocks per pass (default 64)")
+    p.add_argument("--batch", type=positive_int, default=16, help="blocks per map call / NIXL transfer (default 16)")
+    p.add_argument("--passes", type=positive_int, default=5, help="passes; the best is reported (default 5)")
+    p.add_argument(
+        "--ttft-tokens", type=positive_int, default=4096, help="prompt length of the TTFT rows (default 4096)"
+    )
+    p.add_argument(
+        "--ttft-block", type=positive_int, default=256, help="tokens per block of the TTFT rows (default 256)"
+    )
     p.add_argument("--model", default="small", help="random Llama preset of the TTFT rows (default small)")
     p.add_argument("--dir", type=Path, default=None, help="where to mount (default: a temp dir under /var/tmp)")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
@@ -107,11 +112,11 @@ def _raw_preadv(files: list[tuple[str, int, int]], outs: list[np.ndarray], csums
         fd = os.open(path, os.O_RDONLY)
         try:
             if os.preadv(fd, [o[:n]], off) != n:
-                raise SystemExit(f"kvfs bench gpu: short read of {path}")
+                raise SystemExit(f"kvfs: bench gpu: short read of {path}")
         finally:
             os.close(fd)
         if csums is not None and xxhash.xxh3_64_intdigest(o[:n]) != csums[k]:
-            raise SystemExit(f"kvfs bench gpu: {path} does not verify")
+            raise SystemExit(f"kvfs: bench gpu: {path} does not verify")
 
 
 def _cpu_rows(c: Any, names: list[str], blocks: list[np.ndarray], args: argparse.Namespace, say: Callable) -> list:
@@ -137,11 +142,11 @@ def _cpu_rows(c: Any, names: list[str], blocks: list[np.ndarray], args: argparse
             def nixl_read() -> None:
                 for s in batches:
                     if any(r is not None for r in nixl.read(items[s])):
-                        raise SystemExit("kvfs bench gpu: a NIXL read failed")
+                        raise SystemExit("kvfs: bench gpu: a NIXL read failed")
 
             nixl_s, raw_s = paired(nixl_read, lambda: _raw_preadv(files, np_outs), args.passes)
             if [o.tobytes() for o in np_outs] != [b.tobytes() for b in blocks]:
-                raise SystemExit("kvfs bench gpu: NIXL read back the wrong bytes")
+                raise SystemExit("kvfs: bench gpu: NIXL read back the wrong bytes")
             rows.append(
                 _rate("cpu", f"NIXL POSIX read ({format_size(size)} blocks)", nixl_s, "raw preadv", raw_s, total)
             )
@@ -165,7 +170,7 @@ def _cpu_rows(c: Any, names: list[str], blocks: list[np.ndarray], args: argparse
 
         disk_s, raw_sum_s = paired(map_all, raw_sum, args.passes)
         if any("dram" in c.stat(n).tiers for n in names):
-            raise SystemExit("kvfs bench gpu: a direct map promoted a block")
+            raise SystemExit("kvfs: bench gpu: a direct map promoted a block")
         rows.append(_rate("cpu", f"agent map, disk ({ag.loader.name})", disk_s, "preadv + xxh3", raw_sum_s, total))
         c.prefetch(names, tier="dram")
         dest = [np.empty(size, np.uint8) for _ in names]
@@ -179,7 +184,7 @@ def _cpu_rows(c: Any, names: list[str], blocks: list[np.ndarray], args: argparse
         rows.append(_rate("cpu", "agent map, arena", arena_s, "memcpy + xxh3", memcpy_s, total))
         for t, b in zip(ag.map(names[: args.batch]), blocks, strict=False):
             if t.numpy().tobytes() != b.tobytes():
-                raise SystemExit("kvfs bench gpu: the agent mapped the wrong bytes")
+                raise SystemExit("kvfs: bench gpu: the agent mapped the wrong bytes")
         hit_names = names[: args.batch]
         reps = max(50, args.passes * 20)
         hit_s, look_s = paired(lambda: ag.map(hit_names), lambda: c.lookup(hit_names), reps)

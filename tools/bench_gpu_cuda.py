@@ -46,7 +46,7 @@ def cuda_rows(
 def _check(dests: list, blocks: list[np.ndarray], what: str) -> None:
     for d, b in zip(dests, blocks, strict=False):
         if d[: len(b)].cpu().numpy().tobytes() != b.tobytes():
-            raise SystemExit(f"kvfs bench gpu: {what} moved the wrong bytes")
+            raise SystemExit(f"kvfs: bench gpu: {what} moved the wrong bytes")
 
 
 def _h2d(c: Any, names: list[str], blocks: list[np.ndarray], args: argparse.Namespace, device: Any) -> list:
@@ -130,7 +130,7 @@ def _gds(c: Any, names: list[str], blocks: list[np.ndarray], args: argparse.Name
             def read(loader: Any = loader, stream: Any = stream) -> None:
                 for s in batches:
                     if any(r is not None for r in loader.read(items[s], stream)):
-                        raise SystemExit(f"kvfs bench gpu: a {loader.name} read failed")
+                        raise SystemExit(f"kvfs: bench gpu: a {loader.name} read failed")
 
             secs, raw_s = paired(read, raw, args.passes)
             _check(dests, blocks, loader.name)
@@ -186,7 +186,7 @@ def _ttft(mp: Path, args: argparse.Namespace, device: Any, say: Callable) -> lis
         sync()
         secs = time.perf_counter() - t0
         if out.cached_tokens != cached:
-            raise SystemExit(f"kvfs bench gpu: a warm prefill loaded {out.cached_tokens} tokens, not {cached}")
+            raise SystemExit(f"kvfs: bench gpu: a warm prefill loaded {out.cached_tokens} tokens, not {cached}")
         return secs
 
     cold = min(timed(lambda: prefill(model, tokens), 0) for _ in range(max(2, args.passes)))

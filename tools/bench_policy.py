@@ -23,6 +23,7 @@ from kvfs.errors import KvfsError
 from kvfs.policies import POLICIES, EvictionPolicy, PolicyContext, make_policy
 from kvfs.units import format_size
 
+from .flags import at_least, positive_int, share
 from .policy_cost import measure_cost
 from .replay import BELADY, BLOCK_BYTES, HintModel, ReplayStats, parse_stack, replay
 from .traces import WORKLOADS, Trace, find_mooncake, generate, load_mooncake
@@ -64,7 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--admit-threshold",
-        type=float,
+        type=share,
         default=PolicyContext().admit_threshold,
         help="share of a kind of block that must be read from a colder tier for it to be admitted there "
         "(session-arc; 0 admits everything; default %(default)s)",
@@ -75,17 +76,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="LIST",
         help=f"comma-separated policies, LRU always included (default: all: {', '.join(POLICIES)})",
     )
-    parser.add_argument("--requests", type=int, default=4000, help="requests per generated workload")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the generated workloads")
-    parser.add_argument("--limit", type=int, default=None, help="replay only the first N requests of each trace")
+    parser.add_argument("--requests", type=positive_int, default=4000, help="requests per generated workload")
+    parser.add_argument("--seed", type=at_least(0), default=0, help="seed of the generated workloads")
+    parser.add_argument(
+        "--limit", type=positive_int, default=None, help="replay only the first N requests of each trace"
+    )
     parser.add_argument(
         "--block-bytes",
-        type=int,
+        type=positive_int,
         default=BLOCK_BYTES,
         help=f"bytes per block (default {BLOCK_BYTES}: 512 tokens of Llama-3.1-8B fp16 KV)",
     )
     parser.add_argument("--cost", action="store_true", help="also time each policy with --cost-blocks blocks resident")
-    parser.add_argument("--cost-blocks", type=int, default=1_000_000)
+    parser.add_argument("--cost-blocks", type=positive_int, default=1_000_000)
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
 

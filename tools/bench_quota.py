@@ -26,15 +26,18 @@ from kvfs.names import TierName
 from kvfs.policies import DEFAULT_POLICY
 from kvfs.store import Store
 
+from .flags import positive_int
 from .render import table
 
 _BLOCK = 4096
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--blocks", type=int, default=20_000, help="puts per pass (default 20000)")
-    p.add_argument("--passes", type=int, default=5, help="passes; the best is reported (default 5)")
-    p.add_argument("--du-blocks", type=int, default=100_000, help="blocks under the large namespace (default 100000)")
+    p.add_argument("--blocks", type=positive_int, default=20_000, help="puts per pass (default 20000)")
+    p.add_argument("--passes", type=positive_int, default=5, help="passes; the best is reported (default 5)")
+    p.add_argument(
+        "--du-blocks", type=positive_int, default=100_000, help="blocks under the large namespace (default 100000)"
+    )
     p.add_argument("--policy", default=DEFAULT_POLICY, help=f"eviction policy (default {DEFAULT_POLICY})")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 

@@ -28,6 +28,7 @@ from kvfs.config import S3Config
 from kvfs.names import TierName
 from kvfs.units import parse_size
 
+from .flags import positive_int, size
 from .render import table
 from .scratch import start_moto
 
@@ -36,10 +37,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--endpoint-url", help="an S3-compatible endpoint (default: start a local moto server)")
     p.add_argument("--bucket", help="bucket to use with --endpoint-url (must exist)")
     p.add_argument("--prefix", default="kvfs-bench", help="key prefix (default: %(default)s)")
-    p.add_argument("--block-size", default="1MiB", help="payload bytes per block (default: %(default)s)")
-    p.add_argument("--blocks", type=int, default=32, help="blocks per round (default: %(default)s)")
+    p.add_argument("--block-size", type=size, default="1MiB", help="payload bytes per block (default: %(default)s)")
+    p.add_argument("--blocks", type=positive_int, default=32, help="blocks per round (default: %(default)s)")
     p.add_argument("--concurrency", default="1,8", help="comma-separated thread counts (default: %(default)s)")
-    p.add_argument("--rounds", type=int, default=3, help="rounds per measurement; the median is reported")
+    p.add_argument("--rounds", type=positive_int, default=3, help="rounds per measurement; the median is reported")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 

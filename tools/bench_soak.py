@@ -45,6 +45,7 @@ from pathlib import Path
 
 import xxhash
 
+from .flags import positive_int, seconds
 from .render import table
 from .scratch import dram_disk_config, mount, umount
 
@@ -57,10 +58,10 @@ used on the close-to-open checkers' own names."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--seconds", type=float, default=180.0, help="how long to run (default 180)")
-    parser.add_argument("--writers", type=int, default=4, help="writer threads on shared names (default 4)")
-    parser.add_argument("--readers", type=int, default=4, help="reader threads (default 4)")
-    parser.add_argument("--names", type=int, default=64, help="shared names (default 64)")
+    parser.add_argument("--seconds", type=seconds(), default=180.0, help="how long to run (default 180)")
+    parser.add_argument("--writers", type=positive_int, default=4, help="writer threads on shared names (default 4)")
+    parser.add_argument("--readers", type=positive_int, default=4, help="reader threads (default 4)")
+    parser.add_argument("--names", type=positive_int, default=64, help="shared names (default 64)")
     parser.add_argument("--dram", default="48MiB", help="DRAM tier capacity (default 48MiB)")
     parser.add_argument("--disk", default="160MiB", help="disk tier capacity (default 160MiB)")
     parser.add_argument("--dir", default=None, help="where to mount and keep the disk tier (default: a temp dir)")

@@ -29,18 +29,22 @@ from kvfs.policies import DEFAULT_POLICY, make_policy
 from kvfs.store import Store
 from kvfs.units import format_size, parse_size
 
+from .flags import positive_int, size
 from .render import table
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--block-size", default="2MiB", help="block size (default 2MiB)")
-    p.add_argument("--blocks", type=int, default=64, help="blocks per pass (default 64)")
-    p.add_argument("--passes", type=int, default=5, help="passes; the best is reported (default 5)")
+    p.add_argument("--block-size", type=size, default="2MiB", help="block size (default 2MiB)")
+    p.add_argument("--blocks", type=positive_int, default=64, help="blocks per pass (default 64)")
+    p.add_argument("--passes", type=positive_int, default=5, help="passes; the best is reported (default 5)")
     p.add_argument(
         "--dir", type=Path, default=None, help="directory for the disk tier (default: a temp dir under /var/tmp)"
     )
     p.add_argument(
-        "--catalog-blocks", type=int, default=1_000_000, help="blocks in the catalog for the memory/lookup figures"
+        "--catalog-blocks",
+        type=positive_int,
+        default=1_000_000,
+        help="blocks in the catalog for the memory/lookup figures",
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 

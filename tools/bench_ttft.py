@@ -47,6 +47,7 @@ from pathlib import Path
 
 from kvfs.errors import ConfigError
 
+from .flags import at_least, positive_int
 from .scratch import drop_page_cache_under, progress
 
 __all__ = ["add_arguments", "run"]
@@ -87,9 +88,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="comma-separated prompt lengths (default 512,1024,2048,4096,8192; 512,1024 with --quick)",
     )
     parser.add_argument(
-        "--suffix", type=int, default=128, help="new tokens at the end of each prompt, not cached (default 128)"
+        "--suffix", type=at_least(0), default=128, help="new tokens at the end of each prompt, not cached (default 128)"
     )
-    parser.add_argument("--block-tokens", type=int, default=128, help="tokens per KV block file (default 128)")
+    parser.add_argument("--block-tokens", type=positive_int, default=128, help="tokens per KV block file (default 128)")
     parser.add_argument(
         "--dir",
         dest="dirs",
@@ -115,9 +116,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="drop",
         help="drop (default): evict each block file from the kernel page cache before each warm run; keep: leave it",
     )
-    parser.add_argument("--repeat", type=int, default=3, help="runs of ideal and warm per case (default 3)")
+    parser.add_argument("--repeat", type=positive_int, default=3, help="runs of ideal and warm per case (default 3)")
     parser.add_argument(
-        "--cold-repeat", type=int, default=None, help="runs of the cold prefill per case (default 1; 3 with --quick)"
+        "--cold-repeat",
+        type=positive_int,
+        default=None,
+        help="runs of the cold prefill per case (default 1; 3 with --quick)",
     )
     parser.add_argument(
         "--stat",
@@ -127,15 +131,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "processes' load on a shared machine)",
     )
     parser.add_argument(
-        "--turns", type=int, default=None, help="turns of the multi-turn scenario (default 4; 2 with --quick; 0 skips)"
+        "--turns",
+        type=at_least(0),
+        default=None,
+        help="turns of the multi-turn scenario (default 4; 2 with --quick; 0 skips)",
     )
     parser.add_argument(
-        "--turn-tokens", type=int, default=None, help="new user tokens per turn (default 1024; 256 with --quick)"
+        "--turn-tokens",
+        type=positive_int,
+        default=None,
+        help="new user tokens per turn (default 1024; 256 with --quick)",
     )
-    parser.add_argument("--answer-tokens", type=int, default=16, help="tokens generated per turn (default 16)")
-    parser.add_argument("--io-threads", type=int, default=4, help="concurrent block reads per warm load (default 4)")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the model weights and prompts")
+    parser.add_argument("--answer-tokens", type=positive_int, default=16, help="tokens generated per turn (default 16)")
+    parser.add_argument(
+        "--io-threads", type=positive_int, default=4, help="concurrent block reads per warm load (default 4)"
+    )
+    parser.add_argument(
+        "--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's choice)"
+    )
+    parser.add_argument("--seed", type=at_least(0), default=0, help="seed of the model weights and prompts")
     parser.add_argument(
         "--client",
         action="store_true",

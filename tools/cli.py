@@ -12,7 +12,10 @@ import importlib
 import os
 import sys
 
+from kvfs import __version__
 from kvfs.errors import KvfsError
+
+from .flags import Parser
 
 __all__ = ["BENCHES", "COMMANDS", "main"]
 
@@ -69,6 +72,10 @@ BENCHES: dict[str, tuple[str, str]] = {
         "kvfs.tools.bench_gpu",
         "the GPU agent: NIXL reads vs preadv, map hits; with CUDA: arena H2D, GDS vs kvikio, TTFT per tier",
     ),
+    "mount": (
+        "kvfs.tools.bench_mount",
+        "time from kvfs mount to a serving mount, and the idle daemon's memory, CPU and wakeups, vs a minimal mount",
+    ),
     "engines": (
         "kvfs.tools.bench_engines",
         "real engine clients (vLLM, SGLang, LMCache, safetensors) on a kvfs mount vs a plain directory",
@@ -81,10 +88,13 @@ def _load(module: str):
 
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    """The ``kvfs`` parser, with the arguments of the subcommand (and bench) *argv* names
+    (:class:`~kvfs.tools.flags.Parser`: a bad flag is one ``kvfs: …`` line, status 2)."""
+    parser = Parser(
         prog="kvfs",
         description="kvfs: a tiered, content-addressed block filesystem for LLM KV caches.",
     )
+    parser.add_argument("--version", action="version", version=f"kvfs {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     chosen = argv[0] if argv else None
     for name, (module, help_) in COMMANDS.items():

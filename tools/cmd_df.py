@@ -13,9 +13,10 @@ from .render import format_size, print_json, table
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = (
-        "Show each tier of the mount (hottest first): capacity, bytes used and free, blocks "
-        "held and health (a tier that fails or hangs is marked unhealthy and skipped); then each "
-        "namespace's use against its quotas (as kvfs quota show)."
+        "Show where the mount's config came from (a file, or the embedded default and how its "
+        "sizes were chosen), each tier of the mount (hottest first): capacity, bytes used and free, "
+        "blocks held and health (a tier that fails or hangs is marked unhealthy and skipped); then "
+        "each namespace's use against its quotas (as kvfs quota show)."
     )
     parser.add_argument(
         "mountpoint",
@@ -27,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--json",
         action="store_true",
-        help='print JSON: {"mountpoint", "blocks", "tiers": [{"name", "kind", "capacity", "used", "free", '
+        help='print JSON: {"mountpoint", "config", "blocks", "tiers": [{"name", "kind", "capacity", "used", "free", '
         '"blocks", "healthy", "persistent", "shared"}], "namespaces": [as kvfs quota show --json]}',
     )
     add_socket_option(parser)
@@ -54,8 +55,11 @@ def run(args: argparse.Namespace) -> int:
         )
     mountpoint = st.get("mountpoint") if target.mountpoint is None else target.mountpoint
     spaces = st.get("namespaces", [])
+    config = st.get("config", "")
     if args.json:
-        print_json({"mountpoint": mountpoint, "blocks": st["blocks"], "tiers": tiers, "namespaces": spaces})
+        print_json(
+            {"mountpoint": mountpoint, "config": config, "blocks": st["blocks"], "tiers": tiers, "namespaces": spaces}
+        )
         return 0
     rows = []
     for t in tiers:
@@ -73,6 +77,8 @@ def run(args: argparse.Namespace) -> int:
             ]
         )
     print(f"{mountpoint}: {st['blocks']} block{'' if st['blocks'] == 1 else 's'}")
+    if config:
+        print(f"config: {config}")
     print(table(["TIER", "KIND", "CAPACITY", "USED", "FREE", "USE%", "BLOCKS", "HEALTH"], rows, right=(2, 3, 4, 5, 6)))
     if spaces:
         print()

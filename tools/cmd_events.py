@@ -6,12 +6,14 @@ import argparse
 import itertools
 import json
 import os
+import signal
 import sys
 import time
 
 from kvfs.protocol import EventItem, Events
 
 from .control_client import add_socket_option, clients_for
+from .flags import at_least, positive_int
 from .render import format_size
 
 
@@ -19,7 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "Print block events as they happen, one line each: stored, promoted, demoted, evicted, "
         "removed, corrupt, renamed, with the block's name, the tier and the size. Runs until "
-        "interrupted, or until --count events were printed."
+        "interrupted (Ctrl-C, SIGTERM), or until --count events were printed."
     )
     parser.add_argument(
         "mountpoint", nargs="?", default=".", metavar="MOUNTPOINT", help="a kvfs mount or a path inside it (default: .)"
@@ -29,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help='one JSON object per line: {"seq", "time", "kind", "name", "tier", "size", "detail", "parent"}',
     )
-    parser.add_argument("--count", type=int, metavar="N", help="stop after N events")
+    parser.add_argument("--count", type=positive_int, metavar="N", help="stop after N events")
     parser.add_argument(
         "--zmq",
         metavar="ADDR",
@@ -37,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "tcp://127.0.0.1:5557) for llm-d's indexer or Dynamo's router; [events] zmq makes the daemon do it",
     )
     parser.add_argument(
-        "--block-size", type=int, default=0, metavar="N", help="with --zmq: the engine's tokens per block"
+        "--block-size", type=at_least(0), default=0, metavar="N", help="with --zmq: the engine's tokens per block"
     )
     add_socket_option(parser)
 
@@ -47,20 +49,19 @@ def _publish(args: argparse.Namespace, target) -> int:
     from kvfs.client import Client
     from kvfs.mount.kv_events import KvEventPublisher, Translator, publish_stream, tier_places
 
-    with Client(target.socket) as client:
-        places = tier_places((t.name, t.kind, t.shared) for t in client.welcome.tiers)
-        tr = Translator(places, block_size=args.block_size)
-        pub = KvEventPublisher(args.zmq)
-        print(f"publishing KV events of {target.display('')} on {pub.address}", file=sys.stderr, flush=True)
-        events = client.events()
-        if args.count is not None:
-            events = itertools.islice(events, args.count)
-        try:
-            publish_stream(events, pub, tr)
-        except KeyboardInterrupt:
-            pass
-        finally:
-            pub.close()
+    try:
+        with Client(target.socket, populate=False) as client:  # it maps no block: no arena pages
+            places = tier_places((t.name, t.kind, t.shared) for t in client.welcome.tiers)
+            tr = Translator(places, block_size=args.block_size)
+            pub = KvEventPublisher(args.zmq)
+            try:
+                events = client.events()  # subscribed when it returns: say so only then
+                print(f"publishing KV events of {target.display('')} on {pub.address}", file=sys.stderr, flush=True)
+                publish_stream(itertools.islice(events, args.count) if args.count is not None else events, pub, tr)
+            finally:
+                pub.close()
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM, wherever it came: a clean stop
+        pass
     return 0
 
 
@@ -72,10 +73,21 @@ def _line(ev: dict, display) -> str:
     return "  ".join(parts)
 
 
+def stop_on_sigterm() -> None:
+    """Make SIGTERM (``kill``, a service manager's stop) end a stream as Ctrl-C does: the
+    ``--zmq`` publisher then says AllBlocksCleared and closes its socket. SIGINT alone is
+    not enough to stop a stream from a script: a shell starts its background jobs with
+    SIGINT ignored, and Python keeps it ignored."""
+
+    def stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+
+
 def run(args: argparse.Namespace) -> int:
     [(target, client)] = clients_for([args.mountpoint], args.socket)
-    if args.count is not None and args.count <= 0:
-        return 0
+    stop_on_sigterm()
     if args.zmq:
         client.close()
         return _publish(args, target)

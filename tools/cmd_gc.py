@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 from kvfs.config import load_config
 from kvfs.errors import ConfigError, KvfsError
 from kvfs.gc import GcPlan, GcReport, collect, with_retired
 from kvfs.tiers import open_tier
-from kvfs.units import parse_duration
 
+from .flags import duration
 from .render import Tally, format_size, format_time, print_json, table
 
 
@@ -31,11 +32,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--retired", action="append", default=[], metavar="PATH", help="also treat this namespace as retired (repeat)"
     )
     parser.add_argument(
-        "--tmp-age", default="1h", metavar="DURATION", help="leftovers younger than this are kept (default 1h)"
+        "--tmp-age",
+        type=duration,
+        default=3600.0,
+        metavar="DURATION",
+        help="leftovers younger than this are kept (default 1h)",
     )
     parser.add_argument(
         "--min-age",
-        default="1h",
+        type=duration,
+        default=3600.0,
         metavar="DURATION",
         help="blocks of a retired namespace without a retention are kept this long after written (default 1h)",
     )
@@ -55,13 +61,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _duration(flag: str, value: str) -> float:
-    try:
-        return parse_duration(value)
-    except ValueError as exc:
-        raise ConfigError(flag, str(exc)) from None
-
-
 def run(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     shared = [t for t in config.tiers if t.kind.value in ("posix", "s3")]
@@ -75,8 +74,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--config", "the config has no shared tier (posix or s3): there is nothing to collect")
     plan = GcPlan(
         namespaces=with_retired(config.namespaces, args.retired),
-        tmp_age=_duration("--tmp-age", args.tmp_age),
-        min_age=_duration("--min-age", args.min_age),
+        tmp_age=args.tmp_age,
+        min_age=args.min_age,
         expired=args.expired,
     )
     now = time.time()
@@ -115,5 +114,5 @@ def run(args: argparse.Namespace) -> int:
             for item in r.removed:
                 print(f"{r.tier}: {item.name}  {format_size(item.size)}  {format_time(item.mtime)}  {item.why}")
         for name, err in r.failed:
-            print(f"{r.tier}: not removed: {name}: {err}")
+            print(f"kvfs: gc: {r.tier}: not removed: {name}: {err}", file=sys.stderr)
     return 1 if failed else 0

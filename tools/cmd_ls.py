@@ -59,8 +59,8 @@ def run(args: argparse.Namespace) -> int:
         if len(results) > 1:
             print(("\n" if i else "") + f"{res['path']}:")
         entries = res["entries"]
-        if res["type"] == "block":
-            entries = [{**entries[0], "name": res["path"]}]
+        if res["type"] == "block":  # named as a listing of its directory names it
+            entries = [{**entries[0], "name": res["path"].rstrip("/").rsplit("/", 1)[-1]}]
         if args.long:
             if entries:
                 print(_long(entries))

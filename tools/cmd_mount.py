@@ -13,14 +13,16 @@ import argparse
 import dataclasses
 
 from kvfs.config import default_config, load_config
-from kvfs.errors import ConfigError
+from kvfs.errors import KvfsError
+
+from .flags import port
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("mountpoint", help="an empty directory")
     parser.add_argument("--config", metavar="FILE", help="TOML config (default: the embedded default)")
     parser.add_argument("--foreground", action="store_true", help="stay attached; unmount on SIGTERM/SIGINT")
-    parser.add_argument("--metrics-port", type=int, metavar="N", help="serve Prometheus metrics on port N")
+    parser.add_argument("--metrics-port", type=port, metavar="N", help="serve Prometheus metrics on port N")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -28,13 +30,10 @@ def run(args: argparse.Namespace) -> int:
         import pyfuse3  # noqa: F401
         import trio  # noqa: F401
     except ImportError as exc:
-        print(f"kvfs mount needs the mount extra: pip install 'kvfs[mount]' ({exc})")
-        return 1
+        raise KvfsError(f"kvfs mount needs the mount extra: pip install 'kvfs[mount]' ({exc})") from None
     from kvfs.mount.daemon import run as run_daemon
 
     config = load_config(args.config) if args.config else default_config()
     if args.metrics_port is not None:
-        if not 0 <= args.metrics_port <= 65535:
-            raise ConfigError("--metrics-port", "must be a TCP port number (0-65535)")
         config = dataclasses.replace(config, mount=dataclasses.replace(config.mount, metrics_port=args.metrics_port))
     return run_daemon(args.mountpoint, config, foreground=args.foreground)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
-from kvfs.errors import ConfigError
 from kvfs.protocol import Pin
-from kvfs.units import parse_duration
 
 from .control_client import about, add_socket_option, clients_for
+from .flags import seconds
+from .render import print_json
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -18,36 +19,48 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         )
     else:
         parser.description = (
-            "Pin blocks: a pinned block stays in the hottest tier it is in and is never evicted "
-            "(writes fail with ENOSPC when a tier is all pinned). A directory pins every block under it."
+            "Pin blocks: a pinned block stays in the tiers it is in and is never evicted, by policy or by "
+            "kvfs evict (unless --force); writes fail with ENOSPC when a tier is all pinned. A directory pins "
+            "every block under it."
         )
     parser.add_argument("paths", nargs="+", metavar="PATH", help="blocks or directories inside a kvfs mount")
     if not parser.prog.endswith("unpin"):
         parser.add_argument(
             "--for",
             dest="ttl",
+            type=seconds(),
             default=None,
             metavar="DURATION",
-            help='a soft pin: it ends by itself after DURATION ("10m", "2h")',
+            help='a soft pin: it ends by itself after DURATION ("90s", "10m", "2h", "7d")',
         )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help='print JSON: {"path", "pinned", "blocks", "changed", "failed": [{"name", "error", "type"}]} '
+        "(one object per PATH; a list for several)",
+    )
     add_socket_option(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     pinned = args.command == "pin"
-    ttl = None
-    if getattr(args, "ttl", None) is not None:
-        try:
-            ttl = parse_duration(args.ttl)
-        except ValueError as exc:
-            raise ConfigError("--for", str(exc)) from None
-        if not ttl > 0:
-            raise ConfigError("--for", "a soft pin lasts longer than 0s")
+    ttl = getattr(args, "ttl", None)
+    rc = 0
+    results = []
     for target, client in clients_for(args.paths, args.socket):
         with about(target):
-            res = client.request(Pin(paths=[target.name], pinned=pinned, ttl=ttl or None))
+            res = client.request(Pin(paths=[target.name], pinned=pinned, ttl=ttl))
+        if res.failed:
+            rc = 1
+        if args.json:
+            results.append({"path": target.display(), "pinned": pinned, **res.to_json()})
+            continue
         verb = "pinned" if pinned else "unpinned"
         print(
             f"{verb} {res.blocks} block{'s' if res.blocks != 1 else ''} under {target.display()} ({res.changed} changed)"
         )
-    return 0
+        for f in res.failed:
+            print(f"kvfs: {target.display(f.name)}: {f.error}", file=sys.stderr)
+    if args.json:
+        print_json(results[0] if len(results) == 1 else results)
+    return rc

@@ -8,6 +8,7 @@ import sys
 from kvfs.protocol import Prefetch
 
 from .control_client import add_socket_option, clients_for, run_with_progress
+from .render import print_json
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -20,20 +21,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--progress", action="store_true", help="draw the progress bar on stderr even when it is not a terminal"
     )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help='print JSON: {"path", "blocks", "tier", "fetched", "already", "failed": [{"name", "error", "type"}]} '
+        "(one object per PATH; a list for several)",
+    )
     add_socket_option(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     rc = 0
+    results = []
     for target, client in clients_for(args.paths, args.socket):
         res = run_with_progress(
             client, target, Prefetch(paths=[target.name], tier=args.tier), f"prefetch {target.display()}", args.progress
         )
+        if res.failed:
+            rc = 1
+        if args.json:
+            results.append({"path": target.display(), **res.to_json()})
+            continue
         print(
             f"prefetched {res.fetched} of {res.blocks} blocks under {target.display()} into {res.tier}"
             f" ({res.already} already there, {len(res.failed)} failed)"
         )
         for f in res.failed:
-            print(f"kvfs prefetch: {target.display(f.name)}: {f.error}", file=sys.stderr)
-            rc = 1
+            print(f"kvfs: {target.display(f.name)}: {f.error}", file=sys.stderr)
+    if args.json:
+        print_json(results[0] if len(results) == 1 else results)
     return rc

@@ -1,17 +1,26 @@
-"""``kvfs top``: a live view of tier use, hit ratios, bytes moved per second and errors."""
+"""``kvfs top``: a live view of tier use, hit ratios, bytes moved per second and errors.
+
+A stream, like ``kvfs events``: with ``--json`` each frame is one JSON object on a line of
+its own (flushed), so ``kvfs top --json | jq`` and line readers see every frame as it
+comes; ``--once`` stops after the first (and ``--count N`` after N)."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 import time
 
 from kvfs.protocol import Top
 
+from .cmd_events import stop_on_sigterm
 from .control_client import add_socket_option, clients_for
-from .render import format_size, print_json, table
+from .flags import positive_int, seconds
+from .render import format_size, table
 
 _CLEAR = "\x1b[H\x1b[2J"
+MIN_INTERVAL = 0.1  # seconds: a faster refresh only loads the daemon
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -24,9 +33,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "mountpoint", nargs="?", default=".", metavar="MOUNTPOINT", help="a kvfs mount or a path inside it (default: .)"
     )
-    parser.add_argument("--interval", type=float, default=1.0, metavar="SECONDS", help="refresh period (default: 1)")
+    parser.add_argument(
+        "--interval",
+        type=seconds(MIN_INTERVAL),
+        default=1.0,
+        metavar="SECONDS",
+        help=f"refresh period, at least {MIN_INTERVAL:g} (default: 1)",
+    )
     parser.add_argument("--once", action="store_true", help="print one frame (rates over one interval) and exit")
-    parser.add_argument("--json", action="store_true", help="with --once: print the frame as JSON")
+    parser.add_argument("--count", type=positive_int, metavar="N", help="print N frames and exit")
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="each frame as one JSON object on its own line (a stream, as kvfs events --json)",
+    )
     add_socket_option(parser)
 
 
@@ -126,32 +146,41 @@ def render(f: dict) -> str:
         right=tuple(range(1, 13)),
     )
     out = [head, "", body]
-    if f["ops_per_s"]:
-        busiest = sorted(f["ops_per_s"].items(), key=lambda kv: -kv[1])[:10]
+    busy = [(op, rate) for op, rate in f["ops_per_s"].items() if rate > 0]
+    if busy:  # the ten busiest FUSE operations over the interval (none when idle)
+        busiest = sorted(busy, key=lambda kv: -kv[1])[:10]
         out += ["", "fuse ops/s: " + "  ".join(f"{op} {rate:.0f}" for op, rate in busiest)]
     return "\n".join(out)
 
 
 def run(args: argparse.Namespace) -> int:
     [(target, client)] = clients_for([args.mountpoint], args.socket)
-    interval = max(args.interval, 0.05)
+    stop_on_sigterm()
+    frames = 1 if args.once else args.count
+    shown = 0
+    tty = sys.stdout.isatty() and not args.json and frames is None
     with client:
         prev = client.request(Top()).to_json()
         if target.mountpoint is not None:
             prev["mountpoint"] = target.mountpoint
-        while True:
-            time.sleep(interval)
+        while frames is None or shown < frames:
+            time.sleep(args.interval)  # the refresh period itself, not a wait for something
             cur = client.request(Top()).to_json()
             if target.mountpoint is not None:
                 cur["mountpoint"] = target.mountpoint
             f = frame(prev, cur)
             prev = cur
-            if args.once:
-                if args.json:
-                    print_json(f)
-                else:
-                    print(render(f))
+            if args.json:
+                text = json.dumps(f) + "\n"
+            elif tty:
+                text = _CLEAR + render(f) + "\n"
+            else:  # frames one after another, a blank line between
+                text = ("\n" if shown else "") + render(f) + "\n"
+            try:
+                sys.stdout.write(text)
+                sys.stdout.flush()
+            except BrokenPipeError:  # `kvfs top --json | head -3`
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
                 return 0
-            tty = sys.stdout.isatty()
-            sys.stdout.write((_CLEAR if tty else "") + render(f) + "\n" + ("" if tty else "\n"))
-            sys.stdout.flush()
+            shown += 1
+    return 0

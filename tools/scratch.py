@@ -63,7 +63,7 @@ def mount(mp: Path, config: Path, fuse_options: dict | None = None, env: dict | 
         check=False,
     )
     if res.returncode != 0:
-        raise SystemExit(f"kvfs bench: mount of {mp} failed: {res.stderr.strip()}")
+        raise SystemExit(f"kvfs: bench: mount of {mp} failed: {res.stderr.strip()}")
     return int(pid_path(mp).read_text())
 
 

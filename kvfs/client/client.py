@@ -108,8 +108,9 @@ class Client:
     in the daemon's log. *lease_ttl* (seconds): leases' lifetime (default: the daemon's);
     *promote*: how reads treat blocks whose hottest copy is on disk
     (:class:`~kvfs.protocol.Promote`: ``"policy"``, ``"always"``, ``"never"``).
-    *populate*: map the whole arena into this process now (one pass of page-table setup
-    at connect, instead of a fault on every page of every block's first copy).
+    *populate*: map the arena's memory into this process now (one pass of page-table setup
+    at connect, instead of a fault on every page of every block's first copy; only the
+    part the daemon has reserved so far, never its holes).
     *io_threads*: blocks copied at once by one call. *copy*: read and put through a
     private copy buffer instead of mapping the arena (what a peer that a namespace's
     access rule keeps off the arena always gets; docs/client.md, "Security")."""
@@ -158,7 +159,7 @@ class Client:
                     self._map = mmap.mmap(fds[0], size, mmap.MAP_SHARED, prot)
                     self._arena = memoryview(self._map)
                     if populate:
-                        _populate(self._map, writable)
+                        _populate(self._map, writable, _reserved(fds[0], size))
             finally:
                 for fd in fds:
                     os.close(fd)
@@ -672,7 +673,8 @@ class Client:
         return res.known
 
     def pin(self, names: Sequence[str]) -> PinResult:
-        """Keep blocks where they are: never evicted until unpinned."""
+        """Keep blocks where they are: never evicted (by policy, or by :meth:`evict`
+        without ``force``) until unpinned."""
         res: PinResult = self._request(Pin(paths=list(names), pinned=True))
         return res
 
@@ -681,7 +683,9 @@ class Client:
         return res
 
     def evict(self, names: Sequence[str], tier: str | None = None, *, force: bool = False) -> EvictResult:
-        """Drop local copies (a last copy is written down first, or kept unless *force*)."""
+        """Drop local copies. A pinned block is refused (a ``failed`` entry of type
+        ``"Pinned"``) and a last copy is written down first, or kept (``"LastCopy"``),
+        unless *force*."""
         res: EvictResult = self._request(Evict(paths=list(names), tier=tier, force=force))
         return res
 
@@ -693,12 +697,25 @@ class Client:
         return EventStream(Connection(self.socket, where=self.mountpoint))
 
 
-def _populate(mm: mmap.mmap, write: bool) -> None:
-    """Fill the page tables of the arena mapping (Linux 5.14+; elsewhere pages fault in
-    as they are first touched)."""
-    advice = getattr(mmap, "MADV_POPULATE_WRITE" if write else "MADV_POPULATE_READ", 23 if write else 22)
+def _reserved(fd: int, size: int) -> int:
+    """Bytes at the start of the arena file that hold memory: the daemon reserves its arena
+    as it uses it (tiers/dram.py, "Reservation"), so the rest is a hole. Populating a hole
+    would allocate it; this process never reads there before the daemon reserves it."""
     try:
-        mm.madvise(advice)
+        return min(size, os.lseek(fd, 0, os.SEEK_HOLE))
+    except OSError:  # a filesystem without SEEK_HOLE: all of it is data
+        return size
+
+
+def _populate(mm: mmap.mmap, write: bool, length: int) -> None:
+    """Fill the page tables of the first *length* bytes of the arena mapping (Linux 5.14+;
+    elsewhere, and past *length*, pages fault in as they are first touched)."""
+    advice = getattr(mmap, "MADV_POPULATE_WRITE" if write else "MADV_POPULATE_READ", 23 if write else 22)
+    length -= length % mmap.PAGESIZE
+    if length <= 0:
+        return
+    try:
+        mm.madvise(advice, 0, length)
     except OSError:
         pass
 

@@ -42,14 +42,30 @@ class BufferTooSmall(KvfsError, ValueError):
 class BatchError(KvfsError):
     """Raised by a batch call when some names failed; the others were done. ``results``
     holds, per name in order, the call's result or the :class:`KvfsError` it met;
-    ``errors`` maps the failed positions to theirs."""
+    ``errors`` maps the failed positions to theirs; ``kinds`` counts the failures per
+    error class. The message says all three in short::
+
+        get_into: 2 of 3 blocks failed (BlockNotFound: 1, BlockCorrupt: 1); first, #0: BlockNotFound: m/ab/abcd
+    """
 
     def __init__(self, what: str, results: list[Any]) -> None:
         self.results = results
         self.errors: dict[int, KvfsError] = {i: r for i, r in enumerate(results) if isinstance(r, KvfsError)}
-        first = next(iter(self.errors.values()))
-        more = f" (and {len(self.errors) - 1} more)" if len(self.errors) > 1 else ""
-        super().__init__(f"{what}: {len(self.errors)} of {len(results)} blocks failed; first: {first}{more}")
+        self.kinds: dict[str, int] = {}
+        for e in self.errors.values():
+            self.kinds[_kind(e)] = self.kinds.get(_kind(e), 0) + 1
+        at, first = next(iter(self.errors.items()))
+        counts = ", ".join(f"{k}: {n}" for k, n in sorted(self.kinds.items(), key=lambda kv: (-kv[1], kv[0])))
+        super().__init__(
+            f"{what}: {len(self.errors)} of {len(results)} blocks failed ({counts}); "
+            f"first, #{at}: {_kind(first)}: {first}"
+        )
+
+
+def _kind(exc: KvfsError) -> str:
+    """The error's class name, as the daemon named it when it crossed the socket."""
+    remote = getattr(exc, "type", "")
+    return remote if isinstance(remote, str) and remote else type(exc).__name__
 
 
 class Read(NamedTuple):

@@ -16,7 +16,7 @@ from typing import ClassVar
 
 from kvfs import errors as core
 from kvfs.access import AccessDenied
-from kvfs.steering import LastCopy
+from kvfs.steering import LastCopy, Pinned
 
 from .codec import Message, ProtocolError, UnknownKind, VersionMismatch
 
@@ -93,6 +93,7 @@ ERRORS: tuple[type[core.KvfsError], ...] = (
     core.StoreBusy,
     core.TierInUse,
     LastCopy,
+    Pinned,
     ProtocolError,
     UnknownKind,
     VersionMismatch,

@@ -246,6 +246,8 @@ class Pong(Message):
     mountpoint: str
     pid: int
     protocol: int = VERSION
+    version: str = ""
+    """The daemon's kvfs version (``kvfs.__version__``); empty from a daemon too old to say."""
 
 
 @dataclass(**_MSG)
@@ -347,10 +349,14 @@ class DfResult(Message):
     mountpoint: str
     statistics: StoreStatistics
     namespaces: list[NamespaceStatistics] = field(default_factory=list)
+    config: str = ""
+    """Where the mount's config came from: its file, or the embedded default and how its
+    sizes were chosen (:attr:`kvfs.config.Config.origin`)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
             "mountpoint": self.mountpoint,
+            "config": self.config,
             **self.statistics.to_json(),
             "namespaces": [n.to_json() for n in self.namespaces],
         }
@@ -473,8 +479,9 @@ class EvictResult(Message):
 
 @dataclass(**_MSG)
 class Evict(Request):
-    """Drop copies from *tier* (default: every local tier), never a last copy unless
-    *force*; streams :class:`Progress`."""
+    """Drop copies from *tier* (default: every local tier), never a pinned block's nor a
+    last copy unless *force* (each refused block is a :class:`Failure` of type ``Pinned``
+    or ``LastCopy``); streams :class:`Progress`."""
 
     kind: ClassVar[str] = "evict"
     reply: ClassVar[type[Message]] = EvictResult
@@ -559,6 +566,8 @@ class Welcome(Message):
     """Bytes of this session's private copy buffer, whose descriptor comes instead of
     the arena's when a namespace's access rule keeps the peer from mapping the arena
     (grants of kind ``"copy"`` and reserved slots index it); 0: none."""
+    version: str = ""
+    """The daemon's kvfs version (``kvfs.__version__``)."""
 
 
 @dataclass(**_MSG)

@@ -177,6 +177,11 @@ def client_command(
     # PYTHONPATH, and a fixed hash seed (engines that mix hash() into names need one).
     full_env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
     full_env.setdefault("PYTHONHASHSEED", "0")
+    # torch compiles C++ extensions on first use (SGLang's hicache_hash_cpp) into a cache
+    # keyed by name; shared by every checkout on a machine (~/.cache/torch_extensions),
+    # each venv's include paths made the next one rebuild it, minutes each time. One per venv.
+    if client.venv is not None:
+        full_env.setdefault("TORCH_EXTENSIONS_DIR", str(Path(python).parent.parent / "torch_extensions"))
     full_env.update(env or {})
     return [python, str(client.path), *args], full_env
 
