@@ -185,6 +185,32 @@ class Ingest:
             if res.state == "committing":
                 self.fail(res)
 
+    def adopt(self, res: Reservation, checksum: int) -> BlockStat | None:
+        """Seal *res*, filled from a peer (:mod:`kvfs.peers`), as its block: checked
+        against *checksum* as :meth:`commit` does (:class:`BlockCorrupt` on a mismatch),
+        but published only when this node holds no block of that name (one written here
+        meanwhile is newer, and wins: None, the extent given back), and not queued for the
+        write-through tiers (the writer's node writes it through); it learns its shared
+        copies on first use."""
+        self.claim(res)
+        try:
+            self.verify(res, checksum)
+            now = self.store.clock()
+            rec = BlockRecord(res.name, res.size, checksum, created=now, accessed=now, parent=res.parent)
+            rec.learn_shared = bool(self.store.shared)
+            with self.placement.locked():
+                if self.placement.catalog.get(res.name) is not None:
+                    return None
+                self.store.seal_begin(res.name)
+                self.placement.commit_extent(res.slot, rec, res.offset)
+                with self._lock:
+                    res.state = "committed"
+                    self._open.pop(res.id, None)
+                return self.store.seal_end(rec, res.slot, through=False)
+        finally:
+            if res.state == "committing":
+                self.fail(res)
+
     def abort(self, res: Reservation) -> bool:
         """Give the extent back; False if *res* was committed or aborted already, or is
         being committed right now (that commit then publishes it or gives it back)."""

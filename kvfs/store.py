@@ -63,6 +63,7 @@ from .ingest import Ingest, Reservation
 from .leases import Lease, Leases
 from .lifetimes import Lifetimes, SweepReport
 from .names import normalize, parent_of, split
+from .peers import PeerReads
 from .namespaces import (
     NamespaceRetired,
     Namespaces,
@@ -163,6 +164,8 @@ class Store:
         self.ingest = Ingest(self, clock=lease_clock)
         self.batch = BatchReads(self)
         self._through = [s for s in self.slots if s.index > 0 and s.tier.config.write is WriteMode.THROUGH]
+        self.peers: PeerReads | None = None
+        """Reads of blocks missing here from other nodes' DRAM (kvfs.peers), when set."""
         self._lookups = 0
         self._misses = 0
         self.rebuilt_corrupt = 0
@@ -197,6 +200,20 @@ class Store:
     @listing_ttl.setter
     def listing_ttl(self, value: float) -> None:
         self.shared.listing_ttl = value
+
+    @property
+    def remote(self) -> bool:
+        """Whether a name unknown here may be found elsewhere (shared tiers or peers)."""
+        return bool(self.shared) or self.peers is not None
+
+    def refresh(self, name: str) -> None:
+        """Before *name* (normalized) is answered: a block a peer holds and this node does
+        not is read from it (:meth:`PeerReads.fill`), then the record is brought in line
+        with the shared tiers (:meth:`SharedRecords.refresh`). Raises
+        :class:`StoreBusy` inside :meth:`nowait` when either must wait on the network."""
+        if self.peers is not None:
+            self.peers.fill(name)
+        self.records.refresh(name)
 
     def tier_index(self, name: str) -> int:
         for s in self.slots:
@@ -282,10 +299,10 @@ class Store:
                     p.require_io(i, "replacing a block")
         return old
 
-    def seal_end(self, rec: BlockRecord, placed: TierSlot) -> BlockStat:
+    def seal_end(self, rec: BlockRecord, placed: TierSlot, *, through: bool = True) -> BlockStat:
         """Under the lock, once the new block *rec* has its first copy in *placed*: it
         replaces the old version (whose other copies are dropped) and is queued for the
-        write-through tiers below."""
+        write-through tiers below (unless not *through*: a block read from a peer)."""
         p = self.placement
         name = rec.name
         old = self.catalog.get(name)  # again: the lock may have been let go meanwhile
@@ -299,7 +316,7 @@ class Store:
             self.catalog.discard(old)
         self.catalog.add(rec)
         self.shared.forget_missing(name)
-        for slot in self._through:
+        for slot in self._through if through else ():
             if slot.index > placed.index:
                 self.queue.copy(rec, slot.index)
         return self._stat(rec)
@@ -364,7 +381,7 @@ class Store:
         """Read through the copies hottest first. *fetch(tier, name)* returns a result that
         *unpack* turns into ``(payload view, checksum)``; the first good result is returned."""
         name = normalize(name)
-        self.records.refresh(name)
+        self.refresh(name)
         p = self.placement
         counted = False
         rediscovered = False
@@ -473,14 +490,14 @@ class Store:
     def stat(self, name: str) -> BlockStat:
         """The block's record; :class:`BlockNotFound` if absent."""
         name = normalize(name)
-        self.records.refresh(name)
+        self.refresh(name)
         with self.placement.locked():
             return self._stat(self.catalog.require(name))
 
     def lookup(self, name: str) -> BlockStat | None:
         """Like :meth:`stat` but ``None`` for a missing block (and for a directory)."""
         name = normalize(name)
-        self.records.refresh(name)
+        self.refresh(name)
         with self.placement.locked():
             rec = self.catalog.get(name)
             return None if rec is None else self._stat(rec)

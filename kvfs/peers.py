@@ -1,0 +1,344 @@
+"""The peer tier: blocks missing here read from another node's DRAM (docs/cluster.md).
+
+A node of a cluster (``[cluster]`` in the config) learns what its peers hold from their KV
+events (vLLM's format, ``kvfs.mount.kv_events``): :class:`PeerIndex` maps a block hash to
+the peers that hold it and where (DRAM or disk). A name this node does not hold is looked
+up there first (memory only); when a peer holds it, :class:`PeerReads` asks that peer for
+the block's descriptor (its size, its checksum, where it lies in the peer's arena, held
+for us by a lease there), reserves an extent of this node's arena, has the bytes moved
+into it by a :class:`PeerSource` (NIXL over UCX in the daemon), checks them (xxh3-64)
+against the peer's checksum and only then publishes the block here: a DRAM copy, counted
+as a remote hit. Nothing is ever written to a peer.
+
+The same two-phase discipline as every move (docs/store.md): the extent is reserved
+under the store's lock, filled and checked outside it, committed under it. A block written
+here meanwhile wins: the fetched copy is given back. A fetched block is not queued for
+the write-through tiers (its writer's node writes it through); it learns its shared
+copies on first use, as a block found on disk at start does.
+
+A peer that does not answer within ``timeout`` is marked unhealthy (its own
+:class:`~kvfs.health.HealthBreaker`) and skipped for ``retry_after`` seconds: a dead,
+stopped or cut-off peer costs one deadline, then nothing; the read falls to the shared
+tiers or misses. An extent whose transfer could not be cancelled is never given back
+(it is counted in ``stranded``), so a late transfer can never land in another block.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from .errors import BlockCorrupt, KvfsError, NoSpace, TierUnavailable
+from .health import HealthBreaker
+
+if TYPE_CHECKING:
+    from .store import Store
+
+__all__ = [
+    "Medium",
+    "Offer",
+    "PeerIndex",
+    "PeerReadAbandoned",
+    "PeerReads",
+    "PeerSource",
+    "PeerStatistics",
+    "block_hash_of",
+]
+
+log = logging.getLogger("kvfs.peers")
+
+_HASHED = re.compile(r"(?:^|/)([0-9a-f]{2})/(\1[0-9a-f]{6,126})$")
+_MAX_ENTRIES = 4_000_000  # block hashes remembered per peer (about 100 bytes each)
+
+
+def block_hash_of(name: str) -> bytes | None:
+    """The block hash a name carries (``.../<ab>/<abcdef...>``, an even number of hex
+    digits), as KV events carry it; None for a name that is not a hash. The same rule as
+    ``kvfs.mount.kv_events.block_hash_of``."""
+    m = _HASHED.search(name)
+    if m is None or len(m.group(2)) % 2:
+        return None
+    return bytes.fromhex(m.group(2))
+
+
+class Medium(enum.IntEnum):
+    """Where a peer holds a copy; lower is faster to serve."""
+
+    DRAM = 0
+    DISK = 1
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Offer:
+    """A peer's answer for one block: *size* bytes with *checksum* (xxh3-64) at *address*
+    in its registered arena, held for us under lease *token* until released."""
+
+    name: str
+    size: int
+    checksum: int
+    address: int
+    token: int
+
+
+class PeerReadAbandoned(TierUnavailable):
+    """Raised by :meth:`PeerSource.read` when a transfer timed out and could not be
+    cancelled: the destination may still be written, so it must never be reused."""
+
+
+class PeerSource(abc.ABC):
+    """Moves blocks from peers: the transport the daemon plugs in (NIXL, ``kvfs.mount.peer_link``).
+    Every call returns or raises :class:`TierUnavailable` within *timeout* seconds."""
+
+    @abc.abstractmethod
+    def offer(self, peer: str, name: str, timeout: float) -> Offer | None:
+        """Ask *peer* for block *name*; None when it does not hold it (or may not serve it to us)."""
+
+    @abc.abstractmethod
+    def read(self, peer: str, offer: Offer, offset: int, timeout: float) -> None:
+        """Move the offered bytes into this node's arena at file offset *offset*.
+        :class:`PeerReadAbandoned` when the transfer may still land later."""
+
+    @abc.abstractmethod
+    def release(self, peer: str, offer: Offer) -> None:
+        """Tell *peer* it may let go of the offered copy (best effort, never waits long)."""
+
+
+class PeerIndex:
+    """What each peer holds: block hash -> {peer: media}, from the peers' KV events (or a
+    snapshot they sent). Thread-safe. At most ``max_entries`` hashes per peer are kept;
+    past that new ones are not learned (``dropped`` counts them): a miss, never a wrong
+    read. A stale entry costs one question to the peer, which then says no."""
+
+    def __init__(self, peers: Iterable[str], *, max_entries: int = _MAX_ENTRIES) -> None:
+        self._lock = threading.Lock()
+        self._held: dict[bytes, dict[str, int]] = {}  # hash -> peer -> bitmask of Medium
+        self._counts: dict[str, int] = {p: 0 for p in peers}
+        self.max_entries = max_entries
+        self.dropped = 0
+
+    @property
+    def peers(self) -> list[str]:
+        return list(self._counts)
+
+    def stored(self, peer: str, h: bytes, medium: Medium) -> None:
+        with self._lock:
+            holders = self._held.get(h)
+            if holders is None or peer not in holders:
+                if self._counts[peer] >= self.max_entries:
+                    self.dropped += 1
+                    return
+                self._counts[peer] += 1
+                holders = self._held.setdefault(h, {})
+                holders[peer] = 0
+            holders[peer] |= 1 << medium
+
+    def removed(self, peer: str, h: bytes, medium: Medium | None = None) -> None:
+        """*peer* dropped its copy in *medium* (None: every copy)."""
+        with self._lock:
+            holders = self._held.get(h)
+            if holders is None or peer not in holders:
+                return
+            bits = 0 if medium is None else holders[peer] & ~(1 << medium)
+            if bits:
+                holders[peer] = bits
+                return
+            del holders[peer]
+            self._counts[peer] -= 1
+            if not holders:
+                del self._held[h]
+
+    def cleared(self, peer: str) -> None:
+        """*peer* forgot everything (it restarted, or its events were lost)."""
+        with self._lock:
+            for h in [h for h, holders in self._held.items() if peer in holders]:
+                holders = self._held[h]
+                del holders[peer]
+                if not holders:
+                    del self._held[h]
+            self._counts[peer] = 0
+
+    def holders(self, h: bytes) -> list[str]:
+        """The peers holding *h*, those with a DRAM copy first."""
+        with self._lock:
+            holders = self._held.get(h)
+            if not holders:
+                return []
+            return sorted(holders, key=lambda p: 0 if holders[p] & 1 else 1)
+
+    def count(self, peer: str) -> int:
+        return self._counts.get(peer, 0)
+
+
+@dataclass
+class _PeerCounters:
+    hits: int = 0
+    bytes_read: int = 0
+    stale: int = 0
+    corrupt: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class PeerStatistics:
+    """A snapshot of one peer as this node sees it: ``blocks`` it is known to hold,
+    ``hits`` (blocks read from it) and ``bytes_read``, ``stale`` (it no longer held what
+    its events said), ``corrupt`` (bytes that failed the check: never published),
+    ``healthy`` and ``errors`` (timeouts, refused connections)."""
+
+    name: str
+    healthy: bool
+    errors: int
+    blocks: int
+    hits: int
+    bytes_read: int
+    stale: int
+    corrupt: int
+
+
+@dataclass
+class _Peer:
+    name: str
+    health: HealthBreaker
+    counters: _PeerCounters = field(default_factory=_PeerCounters)
+
+
+class PeerReads:
+    """Fills local misses from peers (see the module doc): the store's collaborator.
+
+    *store*'s arena receives the bytes (``Store.reserve`` / ``Ingest.adopt``); *index*
+    says who holds what; *source* moves the bytes; *timeout* bounds each peer's part of a
+    read; *retry_after*: how long a peer that failed is skipped."""
+
+    def __init__(
+        self,
+        store: Store,
+        index: PeerIndex,
+        source: PeerSource,
+        *,
+        timeout: float = 2.0,
+        retry_after: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.store = store
+        self.index = index
+        self.source = source
+        self.timeout = timeout
+        self._peers = {
+            p: _Peer(p, HealthBreaker(f"peer {p}", clock=clock, retry_after=retry_after)) for p in index.peers
+        }
+        self._lock = threading.Lock()
+        self._fetching: dict[str, threading.Event] = {}
+        self.stranded = 0
+        """Bytes of extents whose transfer could not be cancelled (never reused)."""
+
+    def candidates(self, name: str) -> list[str]:
+        """Peers that hold *name* by their events (memory only)."""
+        h = block_hash_of(name)
+        return [] if h is None else self.index.holders(h)
+
+    def fill(self, name: str) -> bool:
+        """If *name* (normalized) is not held here and a peer holds it, read it from that
+        peer into this node's DRAM now; True when it was. Inside ``Store.nowait`` this
+        raises :class:`~kvfs.errors.StoreBusy` instead of waiting on the network. Never
+        raises for a peer's failure: the read falls to the shared tiers or misses."""
+        if name in self.store.catalog.blocks:
+            return False
+        peers = self.candidates(name)
+        if not peers:
+            return False
+        self.store.placement.require_io(0, "reading a block from a peer")
+        with self._lock:
+            running = self._fetching.get(name)
+            if running is None:
+                self._fetching[name] = threading.Event()
+        if running is not None:  # another thread is fetching it: its answer is ours
+            running.wait(self.timeout * len(peers) + 1.0)
+            return name in self.store.catalog.blocks
+        try:
+            for peer in peers:
+                state = self._peers.get(peer)
+                if state is None or not state.health.usable():
+                    continue
+                if self._fetch_from(state, name):
+                    return True
+            return False
+        finally:
+            with self._lock:
+                done = self._fetching.pop(name)
+            done.set()
+
+    def _fetch_from(self, peer: _Peer, name: str) -> bool:
+        try:
+            offer = self.source.offer(peer.name, name, self.timeout)
+        except TierUnavailable as exc:
+            peer.health.failed(exc)
+            return False
+        peer.health.answered()
+        if offer is None:
+            peer.counters.stale += 1
+            h = block_hash_of(name)
+            if h is not None:
+                self.index.removed(peer.name, h)
+            return False
+        try:
+            return self._receive(peer, name, offer)
+        finally:
+            self.source.release(peer.name, offer)
+
+    def _receive(self, peer: _Peer, name: str, offer: Offer) -> bool:
+        store = self.store
+        try:
+            res = store.reserve(name, offer.size, ttl=self.timeout * 2 + 5.0)
+        except (NoSpace, KvfsError) as exc:
+            log.info("block %s from peer %s: no room here (%s)", name, peer.name, exc)
+            return False
+        try:
+            self.source.read(peer.name, offer, res.location.offset, self.timeout)
+        except PeerReadAbandoned as exc:
+            peer.health.failed(exc)
+            self.stranded += res.size  # the extent stays reserved: a late transfer may land in it
+            log.error("block %s from peer %s: transfer not cancelled; its extent is kept out of use", name, peer.name)
+            return False
+        except TierUnavailable as exc:
+            peer.health.failed(exc)
+            store.abort(res)
+            return False
+        try:
+            adopted = store.ingest.adopt(res, offer.checksum)
+        except BlockCorrupt as exc:
+            peer.counters.corrupt += 1
+            log.warning("block %s from peer %s failed its check; not published: %s", name, peer.name, exc)
+            return False
+        except KvfsError as exc:
+            log.info("block %s from peer %s not published: %s", name, peer.name, exc)
+            return False
+        if adopted is None:
+            return name in store.catalog.blocks  # written here meanwhile: that version wins
+        c = peer.counters
+        c.hits += 1
+        c.bytes_read += offer.size
+        return True
+
+    def statistics(self) -> list[PeerStatistics]:
+        return [
+            PeerStatistics(
+                name=p.name,
+                healthy=p.health.healthy,
+                errors=p.health.errors,
+                blocks=self.index.count(p.name),
+                hits=p.counters.hits,
+                bytes_read=p.counters.bytes_read,
+                stale=p.counters.stale,
+                corrupt=p.counters.corrupt,
+            )
+            for p in self._peers.values()
+        ]
+
+    def names(self) -> Sequence[str]:
+        return list(self._peers)

@@ -1,0 +1,75 @@
+"""A node of a cluster: the peer tier assembled in the daemon (docs/cluster.md).
+
+:class:`Cluster` is what ``[cluster]`` adds to a daemon: this node's NIXL agent over its
+DRAM arena (``kvfs.mount.nixl_agent``), the peer channel it serves
+(``kvfs.mount.peer_server``), the links it reads through (``kvfs.mount.peer_link``),
+the watch of its peers' KV events (``kvfs.mount.peer_events``), and the store's
+:class:`~kvfs.peers.PeerReads` that uses them. Everything runs in threads of its own,
+never on the trio loop. Opened before the mount (a bad address mounts nothing) and
+closed after the loop ends, before the store.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+
+from kvfs.config import ClusterConfig
+from kvfs.errors import KvfsError
+from kvfs.peers import PeerIndex, PeerReads, PeerStatistics
+from kvfs.store import Store
+
+__all__ = ["Cluster"]
+
+log = logging.getLogger("kvfs.peers")
+
+
+class Cluster:
+    """The peer tier of *store* for *config* (see the module doc)."""
+
+    def __init__(self, store: Store, config: ClusterConfig) -> None:
+        from .nixl_agent import NixlAgent
+        from .peer_events import PeerWatch
+        from .peer_link import NixlPeers
+        from .peer_server import PeerServer
+
+        tier = store.slots[0].tier
+        if not tier.reservable:
+            raise KvfsError("[cluster] needs a dram tier first: peers read into and serve from the arena")
+        self.config = config
+        self.store = store
+        fd = tier.share(True)
+        try:
+            size = os.fstat(fd).st_size
+            self.agent = NixlAgent(f"{config.node}-{os.getpid()}-{secrets.token_hex(3)}", fd, size, ucx_tls=config.ucx_tls)
+        finally:
+            os.close(fd)
+        self.index = PeerIndex(p.name for p in config.peers)
+        self.links = NixlPeers(config, self.agent)
+        self.reads = PeerReads(store, self.index, self.links, timeout=config.timeout)
+        self.server = PeerServer(
+            store, config, agent=self.agent.name, metadata=self.agent.metadata, base=self.agent.base
+        )
+        try:
+            self.watch = PeerWatch(config, self.index, self.links.holdings)
+        except BaseException:
+            self.server.close()
+            raise
+        store.peers = self.reads
+        log.info(
+            "cluster node %s: peer channel on %s, peers %s",
+            config.node,
+            config.listen,
+            ", ".join(f"{p.name}@{p.address}" for p in config.peers) or "none",
+        )
+
+    def statistics(self) -> list[PeerStatistics]:
+        return self.reads.statistics()
+
+    def close(self) -> None:
+        self.store.peers = None
+        self.watch.close()
+        self.server.close()
+        self.links.close()
+        self.agent.close()
