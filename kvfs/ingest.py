@@ -185,13 +185,13 @@ class Ingest:
             if res.state == "committing":
                 self.fail(res)
 
-    def adopt(self, res: Reservation, checksum: int) -> BlockStat | None:
+    def adopt(self, res: Reservation, checksum: int, *, source: str) -> BlockStat | None:
         """Seal *res*, filled from a peer (:mod:`kvfs.peers`), as its block: checked
         against *checksum* as :meth:`commit` does (:class:`BlockCorrupt` on a mismatch),
         but published only when this node holds no block of that name (one written here
         meanwhile is newer, and wins: None, the extent given back), and not queued for the
         write-through tiers (the writer's node writes it through); it learns its shared
-        copies on first use."""
+        copies on first use. *source* says where it came from (its ``stored`` event's detail)."""
         self.claim(res)
         try:
             self.verify(res, checksum)
@@ -202,7 +202,7 @@ class Ingest:
                 if self.placement.catalog.get(res.name) is not None:
                     return None
                 self.store.seal_begin(res.name)
-                self.placement.commit_extent(res.slot, rec, res.offset)
+                self.placement.commit_extent(res.slot, rec, res.offset, source)
                 with self._lock:
                     res.state = "committed"
                     self._open.pop(res.id, None)

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from .store import Store
 
 __all__ = [
+    "PEER_DETAIL",
     "Medium",
     "Offer",
     "PeerIndex",
@@ -55,7 +56,9 @@ __all__ = [
 log = logging.getLogger("kvfs.peers")
 
 _HASHED = re.compile(r"(?:^|/)([0-9a-f]{2})/(\1[0-9a-f]{6,126})$")
-_MAX_ENTRIES = 4_000_000  # block hashes remembered per peer (about 100 bytes each)
+_MAX_ENTRIES = 4_000_000
+PEER_DETAIL = "read from peer "
+"""The start of the ``stored`` event's detail of a block read from a peer (then its name)."""  # block hashes remembered per peer (about 100 bytes each)
 
 
 def block_hash_of(name: str) -> bytes | None:
@@ -310,7 +313,7 @@ class PeerReads:
             store.abort(res)
             return False
         try:
-            adopted = store.ingest.adopt(res, offer.checksum)
+            adopted = store.ingest.adopt(res, offer.checksum, source=f"{PEER_DETAIL}{peer.name}")
         except BlockCorrupt as exc:
             peer.counters.corrupt += 1
             log.warning("block %s from peer %s failed its check; not published: %s", name, peer.name, exc)

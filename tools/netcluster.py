@@ -311,3 +311,28 @@ class NetCluster:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+
+
+def checked_get(client: object, name: str, expected: bytes) -> str:
+    """Read *name* through *client* (a :class:`kvfs.client.Client`) and compare every byte:
+    ``"ok"`` when they are *expected*'s, ``"miss"`` when the block is not readable now
+    (not found, or its tiers unavailable); raises ``AssertionError`` on wrong bytes."""
+    from kvfs.client import BatchError
+    from kvfs.errors import KvfsError
+
+    out = bytearray(len(expected) + 1)
+    try:
+        [n] = client.get_into([name], [out])  # type: ignore[attr-defined]
+    except BatchError:
+        return "miss"
+    except KvfsError:
+        return "miss"
+    if n != len(expected) or out[:n] != expected:
+        raise AssertionError(f"{name}: wrong bytes ({n} bytes read, {len(expected)} expected)")
+    return "ok"
+
+
+def block_name(i: int, tag: str = "m") -> str:
+    """A hashed block name, as engines lay them out (``<namespace>/<ab>/<hex>``)."""
+    h = secrets.token_hex(16)
+    return f"{tag}/{h[:2]}/{h}"
