@@ -1,0 +1,279 @@
+"""``kvfs bench cluster``: the peer tier on a namespace cluster (tools/netcluster.py).
+
+Three nodes in network namespaces on a veth bridge, each with its own daemon, and a moto
+S3 server on a fourth address (as root; UCX over TCP). In one run it measures, per block
+read with the batch client (every byte checked):
+
+- **local**: node A reads blocks it holds in DRAM;
+- **peer**: node B reads the same blocks, which only A's DRAM holds (the peer tier);
+- **s3**: node C reads blocks only the S3 tier holds (written through by A, then evicted
+  from A, so no peer holds them);
+- **visible**: the time from A's put returning to B's first good read of that block;
+
+and prints the ratios: peer vs s3 (aim >= 3x faster) and peer vs local (aim >= 0.3x).
+
+``--soak SECONDS``: a mixed run instead: every node writes blocks and reads its own and
+the others', checking every byte, while one fault a minute (SIGKILL, SIGSTOP, link down,
+nftables drop, in turn) hits a node for ``--fault-for`` seconds. It reports reads that
+were correct, misses, wrong reads (must be 0) and local hits' p99 latency while a fault
+was on (aim <= 50 ms). Exits 1 on any wrong read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvfs.units import parse_size
+
+from .netcluster import NetCluster, Node, block_name, checked_get, missing_tools
+from .scratch import progress
+
+__all__ = ["add_arguments", "mixed_run", "run"]
+
+FAULTS = ("kill", "stop", "cut", "drop")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--blocks", type=int, default=32, help="blocks per measurement (default: %(default)s)")
+    p.add_argument("--block-size", default="1MiB", help="payload bytes per block (default: %(default)s)")
+    p.add_argument("--soak", type=float, default=None, metavar="SECONDS", help="a mixed run with faults instead")
+    p.add_argument("--fault-every", type=float, default=60.0, help="seconds between faults in --soak (default: 60)")
+    p.add_argument("--fault-for", type=float, default=15.0, help="seconds each fault lasts (default: 15)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def _ms(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"n": 0}
+    s = sorted(values)
+    return {
+        "n": len(s),
+        "mean_ms": round(statistics.fmean(s) * 1e3, 3),
+        "p50_ms": round(s[len(s) // 2] * 1e3, 3),
+        "p99_ms": round(s[min(len(s) - 1, int(len(s) * 0.99))] * 1e3, 3),
+        "max_ms": round(s[-1] * 1e3, 3),
+    }
+
+
+def _timed_reads(client: Any, blocks: dict[str, bytes]) -> list[float]:
+    out = []
+    for name, data in blocks.items():
+        t0 = time.perf_counter()
+        got = checked_get(client, name, data)
+        dt = time.perf_counter() - t0
+        if got != "ok":
+            raise SystemExit(f"kvfs bench cluster: {name} was not readable ({got})")
+        out.append(dt)
+    return out
+
+
+def measure(nc: NetCluster, count: int, size: int, say: Any) -> dict[str, Any]:
+    from kvfs.client import Client
+
+    a, b, c = nc.nodes[:3]
+    ca, cb, cc = (Client(str(n.socket), write=True, timeout=120) for n in (a, b, c))
+    try:
+        say(f"local: A reads {count} blocks of {size} bytes from its DRAM")
+        blocks = {block_name(i): os.urandom(size) for i in range(count)}
+        ca.put(list(blocks), list(blocks.values()))
+        _timed_reads(ca, dict(list(blocks.items())[:2]))  # warm the client's mapping
+        local = _timed_reads(ca, blocks)
+        time.sleep(0.5)  # A's events reach B
+        say("peer: B reads the same blocks from A's DRAM")
+        peer = _timed_reads(cb, blocks)
+        say("s3: C reads blocks only S3 holds")
+        cold = {block_name(i, "s3only"): os.urandom(size) for i in range(count)}
+        ca.put(list(cold), list(cold.values()))
+        deadline = time.monotonic() + 120
+        while any("s3" not in ca.stat(n).tiers for n in cold):
+            if time.monotonic() > deadline:
+                raise SystemExit("kvfs bench cluster: A's write-through to S3 did not finish in 120 s")
+            time.sleep(0.1)
+        ca.evict(list(cold))  # every local copy: then no peer holds them
+        time.sleep(0.5)
+        s3 = _timed_reads(cc, cold)
+        say("visible: A puts a block, B polls for it")
+        visible = []
+        for i in range(count):
+            name, data = block_name(i, "vis"), os.urandom(size)
+            ca.put([name], [data])
+            t0 = time.perf_counter()
+            while checked_get(cb, name, data) != "ok":
+                if time.perf_counter() - t0 > 30:
+                    raise SystemExit(f"kvfs bench cluster: {name} not readable on B after 30 s")
+                time.sleep(0.002)
+            visible.append(time.perf_counter() - t0)
+    finally:
+        for cl in (ca, cb, cc):
+            cl.close()
+    res = {"local": _ms(local), "peer": _ms(peer), "s3": _ms(s3), "visible": _ms(visible)}
+    res["peer_vs_s3"] = round(statistics.fmean(s3) / statistics.fmean(peer), 2)
+    res["peer_vs_local"] = round(statistics.fmean(local) / statistics.fmean(peer), 3)
+    res["block_size"] = size
+    return res
+
+
+# -- the mixed run --------------------------------------------------------------------
+
+
+@dataclass
+class SoakReport:
+    ok: int = 0
+    miss: int = 0
+    wrong: int = 0
+    writes: int = 0
+    faults: list[str] = field(default_factory=list)
+    local_during_fault: list[float] = field(default_factory=list)
+    local: list[float] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "miss": self.miss,
+            "wrong": self.wrong,
+            "writes": self.writes,
+            "faults": self.faults,
+            "local_hits": _ms(self.local),
+            "local_hits_during_faults": _ms(self.local_during_fault),
+            "errors": self.errors[:10],
+        }
+
+
+def mixed_run(
+    nc: NetCluster, seconds: float, *, fault_every: float, fault_for: float, size: int = 64 << 10, say: Any = print
+) -> SoakReport:
+    """Every node writes and reads (its own blocks and the others'), every byte checked,
+    for *seconds*; a fault hits one node every *fault_every* seconds for *fault_for*."""
+    from kvfs.client import Client
+
+    report = SoakReport()
+    lock = threading.Lock()
+    written: dict[str, tuple[str, bytes]] = {}  # name -> (writer, bytes)
+    down: set[str] = set()
+    faulted = threading.Event()
+    end = time.monotonic() + seconds
+    rng = random.Random(7)
+
+    def worker(node: Node) -> None:
+        client = None
+        mine: list[str] = []
+        while time.monotonic() < end:
+            if node.name in down:
+                if client is not None:
+                    client.close()
+                    client = None
+                time.sleep(0.1)
+                continue
+            try:
+                if client is None:
+                    client = Client(str(node.socket), write=True, timeout=60)
+                if len(mine) < 400 and rng.random() < 0.3:
+                    name, data = block_name(0, f"soak{node.name}"), os.urandom(size)
+                    client.put([name], [data])
+                    with lock:
+                        written[name] = (node.name, data)
+                        report.writes += 1
+                    mine.append(name)
+                    continue
+                own = bool(mine) and rng.random() < 0.5
+                with lock:
+                    others = [n for n, (w, _) in written.items() if w != node.name]
+                if not own and not others:
+                    time.sleep(0.01)
+                    continue
+                name = rng.choice(mine) if own else rng.choice(others)
+                data = written[name][1]
+                t0 = time.perf_counter()
+                got = checked_get(client, name, data)
+                dt = time.perf_counter() - t0
+                with lock:
+                    if got == "ok":
+                        report.ok += 1
+                    else:
+                        report.miss += 1
+                    if own:
+                        (report.local_during_fault if faulted.is_set() else report.local).append(dt)
+            except AssertionError as exc:
+                with lock:
+                    report.wrong += 1
+                    report.errors.append(str(exc))
+            except Exception as exc:  # a daemon that went away under a fault: reconnect
+                with lock:
+                    report.errors.append(f"{node.name}: {type(exc).__name__}: {exc}")
+                if client is not None:
+                    client.close()
+                client = None
+                time.sleep(0.2)
+        if client is not None:
+            client.close()
+
+    threads = [threading.Thread(target=worker, args=(n,), daemon=True) for n in nc.nodes]
+    for t in threads:
+        t.start()
+    k = 0
+    try:
+        while time.monotonic() + fault_every < end + 1e-9 or (k == 0 and time.monotonic() + fault_for < end):
+            time.sleep(max(0.0, min(fault_every, end - time.monotonic() - fault_for)))
+            if time.monotonic() >= end:
+                break
+            kind, victim = FAULTS[k % len(FAULTS)], nc.nodes[k % len(nc.nodes)]
+            k += 1
+            say(f"fault: {kind} on node {victim.name} for {fault_for:g}s")
+            report.faults.append(f"{kind}:{victim.name}")
+            if kind == "kill":
+                down.add(victim.name)
+            faulted.set()
+            {"kill": nc.kill, "stop": nc.stop, "cut": nc.cut, "drop": nc.drop}[kind](victim)
+            time.sleep(fault_for)
+            {"kill": nc.start, "stop": nc.cont, "cut": nc.mend, "drop": nc.undrop}[kind](victim)
+            faulted.clear()
+            down.discard(victim.name)
+    finally:
+        for t in threads:
+            t.join(timeout=120)
+    return report
+
+
+def run(args: argparse.Namespace) -> int:
+    why = missing_tools()
+    if why is not None:
+        raise SystemExit(f"kvfs bench cluster: {why}")
+    say = progress(args.json)
+    size = parse_size(args.block_size)
+    load = open("/proc/loadavg").read().split()[:3]
+    say("starting 3 nodes and an S3 server in network namespaces")
+    if args.soak is not None:
+        with NetCluster(3, timeout="1s") as nc:
+            rep = mixed_run(nc, args.soak, fault_every=args.fault_every, fault_for=args.fault_for, say=say)
+        out = {"soak_seconds": args.soak, **rep.to_json(), "load": load}
+        if args.json:
+            print(json.dumps(out, indent=2))
+        else:
+            print(f"mixed run of {args.soak:g}s, faults: {', '.join(rep.faults) or 'none'} (load {' '.join(load)})")
+            print(f"reads: {rep.ok} correct, {rep.miss} misses, {rep.wrong} WRONG; writes: {rep.writes}")
+            print(f"local hits: {_ms(rep.local)}")
+            print(f"local hits during faults: {_ms(rep.local_during_fault)}")
+        return 1 if rep.wrong else 0
+    with NetCluster(3, timeout="1s", posix=False, dram="256MiB", disk="512MiB") as nc:
+        res = measure(nc, args.blocks, size, say)
+    res["load"] = load
+    if args.json:
+        print(json.dumps(res, indent=2))
+        return 0
+    print(f"{args.blocks} blocks of {size} bytes, UCX over TCP between namespaces (load {' '.join(load)})")
+    print(f"{'get':10} {'mean ms':>9} {'p50 ms':>9} {'p99 ms':>9} {'max ms':>9}")
+    for key in ("local", "peer", "s3", "visible"):
+        r = res[key]
+        print(f"{key:10} {r['mean_ms']:9.3f} {r['p50_ms']:9.3f} {r['p99_ms']:9.3f} {r['max_ms']:9.3f}")
+    print(f"peer vs s3: {res['peer_vs_s3']}x faster (aim >= 3)")
+    print(f"peer vs local: {res['peer_vs_local']}x a local DRAM get's speed (aim >= 0.3)")
+    return 0
