@@ -63,13 +63,13 @@ from .ingest import Ingest, Reservation
 from .leases import Lease, Leases
 from .lifetimes import Lifetimes, SweepReport
 from .names import normalize, parent_of, split
-from .peers import PeerReads
 from .namespaces import (
     NamespaceRetired,
     Namespaces,
     NamespaceState,
     NamespaceStatistics,
 )
+from .peers import PeerReads
 from .placement import Placement
 from .policies import EvictionPolicy, Hint, make_policy
 from .renames import Renames
@@ -164,8 +164,7 @@ class Store:
         self.ingest = Ingest(self, clock=lease_clock)
         self.batch = BatchReads(self)
         self._through = [s for s in self.slots if s.index > 0 and s.tier.config.write is WriteMode.THROUGH]
-        self.peers: PeerReads | None = None
-        """Reads of blocks missing here from other nodes' DRAM (kvfs.peers), when set."""
+        self.peers: PeerReads | None = None  # reads from other nodes' DRAM (kvfs.peers), set by the daemon
         self._lookups = 0
         self._misses = 0
         self.rebuilt_corrupt = 0
@@ -202,15 +201,12 @@ class Store:
         self.shared.listing_ttl = value
 
     @property
-    def remote(self) -> bool:
-        """Whether a name unknown here may be found elsewhere (shared tiers or peers)."""
+    def remote(self) -> bool:  # a name unknown here may be found elsewhere
         return bool(self.shared) or self.peers is not None
 
     def refresh(self, name: str) -> None:
-        """Before *name* (normalized) is answered: a block a peer holds and this node does
-        not is read from it (:meth:`PeerReads.fill`), then the record is brought in line
-        with the shared tiers (:meth:`SharedRecords.refresh`). Raises
-        :class:`StoreBusy` inside :meth:`nowait` when either must wait on the network."""
+        """Read *name* from a peer if only a peer holds it (:meth:`PeerReads.fill`), then
+        check it with the shared tiers (:meth:`SharedRecords.refresh`); ``StoreBusy`` in nowait."""
         if self.peers is not None:
             self.peers.fill(name)
         self.records.refresh(name)

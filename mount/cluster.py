@@ -42,7 +42,9 @@ class Cluster:
         fd = tier.share(True)
         try:
             size = os.fstat(fd).st_size
-            self.agent = NixlAgent(f"{config.node}-{os.getpid()}-{secrets.token_hex(3)}", fd, size, ucx_tls=config.ucx_tls)
+            self.agent = NixlAgent(
+                f"{config.node}-{os.getpid()}-{secrets.token_hex(3)}", fd, size, ucx_tls=config.ucx_tls
+            )
         finally:
             os.close(fd)
         self.index = PeerIndex(p.name for p in config.peers)

@@ -91,7 +91,7 @@ class NixlAgent:
             _loaded = True
             self._reg = nixl.nixlRegDList(nixl.DRAM_SEG, [(self.base, size, 0, "")])
             self._agent.registerMem(self._reg, [self._ucx])
-        except Exception as exc:  # the bindings raise their own classes for every failure
+        except Exception as exc:
             raise NixlUnavailable(f"NIXL's UCX backend did not start: {exc}") from exc
         self.metadata: bytes = self._agent.getLocalMD()
 
@@ -106,7 +106,7 @@ class NixlAgent:
     def forget(self, remote: str) -> None:
         try:
             self._agent.invalidateRemoteMD(remote)
-        except Exception as exc:  # already gone: nothing to undo
+        except Exception as exc:  # noqa: BLE001 - already gone: nothing to undo
             log.debug("forgetting NIXL agent %s: %s", remote, exc)
 
     def read(self, remote: str, offset: int, address: int, length: int, timeout: float) -> None:
@@ -130,20 +130,22 @@ class NixlAgent:
             while status == nixl.NIXL_IN_PROG and time.monotonic() < deadline:
                 time.sleep(_POLL_SLEEP)
                 status = self._agent.getXferStatus(req)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - NIXL's bindings raise a dozen unrelated Exception classes
             status = exc
         if status == nixl.NIXL_SUCCESS:
             self._release(req)
             return
         if not self._release(req):
-            raise PeerReadAbandoned(f"NIXL read of {length} bytes from {remote} did not finish and could not be cancelled")
+            raise PeerReadAbandoned(
+                f"NIXL read of {length} bytes from {remote} did not finish and could not be cancelled"
+            )
         why = f"timed out after {timeout:g}s" if status == nixl.NIXL_IN_PROG else f"failed: {status}"
         raise TierUnavailable(f"NIXL read of {length} bytes from {remote} {why}")
 
     def _release(self, req: int) -> bool:
         try:
             self._agent.releaseXferReq(req)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - NIXL's bindings raise a dozen unrelated Exception classes
             log.warning("NIXL transfer could not be released: %s", exc)
             return False
         return True
@@ -152,5 +154,5 @@ class NixlAgent:
         """Deregister the arena; the agent itself lives until the process leaves."""
         try:
             self._agent.deregisterMem(self._reg, [self._ucx])
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - NIXL's bindings raise a dozen unrelated Exception classes
             log.warning("NIXL deregistration: %s", exc)

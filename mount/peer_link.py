@@ -173,4 +173,3 @@ class NixlPeers(PeerSource):
                 links, state.idle = state.idle, []
             for link in links:
                 link.close()
-

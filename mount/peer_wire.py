@@ -27,13 +27,13 @@ from typing import Any
 from kvfs.errors import KvfsError, TierUnavailable
 
 __all__ = [
+    "BUSY",
+    "DENIED",
     "MAX_FRAME",
     "MAX_HOLDINGS",
     "MAX_NAMES",
-    "VERSION",
-    "BUSY",
-    "DENIED",
     "MISSING",
+    "VERSION",
     "PeerProtocolError",
     "recv_frame",
     "send_frame",

@@ -206,7 +206,7 @@ def mixed_run(
                 with lock:
                     report.wrong += 1
                     report.errors.append(str(exc))
-            except Exception as exc:  # a daemon that went away under a fault: reconnect
+            except Exception as exc:  # noqa: BLE001 - a daemon that went away under a fault: reconnect
                 with lock:
                     report.errors.append(f"{node.name}: {type(exc).__name__}: {exc}")
                 if client is not None:
@@ -249,7 +249,8 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"kvfs bench cluster: {why}")
     say = progress(args.json)
     size = parse_size(args.block_size)
-    load = open("/proc/loadavg").read().split()[:3]
+    with open("/proc/loadavg") as f:
+        load = f.read().split()[:3]
     say("starting 3 nodes and an S3 server in network namespaces")
     if args.soak is not None:
         with NetCluster(3, timeout="1s") as nc:

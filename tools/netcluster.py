@@ -29,6 +29,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Self
 
 __all__ = ["NetCluster", "Node", "missing_tools"]
 
@@ -167,9 +168,9 @@ class NetCluster:
             raise RuntimeError("moto's S3 server did not start in 60 s")
         # the host has no address on the bridge: the bucket is made from inside
         code = (
-            "import boto3; boto3.client('s3', endpoint_url='%s', region_name='us-east-1', "
+            f"import boto3; boto3.client('s3', endpoint_url='{self.s3_url}', region_name='us-east-1', "
             "aws_access_key_id='testing', aws_secret_access_key='testing').create_bucket(Bucket='kvfs-cluster')"
-        ) % self.s3_url
+        )
         _run("ip", "netns", "exec", self.s3_ns, sys.executable, "-c", code)
 
     # -- the nodes ---------------------------------------------------------------------
@@ -292,8 +293,8 @@ class NetCluster:
         for node in self.nodes:
             try:
                 self.shutdown(node, timeout=30)
-            except Exception:  # teardown goes on whatever one node did
-                pass
+            except (OSError, subprocess.SubprocessError) as exc:  # teardown goes on whatever one node did
+                print(f"netcluster: node {node.name}: {exc}", file=sys.stderr)
         if self.s3_proc is not None:
             try:
                 os.killpg(self.s3_proc.pid, signal.SIGKILL)
@@ -305,12 +306,11 @@ class NetCluster:
         self._made.clear()
         shutil.rmtree(self.base, ignore_errors=True)
 
-    def __enter__(self) -> NetCluster:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
 
 
 def checked_get(client: object, name: str, expected: bytes) -> str:
