@@ -122,3 +122,22 @@ def test_a_failed_peer_costs_a_deadline_and_never_wrong_bytes(cluster, fault):
     fresh = _put(cluster.clients["a"], 2, tag="after")
     for name, data in fresh.items():
         assert _until_ok(cluster.clients["b"], name, data) == "ok"
+
+
+def test_a_mixed_run_with_faults_reads_no_wrong_byte(cluster):
+    """The short version of ``kvfs bench cluster --soak``: all three nodes write and read
+    each other's blocks (every byte checked) while faults come and go."""
+    from kvfs.tools.bench_cluster import mixed_run
+
+    for c in cluster.clients.values():
+        c.close()
+    try:
+        report = mixed_run(cluster, 36.0, fault_every=8.0, fault_for=4.0, say=lambda *a: None)
+    finally:
+        for node in cluster.nodes:
+            if node.pid is None:
+                cluster.start(node)
+            _reconnect(cluster, node)
+    assert report.wrong == 0, report.errors
+    assert len(report.faults) >= 2
+    assert report.ok > 0 and report.writes > 0
