@@ -100,7 +100,8 @@ def _with(**tier0):
         (
             {"tiers": GOOD["tiers"], "mounts": {}},
             "mounts",
-            "unknown top-level key; expected [[tiers]], [policy], [mount], [client], [events] and [[namespaces]]",
+            "unknown top-level key; expected [[tiers]], [policy], [mount], [client], [events], [[namespaces]] "
+            "and [cluster]",
         ),
     ],
 )
