@@ -17,14 +17,13 @@ import random
 from pathlib import Path
 
 import pytest
+from test_ingest import BLOCK, make
 
 from kvfs.config import ConfigError, parse_config
 from kvfs.errors import BlockNotFound, StoreBusy, TierUnavailable
 from kvfs.events import EventKind
 from kvfs.peers import PEER_DETAIL, Medium, Offer, PeerIndex, PeerReadAbandoned, PeerReads, PeerSource, block_hash_of
 from kvfs.store import Store
-
-from test_ingest import BLOCK, make
 
 H = "ab" + "12" * 15  # a hashed basename: <ab>/<ab...>
 
