@@ -100,8 +100,10 @@ def _with(**tier0):
         (
             {"tiers": GOOD["tiers"], "mounts": {}},
             "mounts",
-            "unknown top-level key; expected [[tiers]], [policy], [mount], [client], [events], [[namespaces]] "
-            "and [cluster]",
+            (
+                "unknown top-level key; expected [[tiers]], [policy], [mount], [client], [events], [[namespaces]] "
+                "and [cluster]"
+            ),
         ),
     ],
 )
