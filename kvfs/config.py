@@ -305,7 +305,8 @@ class ClusterConfig:
     afterwards); ``max_connections``: peer connections served at once;
     ``max_in_flight``: bytes one connection may hold leased for transfers at once;
     ``ucx_tls``: UCX transports (``UCX_TLS``), e.g. ``"tcp"`` or ``"rc,tcp"``; none: UCX
-    picks."""
+    picks. ``landing``: the largest block a peer writes straight into this node (one
+    round trip; 0: never), the size of each landing buffer."""
 
     node: str
     listen: str
@@ -314,6 +315,7 @@ class ClusterConfig:
     max_connections: int = 16
     max_in_flight: int = 256 << 20
     ucx_tls: str | None = None
+    landing: int = 4 << 20
 
     @property
     def host(self) -> str:
@@ -505,7 +507,7 @@ def parse_config(data: dict[str, Any]) -> Config:
     )
 
 
-_CLUSTER_KEYS = ("node", "listen", "peers", "timeout", "max_connections", "max_in_flight", "ucx_tls")
+_CLUSTER_KEYS = ("node", "listen", "peers", "timeout", "max_connections", "max_in_flight", "ucx_tls", "landing")
 _PEER_KEYS = ("name", "address", "events", "uid", "gid")
 
 
@@ -546,6 +548,10 @@ def _parse_cluster(raw: Any, tiers: list[TierConfig]) -> ClusterConfig:
         kwargs["max_in_flight"] = _parsed("cluster.max_in_flight", parse_size, raw["max_in_flight"])
         if kwargs["max_in_flight"] < 1 << 20:
             raise ConfigError("cluster.max_in_flight", "must be at least 1MiB (one block must fit)")
+    if "landing" in raw:
+        kwargs["landing"] = _parsed("cluster.landing", parse_size, raw["landing"])
+        if kwargs["landing"] > 1 << 30:
+            raise ConfigError("cluster.landing", "must be at most 1GiB (each peer connection has one buffer this size)")
     if "ucx_tls" in raw:
         if not isinstance(raw["ucx_tls"], str) or not raw["ucx_tls"]:
             raise ConfigError("cluster.ucx_tls", 'expected UCX transports, e.g. "tcp" or "rc,tcp"')

@@ -4,11 +4,13 @@ A node of a cluster (``[cluster]`` in the config) learns what its peers hold fro
 events (vLLM's format, ``kvfs.mount.kv_events``): :class:`PeerIndex` maps a block hash to
 the peers that hold it and where (DRAM or disk). A name this node does not hold is looked
 up there first (memory only); when a peer holds it, :class:`PeerReads` asks that peer for
-the block's descriptor (its size, its checksum, where it lies in the peer's arena, held
-for us by a lease there), reserves an extent of this node's arena, has the bytes moved
-into it by a :class:`PeerSource` (NIXL over UCX in the daemon), checks them (xxh3-64)
-against the peer's checksum and only then publishes the block here: a DRAM copy, counted
-as a remote hit. Nothing is ever written to a peer.
+the block through a :class:`PeerSource` (NIXL over UCX in the daemon): in one round trip
+the peer writes it into a landing buffer of this node, or, when it does not fit, offers
+it (its size, its checksum, where it lies in the peer's arena, held for us by a lease
+there) for this node to read. Either way the bytes are then placed in an extent of this
+node's arena reserved for them, checked (xxh3-64) against the peer's checksum there and
+only then published: a DRAM copy, counted as a remote hit. Nothing is ever written to a
+peer.
 
 The same two-phase discipline as every move (docs/store.md): the extent is reserved
 under the store's lock, filled and checked outside it, committed under it. A block written
@@ -21,44 +23,53 @@ A peer that does not answer within ``timeout`` is marked unhealthy (its own
 stopped or cut-off peer costs one deadline, then nothing; the read falls to the shared
 tiers or misses. An extent whose transfer could not be cancelled is never given back
 (it is counted in ``stranded``), so a late transfer can never land in another block.
+
+:class:`Elsewhere` is the store's collaborator that asks, before every read or lookup of
+a name not held here, the places it may be found: the peers, then the shared tiers.
 """
 
 from __future__ import annotations
 
 import abc
 import enum
+import itertools
 import logging
 import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .errors import BlockCorrupt, KvfsError, NoSpace, TierUnavailable
 from .health import HealthBreaker
+from .stats import PeerCounters, PeerStatistics
 
 if TYPE_CHECKING:
-    from .store import Store
+    from .catalog import Catalog
+    from .ingest import Ingest
+    from .placement import Placement
+    from .revalidation import SharedRecords
+    from .shared import SharedView
 
 __all__ = [
     "PEER_DETAIL",
+    "Elsewhere",
     "Medium",
     "Offer",
     "PeerIndex",
     "PeerReadAbandoned",
     "PeerReads",
     "PeerSource",
-    "PeerStatistics",
     "block_hash_of",
 ]
 
 log = logging.getLogger("kvfs.peers")
 
 _HASHED = re.compile(r"(?:^|/)([0-9a-f]{2})/(\1[0-9a-f]{6,126})$")
-_MAX_ENTRIES = 4_000_000
+_MAX_ENTRIES = 4_000_000  # block hashes remembered per peer (about 100 bytes each)
 PEER_DETAIL = "read from peer "
-"""The start of the ``stored`` event's detail of a block read from a peer (then its name)."""  # block hashes remembered per peer (about 100 bytes each)
+"""The start of the ``stored`` event's detail of a block read from a peer (then its name)."""
 
 
 def block_hash_of(name: str) -> bytes | None:
@@ -80,14 +91,17 @@ class Medium(enum.IntEnum):
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Offer:
-    """A peer's answer for one block: *size* bytes with *checksum* (xxh3-64) at *address*
-    in its registered arena, held for us under lease *token* until released."""
+    """A peer's answer for one block: *size* bytes with *checksum* (xxh3-64), either
+    already written into a landing buffer of this node at *address* (*landed*), or at
+    *address* in the peer's registered arena, held for us under lease *token* until
+    released."""
 
     name: str
     size: int
     checksum: int
     address: int
-    token: int
+    token: int = 0
+    landed: bool = False
 
 
 class PeerReadAbandoned(TierUnavailable):
@@ -100,17 +114,20 @@ class PeerSource(abc.ABC):
     Every call returns or raises :class:`TierUnavailable` within *timeout* seconds."""
 
     @abc.abstractmethod
-    def offer(self, peer: str, name: str, timeout: float) -> Offer | None:
-        """Ask *peer* for block *name*; None when it does not hold it (or may not serve it to us)."""
+    def fetch(self, peer: str, name: str, timeout: float) -> Offer | None:
+        """Ask *peer* for block *name*: it lands here when it fits a landing buffer, else
+        it is offered. None when the peer does not hold it (or may not serve it to us)."""
 
     @abc.abstractmethod
     def read(self, peer: str, offer: Offer, offset: int, timeout: float) -> None:
-        """Move the offered bytes into this node's arena at file offset *offset*.
-        :class:`PeerReadAbandoned` when the transfer may still land later."""
+        """Move the offered bytes into this node's arena at file offset *offset* (from the
+        landing buffer, or read from the peer). :class:`PeerReadAbandoned` when a
+        transfer may still land there later."""
 
     @abc.abstractmethod
     def release(self, peer: str, offer: Offer) -> None:
-        """Tell *peer* it may let go of the offered copy (best effort, never waits long)."""
+        """Give the landing buffer back, or tell *peer* it may let go of the offered copy
+        (best effort, never waits long)."""
 
 
 class PeerIndex:
@@ -179,48 +196,26 @@ class PeerIndex:
         return self._counts.get(peer, 0)
 
 
-@dataclass
-class _PeerCounters:
-    hits: int = 0
-    bytes_read: int = 0
-    stale: int = 0
-    corrupt: int = 0
-
-
-@dataclass(frozen=True, kw_only=True)
-class PeerStatistics:
-    """A snapshot of one peer as this node sees it: ``blocks`` it is known to hold,
-    ``hits`` (blocks read from it) and ``bytes_read``, ``stale`` (it no longer held what
-    its events said), ``corrupt`` (bytes that failed the check: never published),
-    ``healthy`` and ``errors`` (timeouts, refused connections)."""
-
-    name: str
-    healthy: bool
-    errors: int
-    blocks: int
-    hits: int
-    bytes_read: int
-    stale: int
-    corrupt: int
-
-
-@dataclass
 class _Peer:
-    name: str
-    health: HealthBreaker
-    counters: _PeerCounters = field(default_factory=_PeerCounters)
+    def __init__(self, name: str, health: HealthBreaker) -> None:
+        self.name = name
+        self.health = health
+        self.counters = PeerCounters()
 
 
 class PeerReads:
-    """Fills local misses from peers (see the module doc): the store's collaborator.
+    """Fills local misses from peers (see the module doc): a collaborator of the store.
 
-    *store*'s arena receives the bytes (``Store.reserve`` / ``Ingest.adopt``); *index*
-    says who holds what; *source* moves the bytes; *timeout* bounds each peer's part of a
-    read; *retry_after*: how long a peer that failed is skipped."""
+    The bytes land in the arena of *ingest* (``Ingest.reserve`` / ``Ingest.adopt``);
+    *catalog* says what is held here, *placement* whether this thread may do I/O;
+    *index* says who holds what; *source* moves the bytes; *timeout* bounds each peer's
+    part of a read; *retry_after*: how long a peer that failed is skipped."""
 
     def __init__(
         self,
-        store: Store,
+        catalog: Catalog,
+        placement: Placement,
+        ingest: Ingest,
         index: PeerIndex,
         source: PeerSource,
         *,
@@ -228,7 +223,9 @@ class PeerReads:
         retry_after: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.store = store
+        self.catalog = catalog
+        self.placement = placement
+        self.ingest = ingest
         self.index = index
         self.source = source
         self.timeout = timeout
@@ -237,8 +234,15 @@ class PeerReads:
         }
         self._lock = threading.Lock()
         self._fetching: dict[str, threading.Event] = {}
-        self.stranded = 0
+
+    @property
+    def stranded(self) -> int:
         """Bytes of extents whose transfer could not be cancelled (never reused)."""
+        return sum(p.counters.stranded for p in self._peers.values())
+
+    def counters(self, peer: str) -> PeerCounters:
+        """*peer*'s counters (the serving side counts what it served in them)."""
+        return self._peers[peer].counters
 
     def candidates(self, name: str) -> list[str]:
         """Peers that hold *name* by their events (memory only)."""
@@ -250,19 +254,19 @@ class PeerReads:
         peer into this node's DRAM now; True when it was. Inside ``Store.nowait`` this
         raises :class:`~kvfs.errors.StoreBusy` instead of waiting on the network. Never
         raises for a peer's failure: the read falls to the shared tiers or misses."""
-        if name in self.store.catalog.blocks:
+        if name in self.catalog.blocks:
             return False
         peers = self.candidates(name)
         if not peers:
             return False
-        self.store.placement.require_io(0, "reading a block from a peer")
+        self.placement.require_io(0, "reading a block from a peer")
         with self._lock:
             running = self._fetching.get(name)
             if running is None:
                 self._fetching[name] = threading.Event()
         if running is not None:  # another thread is fetching it: its answer is ours
             running.wait(self.timeout * len(peers) + 1.0)
-            return name in self.store.catalog.blocks
+            return name in self.catalog.blocks
         try:
             for peer in peers:
                 state = self._peers.get(peer)
@@ -277,27 +281,31 @@ class PeerReads:
             done.set()
 
     def _fetch_from(self, peer: _Peer, name: str) -> bool:
+        t0 = time.monotonic()
         try:
-            offer = self.source.offer(peer.name, name, self.timeout)
+            offer = self.source.fetch(peer.name, name, self.timeout)
         except TierUnavailable as exc:
             peer.health.failed(exc)
             return False
         peer.health.answered()
         if offer is None:
-            peer.counters.stale += 1
+            peer.counters.add("misses")
             h = block_hash_of(name)
             if h is not None:
                 self.index.removed(peer.name, h)
             return False
         try:
-            return self._receive(peer, name, offer)
+            got = self._receive(peer, name, offer)
         finally:
             self.source.release(peer.name, offer)
+        if got:
+            peer.counters.fetched(time.monotonic() - t0, offer.size)
+        return got
 
     def _receive(self, peer: _Peer, name: str, offer: Offer) -> bool:
-        store = self.store
+        ingest = self.ingest
         try:
-            res = store.reserve(name, offer.size, ttl=self.timeout * 2 + 5.0)
+            res = ingest.reserve(name, offer.size, parent=None, ttl=self.timeout * 2 + 5.0)
         except (NoSpace, KvfsError) as exc:
             log.info("block %s from peer %s: no room here (%s)", name, peer.name, exc)
             return False
@@ -305,43 +313,76 @@ class PeerReads:
             self.source.read(peer.name, offer, res.location.offset, self.timeout)
         except PeerReadAbandoned as exc:
             peer.health.failed(exc)
-            self.stranded += res.size  # the extent stays reserved: a late transfer may land in it
+            peer.counters.add("stranded", res.size)  # the extent stays reserved: a late transfer may land in it
             log.error("block %s from peer %s: transfer not cancelled; its extent is kept out of use", name, peer.name)
             return False
         except TierUnavailable as exc:
             peer.health.failed(exc)
-            store.abort(res)
+            ingest.abort(res)
             return False
         try:
-            adopted = store.ingest.adopt(res, offer.checksum, source=f"{PEER_DETAIL}{peer.name}")
+            adopted = ingest.adopt(res, offer.checksum, source=f"{PEER_DETAIL}{peer.name}")
         except BlockCorrupt as exc:
-            peer.counters.corrupt += 1
+            peer.counters.add("corrupt")
             log.warning("block %s from peer %s failed its check; not published: %s", name, peer.name, exc)
             return False
         except KvfsError as exc:
             log.info("block %s from peer %s not published: %s", name, peer.name, exc)
             return False
         if adopted is None:
-            return name in store.catalog.blocks  # written here meanwhile: that version wins
-        c = peer.counters
-        c.hits += 1
-        c.bytes_read += offer.size
+            return name in self.catalog.blocks  # written here meanwhile: that version wins
         return True
 
-    def statistics(self) -> list[PeerStatistics]:
-        return [
-            PeerStatistics(
-                name=p.name,
-                healthy=p.health.healthy,
-                errors=p.health.errors,
-                blocks=self.index.count(p.name),
-                hits=p.counters.hits,
-                bytes_read=p.counters.bytes_read,
-                stale=p.counters.stale,
-                corrupt=p.counters.corrupt,
-            )
-            for p in self._peers.values()
-        ]
+    def statistics(self) -> tuple[PeerStatistics, ...]:
+        out = []
+        for p in self._peers.values():
+            c = p.counters
+            with c.lock:
+                buckets = list(itertools.accumulate(c.fetch_buckets))
+                out.append(
+                    PeerStatistics(
+                        name=p.name,
+                        healthy=p.health.healthy,
+                        errors=p.health.errors,
+                        blocks=self.index.count(p.name),
+                        hits=c.hits,
+                        bytes_read=c.bytes_read,
+                        misses=c.misses,
+                        corrupt=c.corrupt,
+                        stranded=c.stranded,
+                        fetch_seconds=c.fetch_seconds,
+                        fetch_buckets=tuple(buckets),
+                        served=c.served,
+                        bytes_served=c.bytes_served,
+                    )
+                )
+        return tuple(out)
 
     def names(self) -> Sequence[str]:
         return list(self._peers)
+
+
+class Elsewhere:
+    """Where a name this node does not hold may be found, asked before every read or
+    lookup (``Store.elsewhere``): the peers (:attr:`peers`, set by a cluster node's
+    daemon), then the shared tiers (*records*, over *shared*)."""
+
+    def __init__(self, records: SharedRecords, shared: SharedView) -> None:
+        self.records = records
+        self.shared = shared
+        self.peers: PeerReads | None = None
+
+    @property
+    def active(self) -> bool:
+        """Whether a name unknown here may be found elsewhere."""
+        return bool(self.shared) or self.peers is not None
+
+    def refresh(self, name: str) -> None:
+        """Read *name* from a peer if only a peer holds it (:meth:`PeerReads.fill`), then
+        check it with the shared tiers (:meth:`SharedRecords.refresh`); ``StoreBusy`` in nowait."""
+        if self.peers is not None:
+            self.peers.fill(name)
+        self.records.refresh(name)
+
+    def statistics(self) -> tuple[PeerStatistics, ...]:
+        return () if self.peers is None else self.peers.statistics()

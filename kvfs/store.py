@@ -69,7 +69,7 @@ from .namespaces import (
     NamespaceState,
     NamespaceStatistics,
 )
-from .peers import PeerReads
+from .peers import Elsewhere
 from .placement import Placement
 from .policies import EvictionPolicy, Hint, make_policy
 from .renames import Renames
@@ -156,6 +156,7 @@ class Store:
         self.records = SharedRecords(
             self.placement, self.shared, self.queue, self.writeback, clock=clock, shared_wait=shared_wait
         )
+        self.elsewhere = Elsewhere(self.records, self.shared)  # peers (kvfs.peers) and shared tiers
         self.operator = OperatorCommands(self)
         self.renames = Renames(self)
         self.tenancy = Tenancy(self)
@@ -164,7 +165,6 @@ class Store:
         self.ingest = Ingest(self, clock=lease_clock)
         self.batch = BatchReads(self)
         self._through = [s for s in self.slots if s.index > 0 and s.tier.config.write is WriteMode.THROUGH]
-        self.peers: PeerReads | None = None  # reads from other nodes' DRAM (kvfs.peers), set by the daemon
         self._lookups = 0
         self._misses = 0
         self.rebuilt_corrupt = 0
@@ -181,10 +181,6 @@ class Store:
     # -- helpers ---------------------------------------------------------------------
 
     @property
-    def shared_wait(self) -> float:
-        return self.records.shared_wait
-
-    @property
     def negative_ttl(self) -> float:
         return self.shared.negative_ttl
 
@@ -199,17 +195,6 @@ class Store:
     @listing_ttl.setter
     def listing_ttl(self, value: float) -> None:
         self.shared.listing_ttl = value
-
-    @property
-    def remote(self) -> bool:  # a name unknown here may be found elsewhere
-        return bool(self.shared) or self.peers is not None
-
-    def refresh(self, name: str) -> None:
-        """Read *name* from a peer if only a peer holds it (:meth:`PeerReads.fill`), then
-        check it with the shared tiers (:meth:`SharedRecords.refresh`); ``StoreBusy`` in nowait."""
-        if self.peers is not None:
-            self.peers.fill(name)
-        self.records.refresh(name)
 
     def tier_index(self, name: str) -> int:
         for s in self.slots:
@@ -297,8 +282,8 @@ class Store:
 
     def seal_end(self, rec: BlockRecord, placed: TierSlot, *, through: bool = True) -> BlockStat:
         """Under the lock, once the new block *rec* has its first copy in *placed*: it
-        replaces the old version (whose other copies are dropped) and is queued for the
-        write-through tiers below (unless not *through*: a block read from a peer)."""
+        replaces the old version (whose other copies are dropped) and, if *through* (not
+        read from a peer), is queued for the write-through tiers below."""
         p = self.placement
         name = rec.name
         old = self.catalog.get(name)  # again: the lock may have been let go meanwhile
@@ -377,7 +362,7 @@ class Store:
         """Read through the copies hottest first. *fetch(tier, name)* returns a result that
         *unpack* turns into ``(payload view, checksum)``; the first good result is returned."""
         name = normalize(name)
-        self.refresh(name)
+        self.elsewhere.refresh(name)
         p = self.placement
         counted = False
         rediscovered = False
@@ -486,14 +471,14 @@ class Store:
     def stat(self, name: str) -> BlockStat:
         """The block's record; :class:`BlockNotFound` if absent."""
         name = normalize(name)
-        self.refresh(name)
+        self.elsewhere.refresh(name)
         with self.placement.locked():
             return self._stat(self.catalog.require(name))
 
     def lookup(self, name: str) -> BlockStat | None:
         """Like :meth:`stat` but ``None`` for a missing block (and for a directory)."""
         name = normalize(name)
-        self.refresh(name)
+        self.elsewhere.refresh(name)
         with self.placement.locked():
             rec = self.catalog.get(name)
             return None if rec is None else self._stat(rec)
@@ -510,7 +495,7 @@ class Store:
             if listing is None:
                 raise StoreBusy("listing the shared tiers", tier=self.records.ask_tier)
             return listing
-        return self.shared.listing(directory, wait=self.shared_wait) or {}
+        return self.shared.listing(directory, wait=self.records.shared_wait) or {}
 
     def is_dir(self, name: str) -> bool:
         """True for a directory here or in a shared tier (from the cached parent listing)."""
@@ -784,6 +769,7 @@ class Store:
                 tiers=tiers,
                 leases=len(self.leases),
                 reserved=len(self.ingest),
+                peers=self.elsewhere.statistics(),
             )
 
     def __len__(self) -> int:

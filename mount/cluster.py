@@ -17,21 +17,24 @@ import secrets
 
 from kvfs.config import ClusterConfig
 from kvfs.errors import KvfsError
-from kvfs.peers import PeerIndex, PeerReads, PeerStatistics
+from kvfs.peers import PeerIndex, PeerReads
+from kvfs.stats import PeerStatistics
 from kvfs.store import Store
 
 __all__ = ["Cluster"]
 
 log = logging.getLogger("kvfs.peers")
 
+_MAX_LANDING = 16  # landing buffers at most (each [cluster] landing bytes); past them blocks are offered
+
 
 class Cluster:
     """The peer tier of *store* for *config* (see the module doc)."""
 
     def __init__(self, store: Store, config: ClusterConfig) -> None:
-        from .nixl_agent import NixlAgent
+        from .nixl_agent import Landing, NixlAgent
         from .peer_events import PeerWatch
-        from .peer_link import NixlPeers
+        from .peer_link import MAX_LINKS, NixlPeers
         from .peer_server import PeerServer
 
         tier = store.slots[0].tier
@@ -40,25 +43,25 @@ class Cluster:
         self.config = config
         self.store = store
         fd = tier.share(True)
+        landing = Landing(config.landing, min(MAX_LINKS * len(config.peers), _MAX_LANDING))
         try:
             size = os.fstat(fd).st_size
-            self.agent = NixlAgent(
-                f"{config.node}-{os.getpid()}-{secrets.token_hex(3)}", fd, size, ucx_tls=config.ucx_tls
-            )
+            name = f"{config.node}-{os.getpid()}-{secrets.token_hex(3)}"
+            self.agent = NixlAgent(name, fd, size, landing, ucx_tls=config.ucx_tls)
         finally:
             os.close(fd)
         self.index = PeerIndex(p.name for p in config.peers)
         self.links = NixlPeers(config, self.agent)
-        self.reads = PeerReads(store, self.index, self.links, timeout=config.timeout)
-        self.server = PeerServer(
-            store, config, agent=self.agent.name, metadata=self.agent.metadata, base=self.agent.base
+        self.reads = PeerReads(
+            store.catalog, store.placement, store.ingest, self.index, self.links, timeout=config.timeout
         )
+        self.server = PeerServer(store, config, agent=self.agent, counters=self.reads.counters)
         try:
             self.watch = PeerWatch(config, self.index, self.links.holdings)
         except BaseException:
             self.server.close()
             raise
-        store.peers = self.reads
+        store.elsewhere.peers = self.reads
         log.info(
             "cluster node %s: peer channel on %s, peers %s",
             config.node,
@@ -66,12 +69,13 @@ class Cluster:
             ", ".join(f"{p.name}@{p.address}" for p in config.peers) or "none",
         )
 
-    def statistics(self) -> list[PeerStatistics]:
+    def statistics(self) -> tuple[PeerStatistics, ...]:
         return self.reads.statistics()
 
     def close(self) -> None:
-        self.store.peers = None
+        self.store.elsewhere.peers = None
         self.watch.close()
         self.server.close()
         self.links.close()
         self.agent.close()
+        self.agent.landing.close()

@@ -348,10 +348,11 @@ def run(mountpoint: str | os.PathLike, config: Config, foreground: bool = False)
     if foreground:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
         status = serve_foreground(mountpoint, config, lambda: log.info("ready"))
-        if config.cluster is not None:  # NIXL's UCX backend crashes an ordinary exit
-            from .nixl_agent import leave
+        if config.cluster is not None:
+            from kvfs.nixl import leave, needs_hard_exit
 
-            leave(status)
+            if needs_hard_exit():  # UCX's InfiniBand module crashes an ordinary exit (kvfs.nixl)
+                leave(status)
         return status
     return _spawn_background(mountpoint, config)
 
@@ -384,6 +385,9 @@ def _child_main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":  # pragma: no cover - the detached daemon
-    from .nixl_agent import leave
+    from kvfs.nixl import leave, needs_hard_exit
 
-    leave(_child_main(sys.argv[1:]))  # os._exit once NIXL was loaded: its UCX backend crashes an ordinary exit
+    status = _child_main(sys.argv[1:])
+    if needs_hard_exit():  # UCX's InfiniBand module was loaded: an ordinary exit would crash (kvfs.nixl)
+        leave(status)
+    sys.exit(status)

@@ -2,10 +2,17 @@
 
 :class:`NixlPeers` is the :class:`~kvfs.peers.PeerSource` the daemon gives its store.
 Per peer it keeps a few TCP connections to the peer's channel (``kvfs.mount.peer_server``;
-at most ``_MAX_LINKS`` at once, each used by one read at a time) and the peer's NIXL
-agent loaded from its ``hello``; a peer that restarted (a new agent) is loaded again.
-Every call is bounded by the timeout it is given: a connection that does not answer in
-time is closed, never reused.
+at most ``MAX_LINKS`` at once, each used by one read at a time) and the peer's NIXL
+agent loaded from its ``hello`` (which carries this node's agent, so the peer can write
+into its landing buffers); a peer that restarted (a new agent) is loaded again.
+
+A ``fetch`` names a free landing buffer of this node (:class:`~kvfs.mount.nixl_agent.Landing`):
+the peer writes the block into it and answers its size and checksum, one round trip;
+:meth:`NixlPeers.read` then copies it into the arena extent reserved for it, where it is
+checked. A block larger than a landing buffer (or with every buffer busy) is offered
+instead and read with NIXL from the peer's arena, then released. Every call is bounded by
+the timeout it is given: a connection that does not answer in time is closed, never
+reused, and its landing buffer rests a while before it is used again.
 """
 
 from __future__ import annotations
@@ -21,13 +28,13 @@ from kvfs.errors import TierUnavailable
 from kvfs.peers import Offer, PeerSource
 
 from .nixl_agent import NixlAgent
-from .peer_wire import PeerProtocolError, recv_frame, send_frame
+from .peer_wire import FAILED, PeerProtocolError, recv_frame, send_frame
 
-__all__ = ["NixlPeers"]
+__all__ = ["MAX_LINKS", "NixlPeers"]
 
 log = logging.getLogger("kvfs.peers")
 
-_MAX_LINKS = 4  # connections per peer
+MAX_LINKS = 4  # connections per peer
 
 
 class _Link:
@@ -84,7 +91,7 @@ class NixlPeers(PeerSource):
 
     def _take(self, state: _PeerState, deadline: float) -> _Link:
         with state.lock:
-            while not state.idle and state.open >= _MAX_LINKS:
+            while not state.idle and state.open >= MAX_LINKS:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise TierUnavailable(f"peer {state.peer.name}: every connection is busy")
@@ -94,7 +101,8 @@ class NixlPeers(PeerSource):
             state.open += 1
         try:
             link = _Link(state.peer, max(deadline - time.monotonic(), 0.001))
-            reply = link.ask({"op": "hello", "node": self.config.node}, deadline - time.monotonic())
+            hello = {"op": "hello", "node": self.config.node, "agent": self.agent.name, "metadata": self.agent.metadata}
+            reply = link.ask(hello, deadline - time.monotonic())
             agent = str(reply["agent"])
             if agent != state.agent:  # first contact, or the peer restarted
                 if state.agent is not None:
@@ -132,24 +140,52 @@ class NixlPeers(PeerSource):
 
     # -- PeerSource ----------------------------------------------------------------------
 
-    def offer(self, peer: str, name: str, timeout: float) -> Offer | None:
-        reply = self._ask(peer, {"op": "offer", "names": [name]}, timeout)
-        offers = reply.get("offers")
-        if not isinstance(offers, list) or len(offers) != 1:
-            raise TierUnavailable(f"peer {peer}: a malformed offer")
-        got = offers[0]
-        if not isinstance(got, list):
-            return None  # missing, denied or busy
+    def fetch(self, peer: str, name: str, timeout: float) -> Offer | None:
+        state = self._peers[peer]
+        landing = self.agent.landing
+        dest = landing.take()
+        deadline = time.monotonic() + timeout
+        try:
+            link = self._take(state, deadline)
+        except BaseException:
+            if dest is not None:
+                landing.give(dest)
+            raise
+        msg = {"op": "fetch", "name": name, "dest": dest or 0, "room": landing.size if dest is not None else 0}
+        try:
+            reply = link.ask(msg, deadline - time.monotonic())
+        except BaseException:
+            self._drop(state, link)
+            if dest is not None:
+                landing.give(dest, abandoned=True)  # the peer may still be writing into it
+            raise
+        self._give(state, link)
+        got = reply.get("got")
+        if isinstance(got, list) and len(got) == 2 and dest is not None:
+            size, checksum = got
+            return Offer(name=name, size=int(size), checksum=int(checksum), address=dest, landed=True)
+        if dest is not None:
+            landing.give(dest, abandoned=got == FAILED)  # a write that did not finish may still land
+        if isinstance(got, str):
+            return None  # missing, denied, busy, failed
+        if not isinstance(got, list) or len(got) != 4:
+            raise TierUnavailable(f"peer {peer}: a malformed answer to fetch")
         size, checksum, address, token = got
         return Offer(name=name, size=int(size), checksum=int(checksum), address=int(address), token=int(token))
 
     def read(self, peer: str, offer: Offer, offset: int, timeout: float) -> None:
+        if offer.landed:
+            self.agent.place(offer.address, offer.size, offset)
+            return
         state = self._peers[peer]
         if state.agent is None:
             raise TierUnavailable(f"peer {peer}: no NIXL agent known")
         self.agent.read(state.agent, offset, offer.address, offer.size, timeout)
 
     def release(self, peer: str, offer: Offer) -> None:
+        if offer.landed:
+            self.agent.landing.give(offer.address)
+            return
         state = self._peers[peer]
         with state.lock:
             link = state.idle.pop() if state.idle else None

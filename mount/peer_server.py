@@ -6,12 +6,15 @@ is judged as the user its ``[[cluster.peers]]`` entry names (``uid``/``gid``; de
 mounting user) under the namespaces' access rules, as a local reader would be: a name it
 may not read is answered ``denied``, and ``holdings`` lists only what it may read.
 
-An offered block is leased (``Store.lease_many``, promoting a disk copy into DRAM first,
-as any reader's lease would), so its extent of the arena is not reused while the asker's
-NIXL read runs; the lease ends when the asker releases it, when its connection ends, or
-at its deadline. Bounds: ``max_connections`` connections at once (one more is answered
+A fetched block is leased (``Store.lease_many``, promoting a disk copy into DRAM first,
+as any reader's lease would), so its extent of the arena is not reused while it moves.
+When it fits the landing buffer the asker named, this thread writes it there with NIXL
+(the asker's agent was loaded from its ``hello``), lets the lease go and answers its
+size and checksum: one round trip. Otherwise it is offered: the lease is kept for the
+asker's NIXL read and ends when the asker releases it, when its connection ends, or at
+its deadline. Bounds: ``max_connections`` connections at once (one more is answered
 ``busy`` and closed), ``max_in_flight`` bytes leased per connection (past it a name is
-answered ``busy``), ``MAX_NAMES`` names per request.
+answered ``busy``); a write into a landing buffer takes at most ``timeout``.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import os
 import select
 import socket
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from kvfs.access import AccessDenied, Operation, Peer
@@ -28,9 +32,11 @@ from kvfs.config import ClusterConfig, PeerConfig
 from kvfs.errors import KvfsError, TierUnavailable
 from kvfs.leases import Lease
 from kvfs.peers import Medium, block_hash_of
+from kvfs.stats import PeerCounters
 from kvfs.store import Store
 
-from .peer_wire import BUSY, DENIED, MAX_HOLDINGS, MAX_NAMES, MISSING, PeerProtocolError, recv_frame, send_frame
+from .nixl_agent import NixlAgent
+from .peer_wire import BUSY, DENIED, FAILED, MAX_HOLDINGS, MISSING, PeerProtocolError, recv_frame, send_frame
 
 __all__ = ["PeerServer"]
 
@@ -45,16 +51,19 @@ def _addresses(host: str) -> set[str]:
 
 
 class PeerServer:
-    """Serves *store*'s DRAM arena (mapped at *base* in this process's NIXL agent, named
-    *agent* with *metadata*) to the peers of *config* (see the module doc)."""
+    """Serves *store*'s DRAM arena (registered with *agent*, this process's NIXL agent)
+    to the peers of *config* (see the module doc); *counters(peer)* are where what each
+    peer was served is counted."""
 
-    def __init__(self, store: Store, config: ClusterConfig, *, agent: str, metadata: bytes, base: int) -> None:
+    def __init__(
+        self, store: Store, config: ClusterConfig, *, agent: NixlAgent, counters: Callable[[str], PeerCounters]
+    ) -> None:
         self.store = store
         self.config = config
         self.agent = agent
-        self.metadata = metadata
-        self.base = base
+        self.counters = counters
         self.arena = store.slots[0]
+        self._remote: dict[str, str] = {}  # peer -> its NIXL agent, loaded from its hello
         self.lease_ttl = max(30.0, config.timeout * 4)
         self._by_address: dict[str, PeerConfig] = {}
         for peer in config.peers:
@@ -77,8 +86,6 @@ class PeerServer:
         self._conns: set[socket.socket] = set()
         self._lock = threading.Lock()
         self._closed = False
-        self.served = 0
-        """Blocks offered to peers."""
         self.refused = 0
         """Connections refused (not a configured peer, or too many)."""
         self._thread = threading.Thread(target=self._accept_loop, name="kvfs-peer-server", daemon=True)
@@ -144,14 +151,12 @@ class PeerServer:
     def _answer(self, peer: PeerConfig, msg: dict[str, Any], leases: dict[int, Lease]) -> dict[str, Any] | None:
         op = msg.get("op")
         if op == "hello":
-            return {"node": self.config.node, "agent": self.agent, "metadata": self.metadata}
-        if op == "offer":
-            names = msg.get("names")
-            if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-                return {"error": "offer: names must be a list of strings"}
-            if len(names) > MAX_NAMES:
-                return {"error": f"offer: {len(names)} names, at most {MAX_NAMES}"}
-            return {"offers": self._offer(peer, names, leases)}
+            return self._hello(peer, msg)
+        if op == "fetch":
+            name, dest, room = msg.get("name"), msg.get("dest"), msg.get("room")
+            if not isinstance(name, str) or not isinstance(dest, int) or not isinstance(room, int):
+                return {"error": "fetch: needs a name, a dest and a room"}
+            return {"got": self._fetch(peer, name, dest, room, leases)}
         if op == "release":
             for token in msg.get("tokens") or ():
                 lease = leases.pop(token, None) if isinstance(token, int) else None
@@ -162,41 +167,62 @@ class PeerServer:
             return {"holdings": self._holdings(peer)}
         return {"error": f"unknown request {op!r}"}
 
-    def _offer(self, peer: PeerConfig, names: list[str], leases: dict[int, Lease]) -> list[Any]:
-        who = self._identity[peer.name]
-        out: list[Any] = [MISSING] * len(names)
-        allowed: list[int] = []
-        for i, name in enumerate(names):
-            try:
-                self.store.check_access(who, name, Operation.READ)
-            except AccessDenied:
-                out[i] = DENIED
-                continue
-            except KvfsError:  # a name that is not a valid path
-                continue
-            allowed.append(i)
-        if not allowed:
-            return out
-        held = sum(lease.size for lease in leases.values())
+    def _hello(self, peer: PeerConfig, msg: dict[str, Any]) -> dict[str, Any]:
+        agent, metadata = msg.get("agent"), msg.get("metadata")
+        if isinstance(agent, str) and isinstance(metadata, bytes):
+            with self._lock:
+                known = self._remote.get(peer.name)
+            if known != agent:  # first contact, or the peer restarted
+                try:
+                    loaded = self.agent.connect(metadata)
+                except TierUnavailable as exc:
+                    log.warning("peer %s: its NIXL metadata does not load: %s", peer.name, exc)
+                else:
+                    with self._lock:
+                        old, self._remote[peer.name] = self._remote.get(peer.name), loaded
+                    if old is not None and old != loaded:
+                        self.agent.forget(old)
+        return {"node": self.config.node, "agent": self.agent.name, "metadata": self.agent.metadata}
+
+    def _fetch(self, peer: PeerConfig, name: str, dest: int, room: int, leases: dict[int, Lease]) -> Any:
         try:
-            got = self.store.lease_many(
-                [names[i] for i in allowed], ttl=self.lease_ttl, promote="always", count_hits=False
-            )
+            self.store.check_access(self._identity[peer.name], name, Operation.READ)
+        except AccessDenied:
+            return DENIED
+        except KvfsError:  # a name that is not a valid path
+            return MISSING
+        try:
+            [lease] = self.store.lease_many([name], ttl=self.lease_ttl, promote="always", count_hits=False)
         except KvfsError as exc:
-            log.info("peer %s: offer failed: %s", peer.name, exc)
-            return out
-        for i, lease in zip(allowed, got, strict=True):
-            if not isinstance(lease, Lease):
-                continue
-            if lease.slot is not self.arena or lease.location is None or held + lease.size > self.config.max_in_flight:
-                out[i] = BUSY if lease.slot is self.arena else MISSING
+            log.info("peer %s: fetch of %s failed: %s", peer.name, name, exc)
+            return MISSING
+        if not isinstance(lease, Lease):
+            return MISSING
+        if lease.slot is not self.arena or lease.location is None:
+            self.store.release(lease)
+            return MISSING
+        with self._lock:
+            remote = self._remote.get(peer.name)
+        counters = self.counters(peer.name)
+        if remote is not None and lease.size <= room:
+            try:
+                self.agent.write(remote, lease.location.offset, dest, lease.size, self.config.timeout)
+            except (TierUnavailable, ValueError) as exc:
+                log.info("peer %s: writing %s into its landing buffer failed: %s", peer.name, name, exc)
+                return FAILED
+            finally:
                 self.store.release(lease)
-                continue
-            held += lease.size
-            leases[lease.id] = lease
-            out[i] = [lease.size, lease.checksum, self.base + lease.location.offset, lease.id]
-            self.served += 1
-        return out
+            counters.add("served")
+            counters.add("bytes_served", lease.size)
+            return [lease.size, lease.checksum]
+        held = sum(x.size for x in leases.values())
+        if held + lease.size > self.config.max_in_flight:
+            self.store.release(lease)
+            return BUSY
+        leases[lease.id] = lease
+        counters.add("served")
+        counters.add("bytes_served", lease.size)
+        return [lease.size, lease.checksum, self.agent.base + lease.location.offset, lease.id]
 
     def _holdings(self, peer: PeerConfig) -> list[Any]:
         who = self._identity[peer.name]

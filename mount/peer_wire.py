@@ -7,12 +7,16 @@ the request failed as a whole. Every frame is at most ``MAX_FRAME`` bytes.
 
 Requests and their replies:
 
-- ``hello`` (``node``): the serving node's ``node`` name, NIXL ``agent`` name and
-  ``metadata``;
-- ``offer`` (``names``, at most ``MAX_NAMES``): per name either ``[size, checksum,
-  address, token]`` (the copy is held for the asker under lease *token*) or a reason
-  string: ``missing`` (not here), ``denied`` (the asker may not read it), ``busy``
-  (too many bytes held for this connection);
+- ``hello`` (``node``, and the asker's NIXL ``agent`` and ``metadata``, so the serving
+  node can write into the asker's landing buffers): the serving node's ``node`` name,
+  NIXL ``agent`` name and ``metadata``;
+- ``fetch`` (``name``, ``dest``, ``room``): one block, as ``got``: ``[size, checksum]``
+  when the serving node wrote it into the asker's landing buffer at ``dest`` (it fit in
+  ``room`` bytes) and holds nothing more for it; ``[size, checksum, address, token]``
+  when it did not fit (the copy is held for the asker under lease *token* at *address*
+  of its arena, to read with NIXL, then ``release``); or a reason string: ``missing``
+  (not here), ``denied`` (the asker may not read it), ``busy`` (too many bytes held for
+  this connection), ``failed`` (the write into the landing buffer did not finish);
 - ``release`` (``tokens``): the asker is done with those copies; no reply;
 - ``holdings``: the hashes of the blocks this node holds that the asker may read, with
   their medium (0 DRAM, 1 disk), at most ``MAX_HOLDINGS``.
@@ -29,9 +33,9 @@ from kvfs.errors import KvfsError, TierUnavailable
 __all__ = [
     "BUSY",
     "DENIED",
+    "FAILED",
     "MAX_FRAME",
     "MAX_HOLDINGS",
-    "MAX_NAMES",
     "MISSING",
     "VERSION",
     "PeerProtocolError",
@@ -39,11 +43,10 @@ __all__ = [
     "send_frame",
 ]
 
-VERSION = 1
+VERSION = 2
 MAX_FRAME = 64 << 20
-MAX_NAMES = 256
 MAX_HOLDINGS = 1_000_000
-MISSING, DENIED, BUSY = "missing", "denied", "busy"
+MISSING, DENIED, BUSY, FAILED = "missing", "denied", "busy", "failed"
 _LEN = struct.Struct(">I")
 
 

@@ -50,7 +50,7 @@ class StoreSource(PeerSource):
         self.fault: str | None = None
         self.calls = 0
 
-    def offer(self, peer: str, name: str, timeout: float) -> Offer | None:
+    def fetch(self, peer: str, name: str, timeout: float) -> Offer | None:
         self.calls += 1
         if self.fault == "down":
             raise TierUnavailable(f"peer {peer}: cannot connect")
@@ -85,7 +85,7 @@ def pair(tmp_path: Path):
     b = make(tmp_path / "b", blocks=16)
     index = PeerIndex(["a"])
     source = StoreSource({"a": a}, b)
-    b.peers = PeerReads(b, index, source, timeout=1.0, retry_after=60.0)
+    b.elsewhere.peers = PeerReads(b.catalog, b.placement, b.ingest, index, source, timeout=1.0, retry_after=60.0)
     yield a, b, index, source
     b.close()
     a.close()
@@ -105,7 +105,7 @@ def test_a_block_only_a_peer_holds_is_read_checked_and_counted(pair):
     name = _hold(a, index, 1)
     assert b.read(name) == blob(1)
     assert b.stat(name).tiers == ("dram",)
-    [stats] = b.peers.statistics()
+    [stats] = b.statistics().peers
     assert (stats.hits, stats.bytes_read, stats.healthy) == (1, BLOCK, True)
     assert len(a.leases) == 0  # the peer's copy was let go after the read
 
@@ -126,7 +126,7 @@ def test_bytes_that_fail_the_check_are_never_published(pair):
     with pytest.raises(BlockNotFound):
         b.read(name)
     assert name not in b.catalog.blocks
-    assert b.peers.statistics()[0].corrupt == 1
+    assert b.statistics().peers[0].corrupt == 1
     assert len(b.ingest) == 0  # the extent was given back
     source.fault = None
     assert b.read(name) == blob(3)
@@ -141,7 +141,7 @@ def test_a_peer_that_fails_costs_one_try_then_is_skipped(pair):
     with pytest.raises(BlockNotFound):
         b.read(second)
     assert source.calls == 1  # the second read did not ask the unhealthy peer
-    [stats] = b.peers.statistics()
+    [stats] = b.statistics().peers
     assert (stats.healthy, stats.errors) == (False, 1)
 
 
@@ -161,7 +161,7 @@ def test_a_transfer_that_could_not_be_cancelled_keeps_its_extent_out_of_use(pair
     with pytest.raises(BlockNotFound):
         b.read(name)
     assert len(b.ingest) == 1 and b.slots[0].reserved > 0  # never reused: a late write cannot land in a block
-    assert b.peers.stranded == BLOCK
+    assert b.elsewhere.peers.stranded == BLOCK
 
 
 def test_a_stale_entry_costs_one_question_and_is_forgotten(pair):
@@ -171,7 +171,7 @@ def test_a_stale_entry_costs_one_question_and_is_forgotten(pair):
     with pytest.raises(BlockNotFound):
         b.read(name)
     assert index.holders(block_hash_of(name)) == []
-    assert b.peers.statistics()[0].stale == 1
+    assert b.statistics().peers[0].misses == 1
 
 
 def test_a_block_written_here_wins_over_the_peer_copy(pair):
