@@ -14,8 +14,10 @@ from .render import format_size, print_json, table
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "Show each tier of the mount (hottest first): capacity, bytes used and free, blocks "
-        "held and health (a tier that fails or hangs is marked unhealthy and skipped); then each "
-        "namespace's use against its quotas (as kvfs quota show)."
+        "held and health (a tier that fails or hangs is marked unhealthy and skipped); on a "
+        "cluster node each peer: health, blocks it is known to hold, blocks and bytes read "
+        "from it, blocks it read from this node, bytes kept out of use by reads from it that "
+        "could not be cancelled; then each namespace's use against its quotas (as kvfs quota show)."
     )
     parser.add_argument(
         "mountpoint",
@@ -28,7 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--json",
         action="store_true",
         help='print JSON: {"mountpoint", "blocks", "tiers": [{"name", "kind", "capacity", "used", "free", '
-        '"blocks", "healthy", "persistent", "shared"}], "namespaces": [as kvfs quota show --json]}',
+        '"blocks", "healthy", "persistent", "shared"}], "peers": [{"name", "healthy", "blocks", "hits", '
+        '"bytes_read", "served", "stranded"}], "namespaces": [as kvfs quota show --json]}',
     )
     add_socket_option(parser)
 
@@ -54,8 +57,14 @@ def run(args: argparse.Namespace) -> int:
         )
     mountpoint = st.get("mountpoint") if target.mountpoint is None else target.mountpoint
     spaces = st.get("namespaces", [])
+    peers = [
+        {k: p[k] for k in ("name", "healthy", "blocks", "hits", "bytes_read", "served", "stranded")}
+        for p in st.get("peers", [])
+    ]
     if args.json:
-        print_json({"mountpoint": mountpoint, "blocks": st["blocks"], "tiers": tiers, "namespaces": spaces})
+        print_json(
+            {"mountpoint": mountpoint, "blocks": st["blocks"], "tiers": tiers, "peers": peers, "namespaces": spaces}
+        )
         return 0
     rows = []
     for t in tiers:
@@ -74,6 +83,23 @@ def run(args: argparse.Namespace) -> int:
         )
     print(f"{mountpoint}: {st['blocks']} block{'' if st['blocks'] == 1 else 's'}")
     print(table(["TIER", "KIND", "CAPACITY", "USED", "FREE", "USE%", "BLOCKS", "HEALTH"], rows, right=(2, 3, 4, 5, 6)))
+    if peers:
+        rows = [
+            [
+                p["name"],
+                "ok" if p["healthy"] else "UNHEALTHY",
+                p["blocks"],
+                p["hits"],
+                format_size(p["bytes_read"]),
+                p["served"],
+                format_size(p["stranded"]),
+            ]
+            for p in peers
+        ]
+        print()
+        print(
+            table(["PEER", "HEALTH", "BLOCKS", "READ", "READ BYTES", "SERVED", "STRANDED"], rows, right=(2, 3, 4, 5, 6))
+        )
     if spaces:
         print()
         print(render_namespaces(spaces, target.display))
