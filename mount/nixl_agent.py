@@ -28,17 +28,18 @@ import mmap
 import os
 import threading
 import time
+from collections.abc import Callable
 
 from kvfs.errors import TierUnavailable
 from kvfs.nixl import Agent, TransferFailed, TransferStuck, tcp_only_modules
 from kvfs.peers import PeerReadAbandoned
 
-__all__ = ["Landing", "NixlAgent"]
+__all__ = ["QUARANTINE", "Landing", "NixlAgent"]
 
 log = logging.getLogger("kvfs.peers")
 
 _PROGRESS_WAIT = 0.1  # seconds the UCX progress thread sleeps at most when nothing happens
-_QUARANTINE = 30.0  # seconds a landing buffer rests after a transfer into it was abandoned
+QUARANTINE = 30.0  # seconds a landing buffer rests after a transfer into it was abandoned
 
 
 def _address_of(buf: mmap.mmap) -> tuple[ctypes.c_char, int]:
@@ -49,12 +50,13 @@ def _address_of(buf: mmap.mmap) -> tuple[ctypes.c_char, int]:
 class Landing:
     """*count* landing buffers of *size* bytes in one mapping at *base* (see the module
     doc). :meth:`take` one for a request, :meth:`give` it back after; a buffer whose
-    request was abandoned (the peer may still write into it) rests ``_QUARANTINE``
+    request was abandoned (the peer may still write into it) rests ``QUARANTINE``
     seconds before it is taken again. Thread-safe."""
 
-    def __init__(self, size: int, count: int) -> None:
+    def __init__(self, size: int, count: int, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.size = size
         self.count = count
+        self.clock = clock
         self._map = mmap.mmap(-1, max(size * count, mmap.PAGESIZE))
         self._anchor, self.base = _address_of(self._map)
         self.view = memoryview(self._map)
@@ -64,7 +66,7 @@ class Landing:
 
     def take(self) -> int | None:
         """A free buffer's address, or None when every buffer is in use."""
-        now = time.monotonic()
+        now = self.clock()
         with self._lock:
             while self._resting and self._resting[0][0] <= now:
                 self._free.append(self._resting.pop(0)[1])
@@ -82,7 +84,7 @@ class Landing:
         i = self._index(address)
         with self._lock:
             if abandoned:
-                self._resting.append((time.monotonic() + _QUARANTINE, i))
+                self._resting.append((self.clock() + QUARANTINE, i))
             else:
                 self._free.append(i)
 

@@ -11,6 +11,8 @@ within a generous deadline, and local hits must stay correct. No timing is asser
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -36,6 +38,25 @@ def cluster():
         for c in getattr(nc, "clients", {}).values():
             c.close()
         nc.close()
+
+
+def _df(node):
+    """``kvfs df --json`` of *node* (over its control socket)."""
+    import json
+
+    return json.loads(_cli(node, "df", "--json"))
+
+
+def _cli(node, *args):
+    res = subprocess.run(
+        [sys.executable, "-m", "kvfs.tools.cli", *args, "--socket", str(node.socket), str(node.mountpoint)],
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE,
+        check=False,
+    )
+    assert res.returncode == 0, res.stderr
+    return res.stdout
 
 
 def _reconnect(nc, node):
@@ -85,6 +106,16 @@ def test_peers_read_a_blocks_from_its_dram_byte_exact(cluster):
                 if len(sources) == len(blocks):
                     break
         assert sources == {name: f"{PEER_DETAIL}a" for name in blocks}
+    # each reader counts its remote hits, and A what it served; kvfs top and df show them
+    for reader in (b, c):
+        [peer] = [p for p in _df(reader)["peers"] if p["name"] == "a"]
+        assert peer["hits"] >= len(blocks) and peer["bytes_read"] >= sum(map(len, blocks.values()))
+    served = {p["name"]: p["served"] for p in _df(a)["peers"]}
+    assert served["b"] >= len(blocks) and served["c"] >= len(blocks)
+    df = _cli(b, "df")
+    assert any(line.split()[:2] == ["a", "ok"] for line in df.splitlines()), df
+    top = _cli(b, "top", "--once", "--interval", "0.1")
+    assert any(line.split()[:2] == ["PEER", "HEALTH"] for line in top.splitlines()), top
 
 
 def test_a_block_written_on_a_is_readable_on_b_soon(cluster):
@@ -126,18 +157,19 @@ def test_a_failed_peer_costs_a_deadline_and_never_wrong_bytes(cluster, fault):
 
 def test_a_mixed_run_with_faults_reads_no_wrong_byte(cluster):
     """The short version of ``kvfs bench cluster --soak``: all three nodes write and read
-    each other's blocks (every byte checked) while faults come and go."""
-    from kvfs.tools.bench_cluster import mixed_run
+    each other's blocks (every byte checked) while each kind of fault comes and goes in
+    turn. Paced by reads, not by the clock: each phase lasts a number of reads."""
+    from kvfs.tools.bench_cluster import mixed_run, reading
 
     for c in cluster.clients.values():
         c.close()
     try:
-        report = mixed_run(cluster, 36.0, fault_every=8.0, fault_for=4.0, say=lambda *a: None)
+        report = mixed_run(cluster, faults=4, between=reading(150), hold=reading(100), say=lambda *a: None)
     finally:
         for node in cluster.nodes:
             if node.pid is None:
                 cluster.start(node)
             _reconnect(cluster, node)
     assert report.wrong == 0, report.errors
-    assert len(report.faults) >= 2
+    assert report.faults == ["kill:a", "stop:b", "cut:c", "drop:a"]
     assert report.ok > 0 and report.writes > 0
