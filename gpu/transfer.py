@@ -230,8 +230,15 @@ class NixlLoader(FileLoader):
                 files = [(items[i].offset, items[i].length, fds[i]) for i in live]
                 regs.append(a.register(self.mem, mem, backend))
                 regs.append(a.register("FILE", files, backend))
-                a.transfer(
-                    "READ", mem, files, backend=backend, timeout=self.timeout, local_mem=self.mem, remote_mem="FILE"
+                a.transfer(  # spun: the backend moves only while its status is checked
+                    "READ",
+                    mem,
+                    files,
+                    backend=backend,
+                    timeout=self.timeout,
+                    local_mem=self.mem,
+                    remote_mem="FILE",
+                    spin=self.timeout,
                 )
             except (NixlUnavailable, TransferFailed) as exc:  # a registration or request NIXL refused: each item fails
                 for i in range(len(items)):

@@ -19,7 +19,9 @@ What the two share:
 - :meth:`Agent.transfer`: post, then wait until done or the deadline. Waiting is a short
   spin of status checks (each one progresses the backend in the caller's thread), then
   sleeps growing from 50 µs to 1 ms: a transfer of a few milliseconds costs a few
-  wakeups, never a busy core, and one that ends early is seen within 50 µs. A transfer
+  wakeups, never a busy core, and one that ends early is seen within 50 µs. (A backend
+  that moves only while it is checked, as ``POSIX`` without a progress thread, is spun
+  for the whole transfer: its caller says so.) A transfer
   that fails or passes its deadline is released (NIXL cancels it): :class:`TransferFailed`;
   :class:`TransferStuck` when it could not be cancelled (its destination may still be
   written: the caller must never reuse it);
@@ -287,12 +289,15 @@ class Agent:
         local_mem: str = "DRAM",
         remote_mem: str = "DRAM",
         agent: str | None = None,
+        spin: float = _SPIN,
     ) -> None:
         """``READ`` *remote* regions into *local* ones, or ``WRITE`` *local* into *remote*,
         with agent *agent*'s memory (None: this agent's own, e.g. its files), within
         *timeout* seconds; returns once the bytes are in place (remote completion).
-        :class:`TransferFailed` when it failed or timed out and was cancelled,
-        :class:`TransferStuck` when it could not be cancelled."""
+        *spin*: seconds of status checks before the first sleep (a backend without a
+        progress thread of its own, such as ``POSIX``, moves only while it is checked:
+        its caller spins the whole transfer). :class:`TransferFailed` when it failed or
+        timed out and was cancelled, :class:`TransferStuck` when it could not be cancelled."""
         nixl = self._nixl
         mine = nixl.nixlXferDList(self._mem[local_mem], list(local))
         theirs = nixl.nixlXferDList(self._mem[remote_mem], list(remote))
@@ -304,7 +309,7 @@ class Agent:
             raise TransferFailed(f"NIXL {backend.kind} {op} with {peer} could not start: {exc}") from None
         status: Any
         try:
-            status = self._wait(req, self._agent.postXferReq(req), deadline)
+            status = self._wait(req, self._agent.postXferReq(req), deadline, spin)
         except errors() as exc:
             status = exc
         if status == nixl.NIXL_SUCCESS:
@@ -316,11 +321,11 @@ class Agent:
         why = f"timed out after {timeout:g}s" if status == nixl.NIXL_IN_PROG else f"failed: {status}"
         raise TransferFailed(f"{what} {why}")
 
-    def _wait(self, req: Any, status: Any, deadline: float) -> Any:
+    def _wait(self, req: Any, status: Any, deadline: float, spin: float) -> Any:
         in_prog = self._nixl.NIXL_IN_PROG
         check = self._agent.getXferStatus
         clock = time.monotonic
-        spin_end = clock() + _SPIN
+        spin_end = min(clock() + spin, deadline)
         while status == in_prog and clock() < spin_end:
             status = check(req)
         pause = _FIRST_SLEEP
