@@ -190,13 +190,15 @@ class Ingest:
         against *checksum* as :meth:`commit` does (:class:`BlockCorrupt` on a mismatch),
         but published only when this node holds no block of that name (one written here
         meanwhile is newer, and wins: None, the extent given back), and not queued for the
-        write-through tiers (the writer's node writes it through); it learns its shared
-        copies on first use. *source* says where it came from (its ``stored`` event's detail)."""
+        write-through tiers (the writer's node writes it through). It learns its shared
+        copies on its first use once the shared tiers' negative TTL has passed, as any block
+        is revalidated: the peer's copy is as new as theirs, so the read that fetched it
+        asks them nothing. *source* says where it came from (its ``stored`` event's detail)."""
         self.claim(res)
         try:
             self.verify(res, checksum)
             now = self.store.clock()
-            rec = BlockRecord(res.name, res.size, checksum, created=now, accessed=now, parent=res.parent)
+            rec = BlockRecord(res.name, res.size, checksum, created=now, accessed=now, parent=res.parent, checked=now)
             rec.learn_shared = bool(self.store.shared)
             with self.placement.locked():
                 if self.placement.catalog.get(res.name) is not None:

@@ -14,16 +14,19 @@ from __future__ import annotations
 import mmap
 import os
 import random
+import time
 from pathlib import Path
 
 import pytest
 from test_ingest import BLOCK, make
 
-from kvfs.config import ConfigError, parse_config
+from kvfs.config import ConfigError, DramConfig, PosixConfig, TierName, parse_config
 from kvfs.errors import BlockNotFound, StoreBusy, TierUnavailable
 from kvfs.events import EventKind
 from kvfs.peers import PEER_DETAIL, Medium, Offer, PeerIndex, PeerReadAbandoned, PeerReads, PeerSource, block_hash_of
 from kvfs.store import Store
+from kvfs.tiers import open_tier
+from kvfs.tiers.dram import DramTier
 
 H = "ab" + "12" * 15  # a hashed basename: <ab>/<ab...>
 
@@ -172,6 +175,44 @@ def test_a_stale_entry_costs_one_question_and_is_forgotten(pair):
         b.read(name)
     assert index.holders(block_hash_of(name)) == []
     assert b.statistics().peers[0].misses == 1
+
+
+def test_the_read_that_fetches_a_block_asks_the_shared_tiers_nothing(tmp_path):
+    """A peer's copy is as new as the shared tiers': its shared copies are learned on a
+    use after the negative TTL, as any block's are revalidated, not by the fetching read."""
+    now = [1000.0]
+    shared = PosixConfig(name=TierName("nfs"), capacity=1 << 30, path=tmp_path / "nfs")
+    a, b = (
+        Store(
+            [
+                DramTier(DramConfig(name=TierName("dram"), capacity=16 * BLOCK, mlock=False, prefault=False)),
+                open_tier(shared),
+            ],
+            clock=lambda: now[0],
+            negative_ttl=2.0,
+        )
+        for _ in range(2)
+    )
+    try:
+        index = PeerIndex(["a"])
+        b.elsewhere.peers = PeerReads(b.catalog, b.placement, b.ingest, index, StoreSource({"a": a}, b), timeout=1.0)
+        name = _hold(a, index, 11)
+        a.run_pending()  # written through: the shared tier holds it too
+        assert b.read(name) == blob(11)
+        rec = b.catalog.get(name)
+        assert rec.tiers == b.slots[0].bit and rec.learn_shared
+        assert not b.records.due(rec)  # no question to the shared tier with the read
+        assert b.statistics().tiers[1].hits == 0
+        now[0] += 2.5
+        assert b.records.due(rec)
+        b.records.refresh(name)  # the next use: revalidated in the background
+        deadline = time.monotonic() + 60
+        while not rec.tiers & b.slots[1].bit and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert b.stat(name).tiers == ("dram", "nfs") and not rec.learn_shared
+    finally:
+        b.close()
+        a.close()
 
 
 def test_a_block_written_here_wins_over_the_peer_copy(pair):
