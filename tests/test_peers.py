@@ -2,11 +2,11 @@
 
 Two real stores (shared-memory arenas, disk tiers) stand for two nodes. The transport
 between them is :class:`StoreSource`, which does in this process what NIXL does between
-daemons (tests/test_cluster.py runs the real one): it leases the block on the serving
-store and copies its bytes into the asking store's reserved extent through a mapping of
-that arena file, with faults on request (flipped bytes, a timeout, a transfer that
-cannot be cancelled). NIXL itself cannot run inside the test process: its UCX backend
-crashes an ordinary interpreter exit (kvfs.mount.nixl_agent.leave).
+daemons: it leases the block on the serving store and copies its bytes into the asking
+store's reserved extent through a mapping of that arena file, with faults on request
+(flipped bytes, a timeout, a transfer that cannot be cancelled). The real transport runs
+in tests/test_peer_nixl.py (NIXL in this process) and tests/test_cluster.py (daemons in
+network namespaces).
 """
 
 from __future__ import annotations
