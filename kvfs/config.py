@@ -302,18 +302,16 @@ class ClusterConfig:
     ``node``: this node's name; ``listen``: ``host:port`` its peer channel listens on (for
     descriptors; the bytes move over NIXL/UCX); ``peers``: the other nodes. ``timeout``:
     the most one read from a peer may take (a slower or dead peer is skipped for a while
-    afterwards); ``max_connections``: peer connections served at once;
-    ``max_in_flight``: bytes one connection may hold leased for transfers at once;
-    ``ucx_tls``: UCX transports (``UCX_TLS``), e.g. ``"tcp"`` or ``"rc,tcp"``; none: UCX
-    picks. ``landing``: the largest block a peer writes straight into this node (one
-    round trip; 0: never), the size of each landing buffer."""
+    afterwards); ``max_connections``: peer connections served at once (each holds at
+    most one block for its asker at a time); ``ucx_tls``: UCX transports (``UCX_TLS``),
+    e.g. ``"tcp"`` or ``"rc,tcp"``; none: UCX picks. ``landing``: the size of each
+    landing buffer a peer writes blocks into (a larger block comes in chunks of it)."""
 
     node: str
     listen: str
     peers: tuple[PeerConfig, ...] = ()
     timeout: float = 2.0
     max_connections: int = 16
-    max_in_flight: int = 256 << 20
     ucx_tls: str | None = None
     landing: int = 4 << 20
 
@@ -507,7 +505,7 @@ def parse_config(data: dict[str, Any]) -> Config:
     )
 
 
-_CLUSTER_KEYS = ("node", "listen", "peers", "timeout", "max_connections", "max_in_flight", "ucx_tls", "landing")
+_CLUSTER_KEYS = ("node", "listen", "peers", "timeout", "max_connections", "ucx_tls", "landing")
 _PEER_KEYS = ("name", "address", "events", "uid", "gid")
 
 
@@ -544,14 +542,12 @@ def _parse_cluster(raw: Any, tiers: list[TierConfig]) -> ClusterConfig:
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 1024:
             raise ConfigError("cluster.max_connections", "expected a whole number from 1 to 1024")
         kwargs["max_connections"] = n
-    if "max_in_flight" in raw:
-        kwargs["max_in_flight"] = _parsed("cluster.max_in_flight", parse_size, raw["max_in_flight"])
-        if kwargs["max_in_flight"] < 1 << 20:
-            raise ConfigError("cluster.max_in_flight", "must be at least 1MiB (one block must fit)")
     if "landing" in raw:
         kwargs["landing"] = _parsed("cluster.landing", parse_size, raw["landing"])
-        if kwargs["landing"] > 1 << 30:
-            raise ConfigError("cluster.landing", "must be at most 1GiB (each peer connection has one buffer this size)")
+        if not 64 << 10 <= kwargs["landing"] <= 1 << 30:
+            raise ConfigError(
+                "cluster.landing", "must be from 64KiB to 1GiB (each peer has up to 4 landing buffers this size)"
+            )
     if "ucx_tls" in raw:
         if not isinstance(raw["ucx_tls"], str) or not raw["ucx_tls"]:
             raise ConfigError("cluster.ucx_tls", 'expected UCX transports, e.g. "tcp" or "rc,tcp"')

@@ -1,8 +1,9 @@
 """NIXL agents: the one place kvfs drives NIXL (docs/cluster.md, docs/gpu.md).
 
 Two parts of kvfs move bytes with NIXL: the daemon's peer tier
-(:mod:`kvfs.mount.nixl_agent`: this node's DRAM arena registered with the UCX backend,
-which peers read from and write into) and the GPU agent's NIXL loader
+(:mod:`kvfs.mount.nixl_agent`: this node's DRAM arena registered with the UCX backend as
+the source of its writes to peers, and landing buffers peers write into) and the GPU
+agent's NIXL loader
 (:class:`kvfs.gpu.transfer.NixlLoader`: block files read with the ``POSIX`` or ``GDS``
 backends). Both go through :class:`Agent`, over NIXL's own bindings (``_bindings`` of
 ``nixl_cu13``/``nixl_cu12``/``nixl``): torch- and numpy-free, imported on first use, so
@@ -15,7 +16,10 @@ What the two share:
   saying what to install;
 - :class:`Agent`: an agent with a UCX progress thread that sleeps on UCX's event
   descriptors (``progress_wait``) or none (the caller's status checks progress it),
-  backends, registrations, peers' metadata;
+  backends, registrations, peers' metadata. What a peer gets of an agent is only what
+  :meth:`Agent.metadata_of` names: the connection and the registrations given, never
+  the others (NIXL's ``getLocalMD``, which carries every registration's remote key, is
+  not exposed); :func:`agent_of` reads the agent name a metadata blob carries;
 - :meth:`Agent.transfer`: post, then wait until done or the deadline. Waiting is a short
   spin of status checks (each one progresses the backend in the caller's thread), then
   sleeps growing from 50 µs to 1 ms: a transfer of a few milliseconds costs a few
@@ -42,6 +46,7 @@ import atexit
 import importlib
 import logging
 import os
+import struct
 import sys
 import time
 from collections.abc import Sequence
@@ -58,6 +63,7 @@ __all__ = [
     "Registration",
     "TransferFailed",
     "TransferStuck",
+    "agent_of",
     "bindings",
     "leave",
     "needs_hard_exit",
@@ -143,6 +149,26 @@ def errors() -> tuple[type[BaseException], ...]:
     """The exception classes NIXL's bindings raise (after :func:`bindings`)."""
     bindings()
     return _errors + (RuntimeError, ValueError)
+
+
+_SERDES = b"nixlSerDes|Agent"
+_LEN = struct.Struct("<Q")
+
+
+def agent_of(metadata: bytes) -> str | None:
+    """The agent name a NIXL metadata blob carries (its first field, in NIXL's
+    serialization: ``nixlSerDes|``, the tag ``Agent``, a 64-bit length, the name), read
+    without loading it; None when the blob does not start that way."""
+    if not metadata.startswith(_SERDES) or len(metadata) < len(_SERDES) + _LEN.size:
+        return None
+    (n,) = _LEN.unpack_from(metadata, len(_SERDES))
+    start = len(_SERDES) + _LEN.size
+    if not 0 < n <= 256 or len(metadata) < start + n:
+        return None
+    try:
+        return metadata[start : start + n].decode()
+    except UnicodeDecodeError:
+        return None
 
 
 def tcp_only_modules(tls: str | None) -> bool:
@@ -256,11 +282,18 @@ class Agent:
         except errors() as exc:
             log.warning("NIXL %s: deregistering %s memory failed: %s", reg.backend.kind, reg.mem, exc)
 
-    @property
-    def metadata(self) -> bytes:
-        """What a peer loads (:meth:`connect`) to move bytes to or from this agent's
-        registered memory."""
-        return bytes(self._agent.getLocalMD())
+    def metadata_of(self, regs: Sequence[Registration], backend: Backend) -> bytes:
+        """What a peer loads (:meth:`connect`) to reach this agent through *backend* and
+        move bytes to or from *regs* (of one memory kind), and nothing else: the remote
+        keys of this agent's other registrations are not in it (NIXL's partial metadata)."""
+        if not regs or len({r.mem for r in regs}) != 1:
+            raise ValueError("metadata_of: name one or more registrations of one memory kind")
+        descs = [(a, n, d, "") for r in regs for a, n, d in r.regions]
+        dlist = self._nixl.nixlRegDList(self._mem[regs[0].mem], descs)
+        try:
+            return bytes(self._agent.getLocalPartialMD(dlist, True, [backend.handle]))
+        except errors() as exc:
+            raise NixlUnavailable(f"NIXL {backend.kind} could not describe {regs[0].mem} memory: {exc}") from None
 
     def connect(self, metadata: bytes) -> str:
         """Load another agent's *metadata*; returns its name. :class:`TransferFailed` when

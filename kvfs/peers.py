@@ -4,13 +4,13 @@ A node of a cluster (``[cluster]`` in the config) learns what its peers hold fro
 events (vLLM's format, ``kvfs.mount.kv_events``): :class:`PeerIndex` maps a block hash to
 the peers that hold it and where (DRAM or disk). A name this node does not hold is looked
 up there first (memory only); when a peer holds it, :class:`PeerReads` asks that peer for
-the block through a :class:`PeerSource` (NIXL over UCX in the daemon): in one round trip
-the peer writes it into a landing buffer of this node, or, when it does not fit, offers
-it (its size, its checksum, where it lies in the peer's arena, held for us by a lease
-there) for this node to read. Either way the bytes are then placed in an extent of this
+the block through a :class:`PeerSource` (NIXL over UCX in the daemon): the peer writes it
+into landing buffers of this node set aside for that peer (in chunks when it is larger
+than one) and says its size and checksum. The bytes are copied into an extent of this
 node's arena reserved for them, checked (xxh3-64) against the peer's checksum there and
 only then published: a DRAM copy, counted as a remote hit. Nothing is ever written to a
-peer.
+peer, and no peer ever reads or writes this node's arena: it writes only into landing
+buffers, whose bytes are checked before anything is published from them.
 
 The same two-phase discipline as every move (docs/store.md): the extent is reserved
 under the store's lock, filled and checked outside it, committed under it. A block written
@@ -21,8 +21,9 @@ copies on first use, as a block found on disk at start does.
 A peer that does not answer within ``timeout`` is marked unhealthy (its own
 :class:`~kvfs.health.HealthBreaker`) and skipped for ``retry_after`` seconds: a dead,
 stopped or cut-off peer costs one deadline, then nothing; the read falls to the shared
-tiers or misses. An extent whose transfer could not be cancelled is never given back
-(it is counted in ``stranded``), so a late transfer can never land in another block.
+tiers or misses. When every landing buffer for a peer stays busy until the deadline
+(:class:`LandingBusy`), the read is a miss too, counted ``busy``; the peer is not at
+fault and stays healthy.
 
 :class:`Elsewhere` is the store's collaborator that asks, before every read or lookup of
 a name not held here, the places it may be found: the peers, then the shared tiers.
@@ -55,10 +56,10 @@ if TYPE_CHECKING:
 __all__ = [
     "PEER_DETAIL",
     "Elsewhere",
+    "Incoming",
+    "LandingBusy",
     "Medium",
-    "Offer",
     "PeerIndex",
-    "PeerReadAbandoned",
     "PeerReads",
     "PeerSource",
     "block_hash_of",
@@ -89,24 +90,20 @@ class Medium(enum.IntEnum):
     DISK = 1
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Offer:
-    """A peer's answer for one block: *size* bytes with *checksum* (xxh3-64), either
-    already written into a landing buffer of this node at *address* (*landed*), or at
-    *address* in the peer's registered arena, held for us under lease *token* until
-    released."""
+@dataclass(kw_only=True, slots=True)
+class Incoming:
+    """A block a peer is sending this node: *size* bytes with *checksum* (xxh3-64). Its
+    first bytes are in a landing buffer already; the transport keeps, in a subclass of
+    its own, what it needs to move the rest."""
 
     name: str
     size: int
     checksum: int
-    address: int
-    token: int = 0
-    landed: bool = False
 
 
-class PeerReadAbandoned(TierUnavailable):
-    """Raised by :meth:`PeerSource.read` when a transfer timed out and could not be
-    cancelled: the destination may still be written, so it must never be reused."""
+class LandingBusy(KvfsError):
+    """Raised by :meth:`PeerSource.fetch` when every landing buffer for the peer stayed
+    in use until the deadline: the read is a miss, the peer is not at fault."""
 
 
 class PeerSource(abc.ABC):
@@ -114,20 +111,20 @@ class PeerSource(abc.ABC):
     Every call returns or raises :class:`TierUnavailable` within *timeout* seconds."""
 
     @abc.abstractmethod
-    def fetch(self, peer: str, name: str, timeout: float) -> Offer | None:
-        """Ask *peer* for block *name*: it lands here when it fits a landing buffer, else
-        it is offered. None when the peer does not hold it (or may not serve it to us)."""
+    def fetch(self, peer: str, name: str, timeout: float) -> Incoming | None:
+        """Ask *peer* for block *name*; its first bytes land in a landing buffer here.
+        None when the peer does not hold it (or may not serve it to us);
+        :class:`LandingBusy` when no landing buffer for *peer* came free in time."""
 
     @abc.abstractmethod
-    def read(self, peer: str, offer: Offer, offset: int, timeout: float) -> None:
-        """Move the offered bytes into this node's arena at file offset *offset* (from the
-        landing buffer, or read from the peer). :class:`PeerReadAbandoned` when a
-        transfer may still land there later."""
+    def read(self, peer: str, incoming: Incoming, offset: int, timeout: float) -> None:
+        """Move the whole block into this node's arena at file offset *offset*: what has
+        landed is copied there, the rest is asked for chunk by chunk."""
 
     @abc.abstractmethod
-    def release(self, peer: str, offer: Offer) -> None:
-        """Give the landing buffer back, or tell *peer* it may let go of the offered copy
-        (best effort, never waits long)."""
+    def release(self, peer: str, incoming: Incoming) -> None:
+        """Give the landing buffers back, and tell *peer* it may let go of the block
+        when it was not all sent (best effort, never waits long)."""
 
 
 class PeerIndex:
@@ -235,11 +232,6 @@ class PeerReads:
         self._lock = threading.Lock()
         self._fetching: dict[str, threading.Event] = {}
 
-    @property
-    def stranded(self) -> int:
-        """Bytes of extents whose transfer could not be cancelled (never reused)."""
-        return sum(p.counters.stranded for p in self._peers.values())
-
     def counters(self, peer: str) -> PeerCounters:
         """*peer*'s counters (the serving side counts what it served in them)."""
         return self._peers[peer].counters
@@ -283,45 +275,44 @@ class PeerReads:
     def _fetch_from(self, peer: _Peer, name: str) -> bool:
         t0 = time.monotonic()
         try:
-            offer = self.source.fetch(peer.name, name, self.timeout)
+            incoming = self.source.fetch(peer.name, name, self.timeout)
+        except LandingBusy as exc:
+            peer.counters.add("busy")
+            log.info("block %s from peer %s: %s", name, peer.name, exc)
+            return False
         except TierUnavailable as exc:
             peer.health.failed(exc)
             return False
         peer.health.answered()
-        if offer is None:
+        if incoming is None:
             peer.counters.add("misses")
             h = block_hash_of(name)
             if h is not None:
                 self.index.removed(peer.name, h)
             return False
         try:
-            got = self._receive(peer, name, offer)
+            got = self._receive(peer, name, incoming)
         finally:
-            self.source.release(peer.name, offer)
+            self.source.release(peer.name, incoming)
         if got:
-            peer.counters.fetched(time.monotonic() - t0, offer.size)
+            peer.counters.fetched(time.monotonic() - t0, incoming.size)
         return got
 
-    def _receive(self, peer: _Peer, name: str, offer: Offer) -> bool:
+    def _receive(self, peer: _Peer, name: str, incoming: Incoming) -> bool:
         ingest = self.ingest
         try:
-            res = ingest.reserve(name, offer.size, parent=None, ttl=self.timeout * 2 + 5.0)
+            res = ingest.reserve(name, incoming.size, parent=None, ttl=self.timeout * 2 + 5.0)
         except (NoSpace, KvfsError) as exc:
             log.info("block %s from peer %s: no room here (%s)", name, peer.name, exc)
             return False
         try:
-            self.source.read(peer.name, offer, res.location.offset, self.timeout)
-        except PeerReadAbandoned as exc:
-            peer.health.failed(exc)
-            peer.counters.add("stranded", res.size)  # the extent stays reserved: a late transfer may land in it
-            log.error("block %s from peer %s: transfer not cancelled; its extent is kept out of use", name, peer.name)
-            return False
+            self.source.read(peer.name, incoming, res.location.offset, self.timeout)
         except TierUnavailable as exc:
             peer.health.failed(exc)
             ingest.abort(res)
             return False
         try:
-            adopted = ingest.adopt(res, offer.checksum, source=f"{PEER_DETAIL}{peer.name}")
+            adopted = ingest.adopt(res, incoming.checksum, source=f"{PEER_DETAIL}{peer.name}")
         except BlockCorrupt as exc:
             peer.counters.add("corrupt")
             log.warning("block %s from peer %s failed its check; not published: %s", name, peer.name, exc)
@@ -349,7 +340,7 @@ class PeerReads:
                         bytes_read=c.bytes_read,
                         misses=c.misses,
                         corrupt=c.corrupt,
-                        stranded=c.stranded,
+                        busy=c.busy,
                         fetch_seconds=c.fetch_seconds,
                         fetch_buckets=tuple(buckets),
                         served=c.served,

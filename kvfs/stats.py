@@ -62,7 +62,7 @@ class PeerCounters:
     bytes_read: int = 0
     misses: int = 0  # asked, and it did not serve the block (no longer held, denied, busy)
     corrupt: int = 0  # blocks whose bytes failed their check (never published)
-    stranded: int = 0  # bytes of this node's arena kept out of use: a read from it that could not be cancelled
+    busy: int = 0  # reads given up: every landing buffer for it stayed in use until the deadline
     fetch_seconds: float = 0.0  # total time of the reads counted in hits
     fetch_buckets: list[int] = field(default_factory=lambda: [0] * (len(FETCH_BUCKETS) + 1))
     served: int = 0  # blocks it read from this node
@@ -97,7 +97,7 @@ class PeerStatistics:
     bytes_read: int
     misses: int
     corrupt: int
-    stranded: int
+    busy: int
     fetch_seconds: float
     fetch_buckets: tuple[int, ...]
     served: int

@@ -1,7 +1,8 @@
 """A node of a cluster: the peer tier assembled in the daemon (docs/cluster.md).
 
 :class:`Cluster` is what ``[cluster]`` adds to a daemon: this node's NIXL agent over its
-DRAM arena (``kvfs.mount.nixl_agent``), the peer channel it serves
+DRAM arena and a set of landing buffers per peer (``kvfs.mount.nixl_agent``), the peer
+channel it serves
 (``kvfs.mount.peer_server``), the links it reads through (``kvfs.mount.peer_link``),
 the watch of its peers' KV events (``kvfs.mount.peer_events``), and the store's
 :class:`~kvfs.peers.PeerReads` that uses them. Everything runs in threads of its own,
@@ -25,7 +26,7 @@ __all__ = ["Cluster"]
 
 log = logging.getLogger("kvfs.peers")
 
-_MAX_LANDING = 16  # landing buffers at most (each [cluster] landing bytes); past them blocks are offered
+_MAX_LANDING = 16  # landing buffers in all, at most (each [cluster] landing bytes), and at least one per peer
 
 
 class Cluster:
@@ -42,12 +43,17 @@ class Cluster:
             raise KvfsError("[cluster] needs a dram tier first: peers read into and serve from the arena")
         self.config = config
         self.store = store
+        per_peer = max(1, min(MAX_LINKS, _MAX_LANDING // max(1, len(config.peers))))
+        landings = {p.name: Landing(config.landing, per_peer) for p in config.peers}
         fd = tier.share(True)
-        landing = Landing(config.landing, min(MAX_LINKS * len(config.peers), _MAX_LANDING))
         try:
             size = os.fstat(fd).st_size
-            name = f"{config.node}-{os.getpid()}-{secrets.token_hex(3)}"
-            self.agent = NixlAgent(name, fd, size, landing, ucx_tls=config.ucx_tls)
+            name = f"{config.node}-{os.getpid()}-{secrets.token_hex(3)}"  # peers check this form
+            self.agent = NixlAgent(name, fd, size, landings, ucx_tls=config.ucx_tls)
+        except BaseException:
+            for landing in landings.values():
+                landing.close()
+            raise
         finally:
             os.close(fd)
         self.index = PeerIndex(p.name for p in config.peers)
@@ -78,4 +84,5 @@ class Cluster:
         self.server.close()
         self.links.close()
         self.agent.close()
-        self.agent.landing.close()
+        for landing in self.agent.landings.values():
+            landing.close()

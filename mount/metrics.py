@@ -28,13 +28,13 @@ Per namespace (label ``namespace``; ``tier`` where per tier; docs/tenants.md):
 Per peer of a cluster node (label ``peer``; docs/cluster.md):
 
 - ``kvfs_peer_healthy`` (1 while it may be asked, 0 while skipped after a failure),
-  ``kvfs_peer_blocks`` (blocks it is known to hold, from its events),
-  ``kvfs_peer_stranded_bytes`` (arena bytes kept out of use: reads from it that could
-  not be cancelled)
+  ``kvfs_peer_blocks`` (blocks it is known to hold, from its events)
 - ``kvfs_peer_hits_total`` (blocks read from it and published here),
   ``kvfs_peer_read_bytes_total``, ``kvfs_peer_misses_total`` (asked; it did not serve the
   block), ``kvfs_peer_errors_total`` (timeouts, refused connections),
   ``kvfs_peer_corrupt_total`` (blocks from it that failed their check),
+  ``kvfs_peer_busy_total`` (reads given up: every landing buffer for it stayed in use
+  until the deadline),
   ``kvfs_peer_served_total`` and ``kvfs_peer_served_bytes_total`` (what it read from this node)
 - ``kvfs_peer_fetch_seconds`` (histogram of a read from it, buckets ``kvfs.stats.FETCH_BUCKETS``)
 
@@ -189,6 +189,7 @@ _PEER_COUNTERS = (
     ("kvfs_peer_misses", "misses", "Blocks the peer was asked for and did not serve (no longer held, denied, busy)."),
     ("kvfs_peer_errors", "errors", "Reads from the peer that failed (timeouts, refused connections)."),
     ("kvfs_peer_corrupt", "corrupt", "Blocks from the peer whose bytes failed their check (never published)."),
+    ("kvfs_peer_busy", "busy", "Reads from the peer given up: every landing buffer for it stayed in use."),
     ("kvfs_peer_served", "served", "Blocks the peer read from this node."),
     ("kvfs_peer_served_bytes", "bytes_served", "Payload bytes the peer read from this node."),
 )
@@ -200,22 +201,17 @@ def _peer_metrics(peers: tuple[PeerStatistics, ...]) -> Iterator[Metric]:
     lk = ["peer"]
     healthy = GaugeMetricFamily("kvfs_peer_healthy", "1 while the peer may be asked, 0 while skipped.", labels=lk)
     blocks = GaugeMetricFamily("kvfs_peer_blocks", "Blocks the peer is known to hold (from its events).", labels=lk)
-    stranded = GaugeMetricFamily(
-        "kvfs_peer_stranded_bytes", "Arena bytes kept out of use: reads from the peer not cancelled.", labels=lk
-    )
     counters = {name: CounterMetricFamily(name, doc, labels=lk) for name, _, doc in _PEER_COUNTERS}
     hist = HistogramMetricFamily("kvfs_peer_fetch_seconds", "Time of a read of a block from the peer.", labels=lk)
     for p in peers:
         healthy.add_metric([p.name], 1 if p.healthy else 0)
         blocks.add_metric([p.name], p.blocks)
-        stranded.add_metric([p.name], p.stranded)
         for name, field, _ in _PEER_COUNTERS:
             counters[name].add_metric([p.name], getattr(p, field))
         buckets = [(_le(b), c) for b, c in zip(FETCH_BUCKETS, p.fetch_buckets)] + [("+Inf", p.fetch_buckets[-1])]
         hist.add_metric([p.name], buckets, p.fetch_seconds)
     yield healthy
     yield blocks
-    yield stranded
     yield from counters.values()
     yield hist
 

@@ -2,17 +2,22 @@
 
 :class:`NixlPeers` is the :class:`~kvfs.peers.PeerSource` the daemon gives its store.
 Per peer it keeps a few TCP connections to the peer's channel (``kvfs.mount.peer_server``;
-at most ``MAX_LINKS`` at once, each used by one read at a time) and the peer's NIXL
-agent loaded from its ``hello`` (which carries this node's agent, so the peer can write
-into its landing buffers); a peer that restarted (a new agent) is loaded again.
+at most ``MAX_LINKS`` at once, each used by one read at a time). Each connection starts
+with a ``hello`` carrying this node's NIXL metadata for that peer: the connection and the
+landing buffers set aside for it (:class:`~kvfs.mount.nixl_agent.Landing`), nothing else.
+This node never loads a peer's agent: it never moves bytes from or to a peer's memory;
+peers write into its landing buffers.
 
-A ``fetch`` names a free landing buffer of this node (:class:`~kvfs.mount.nixl_agent.Landing`):
-the peer writes the block into it and answers its size and checksum, one round trip;
-:meth:`NixlPeers.read` then copies it into the arena extent reserved for it, where it is
-checked. A block larger than a landing buffer (or with every buffer busy) is offered
-instead and read with NIXL from the peer's arena, then released. Every call is bounded by
-the timeout it is given: a connection that does not answer in time is closed, never
-reused, and its landing buffer rests a while before it is used again.
+A ``fetch`` names free landing buffers of that peer's set (one, or as many as the last
+block from it needed when they are free): the peer writes the block's first bytes there
+and answers its size and checksum, one round trip for a block that fits.
+:meth:`NixlPeers.read` copies them into the arena extent reserved for the block and asks
+for the rest, if any, with ``more``: into every buffer it holds again, and into as many
+more as are free and needed (a reply per round). The block is checked in the arena
+(``kvfs.peers``). When every buffer of the peer's set is busy, a fetch waits for one
+until its deadline, then gives up (:class:`~kvfs.peers.LandingBusy`). Every call is
+bounded by the timeout it is given: a connection that does not answer in time is closed,
+never reused, and the buffers it named rest a while before they are used again.
 """
 
 from __future__ import annotations
@@ -21,14 +26,16 @@ import logging
 import socket
 import threading
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from kvfs.config import ClusterConfig, PeerConfig
 from kvfs.errors import TierUnavailable
-from kvfs.peers import Offer, PeerSource
+from kvfs.peers import Incoming, LandingBusy, PeerSource
+from kvfs.units import format_size
 
-from .nixl_agent import NixlAgent
-from .peer_wire import FAILED, PeerProtocolError, recv_frame, send_frame
+from .nixl_agent import Landing, NixlAgent
+from .peer_wire import FAILED, MAX_DESTS, PeerProtocolError, recv_frame, send_frame
 
 __all__ = ["MAX_LINKS", "NixlPeers"]
 
@@ -70,13 +77,27 @@ class _Link:
 
 
 class _PeerState:
-    def __init__(self, peer: PeerConfig) -> None:
+    def __init__(self, peer: PeerConfig, landing: Landing) -> None:
         self.peer = peer
+        self.landing = landing
         self.idle: list[_Link] = []
         self.open = 0
-        self.agent: str | None = None
+        self.hint = 1  # landing buffers the last block from this peer needed
         self.lock = threading.Lock()
         self.freed = threading.Condition(self.lock)
+
+
+@dataclass(kw_only=True, slots=True)
+class _Fetch(Incoming):
+    """A block on its way from a peer: the link it holds while the peer holds the block
+    for it, the landing buffers it holds, the bytes written (``done``) and those of them
+    in the buffers now (from ``start``), ``spoiled`` when a write into them may still land."""
+
+    link: _Link | None = None
+    buffers: list[int] = field(default_factory=list)
+    start: int = 0
+    done: int = 0
+    spoiled: bool = False
 
 
 class NixlPeers(PeerSource):
@@ -85,7 +106,7 @@ class NixlPeers(PeerSource):
     def __init__(self, config: ClusterConfig, agent: NixlAgent) -> None:
         self.config = config
         self.agent = agent
-        self._peers = {p.name: _PeerState(p) for p in config.peers}
+        self._peers = {p.name: _PeerState(p, agent.landings[p.name]) for p in config.peers}
 
     # -- connections -------------------------------------------------------------------
 
@@ -101,14 +122,13 @@ class NixlPeers(PeerSource):
             state.open += 1
         try:
             link = _Link(state.peer, max(deadline - time.monotonic(), 0.001))
-            hello = {"op": "hello", "node": self.config.node, "agent": self.agent.name, "metadata": self.agent.metadata}
-            reply = link.ask(hello, deadline - time.monotonic())
-            agent = str(reply["agent"])
-            if agent != state.agent:  # first contact, or the peer restarted
-                if state.agent is not None:
-                    self.agent.forget(state.agent)
-                self.agent.connect(bytes(reply["metadata"]))
-                state.agent = agent
+            hello = {
+                "op": "hello",
+                "node": self.config.node,
+                "agent": self.agent.name,
+                "metadata": self.agent.metadata_for(state.peer.name),
+            }
+            link.ask(hello, deadline - time.monotonic())
             return link
         except BaseException:
             self._drop(state, None)
@@ -138,65 +158,109 @@ class NixlPeers(PeerSource):
         self._give(state, link)
         return reply
 
+    # -- moving a block ------------------------------------------------------------------
+
+    def _round(self, state: _PeerState, inc: _Fetch, msg: dict[str, Any], deadline: float) -> Any:
+        """Send *msg* naming the buffers *inc* holds; the peer's ``got`` (a reason string,
+        or ``[size, checksum, done]`` checked against what came before)."""
+        assert inc.link is not None
+        room = state.landing.size
+        dests = inc.buffers[: max(1, -(-(inc.size - inc.done) // room))] if inc.size else inc.buffers
+        try:
+            reply = inc.link.ask({**msg, "dests": dests, "room": room}, deadline - time.monotonic())
+        except BaseException:
+            self._drop(state, inc.link)
+            inc.link, inc.spoiled = None, True  # the peer may still be writing into them
+            raise
+        got = reply.get("got")
+        if isinstance(got, str):
+            inc.spoiled = got == FAILED  # a write that did not finish may still land
+            self._give(state, inc.link)  # the peer holds nothing for us any more
+            inc.link = None
+            return got
+        if (
+            not isinstance(got, list)
+            or len(got) != 3
+            or not all(isinstance(x, int) for x in got)
+            or not inc.done <= got[2] <= got[0]
+            or got[2] - inc.done > len(dests) * room
+            or (msg["op"] == "more" and got[2] == inc.done)
+            or (msg["op"] == "more" and (got[0], got[1]) != (inc.size, inc.checksum))
+        ):
+            self._drop(state, inc.link)
+            inc.link, inc.spoiled = None, True
+            raise TierUnavailable(f"peer {state.peer.name}: a malformed answer to {msg['op']}")
+        inc.size, inc.checksum, inc.start, inc.done = got[0], got[1], inc.done, got[2]
+        if inc.done == inc.size:
+            self._give(state, inc.link)
+            inc.link = None
+        return got
+
+    def _place(self, state: _PeerState, inc: _Fetch, offset: int) -> None:
+        """Copy the bytes in the buffers (``start`` to ``done``) into the arena at *offset*."""
+        room = state.landing.size
+        for i, address in enumerate(inc.buffers):
+            at = inc.start + i * room
+            if at >= inc.done:
+                break
+            self.agent.place(state.landing, address, min(room, inc.done - at), offset + at)
+        inc.start = inc.done
+
     # -- PeerSource ----------------------------------------------------------------------
 
-    def fetch(self, peer: str, name: str, timeout: float) -> Offer | None:
+    def fetch(self, peer: str, name: str, timeout: float) -> Incoming | None:
         state = self._peers[peer]
-        landing = self.agent.landing
-        dest = landing.take()
+        landing = state.landing
+        first = landing.take(time.monotonic() + timeout)
+        if first is None:
+            raise LandingBusy(
+                f"every landing buffer for peer {peer} ({landing.count} of {format_size(landing.size)}) "
+                f"stayed in use for {timeout:g}s"
+            )
+        inc = _Fetch(name=name, size=0, checksum=0, buffers=[first, *landing.take_free(state.hint - 1)])
+        deadline = time.monotonic() + timeout  # the peer's part has its whole deadline
+        try:
+            inc.link = self._take(state, deadline)
+            got = self._round(state, inc, {"op": "fetch", "name": name}, deadline)
+        except BaseException:
+            self.release(peer, inc)
+            raise
+        if isinstance(got, str):  # missing, denied, failed
+            self.release(peer, inc)
+            return None
+        state.hint = min(max(1, -(-inc.size // landing.size)), landing.count, MAX_DESTS)
+        return inc
+
+    def read(self, peer: str, incoming: Incoming, offset: int, timeout: float) -> None:
+        assert isinstance(incoming, _Fetch)
+        inc, state = incoming, self._peers[peer]
         deadline = time.monotonic() + timeout
-        try:
-            link = self._take(state, deadline)
-        except BaseException:
-            if dest is not None:
-                landing.give(dest)
-            raise
-        msg = {"op": "fetch", "name": name, "dest": dest or 0, "room": landing.size if dest is not None else 0}
-        try:
-            reply = link.ask(msg, deadline - time.monotonic())
-        except BaseException:
-            self._drop(state, link)
-            if dest is not None:
-                landing.give(dest, abandoned=True)  # the peer may still be writing into it
-            raise
-        self._give(state, link)
-        got = reply.get("got")
-        if isinstance(got, list) and len(got) == 2 and dest is not None:
-            size, checksum = got
-            return Offer(name=name, size=int(size), checksum=int(checksum), address=dest, landed=True)
-        if dest is not None:
-            landing.give(dest, abandoned=got == FAILED)  # a write that did not finish may still land
-        if isinstance(got, str):
-            return None  # missing, denied, busy, failed
-        if not isinstance(got, list) or len(got) != 4:
-            raise TierUnavailable(f"peer {peer}: a malformed answer to fetch")
-        size, checksum, address, token = got
-        return Offer(name=name, size=int(size), checksum=int(checksum), address=int(address), token=int(token))
+        self._place(state, inc, offset)
+        while inc.done < inc.size:
+            if time.monotonic() >= deadline:
+                raise TierUnavailable(f"peer {peer}: {inc.done} of {inc.size} bytes of {inc.name} in {timeout:g}s")
+            need = min(-(-(inc.size - inc.done) // state.landing.size), MAX_DESTS)
+            if len(inc.buffers) < need:
+                inc.buffers += state.landing.take_free(need - len(inc.buffers))
+            got = self._round(state, inc, {"op": "more"}, deadline)
+            if isinstance(got, str):
+                raise TierUnavailable(f"peer {peer}: {got} after {inc.done} of {inc.size} bytes of {inc.name}")
+            self._place(state, inc, offset)
 
-    def read(self, peer: str, offer: Offer, offset: int, timeout: float) -> None:
-        if offer.landed:
-            self.agent.place(offer.address, offer.size, offset)
-            return
-        state = self._peers[peer]
-        if state.agent is None:
-            raise TierUnavailable(f"peer {peer}: no NIXL agent known")
-        self.agent.read(state.agent, offset, offer.address, offer.size, timeout)
-
-    def release(self, peer: str, offer: Offer) -> None:
-        if offer.landed:
-            self.agent.landing.give(offer.address)
-            return
-        state = self._peers[peer]
-        with state.lock:
-            link = state.idle.pop() if state.idle else None
-        if link is None:
-            return  # the lease ends with its deadline on the peer
-        try:
-            link.tell({"op": "release", "tokens": [offer.token]}, 1.0)
-        except TierUnavailable:
-            self._drop(state, link)
-            return
-        self._give(state, link)
+    def release(self, peer: str, incoming: Incoming) -> None:
+        assert isinstance(incoming, _Fetch)
+        inc, state = incoming, self._peers[peer]
+        if inc.link is not None:  # the peer still holds the block for us
+            try:
+                inc.link.tell({"op": "release"}, 1.0)
+            except TierUnavailable:
+                self._drop(state, inc.link)
+            else:
+                self._give(state, inc.link)
+            inc.link = None
+        for address in inc.buffers:
+            state.landing.give(address, abandoned=inc.spoiled)
+        inc.buffers = []
 
     def holdings(self, peer: str, timeout: float) -> list[tuple[bytes, int]]:
         """What *peer* holds that this node may read: ``(hash, medium)`` pairs."""

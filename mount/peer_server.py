@@ -6,21 +6,28 @@ is judged as the user its ``[[cluster.peers]]`` entry names (``uid``/``gid``; de
 mounting user) under the namespaces' access rules, as a local reader would be: a name it
 may not read is answered ``denied``, and ``holdings`` lists only what it may read.
 
+A peer's ``hello`` carries its NIXL agent's metadata: its connection and the landing
+buffers it set aside for this node. It is loaded only when the agent's name is one of
+that peer's (``<node>-<pid>-<hex>``, the name inside the metadata too), so one peer
+cannot pass itself off as another and have blocks written into the other's buffers.
+Nothing of this node's own agent is sent: a peer never moves bytes to or from it.
+
 A fetched block is leased (``Store.lease_many``, promoting a disk copy into DRAM first,
-as any reader's lease would), so its extent of the arena is not reused while it moves.
-When it fits the landing buffer the asker named, this thread writes it there with NIXL
-(the asker's agent was loaded from its ``hello``), lets the lease go and answers its
-size and checksum: one round trip. Otherwise it is offered: the lease is kept for the
-asker's NIXL read and ends when the asker releases it, when its connection ends, or at
-its deadline. Bounds: ``max_connections`` connections at once (one more is answered
-``busy`` and closed), ``max_in_flight`` bytes leased per connection (past it a name is
-answered ``busy``); a write into a landing buffer takes at most ``timeout``.
+as any reader's lease would), so its extent of the arena is not reused while it moves,
+and this thread writes it with NIXL into the landing buffers the request named (the
+asker's agent), then answers its size and checksum. A block larger than those buffers
+is held for the connection (one at a time) and sent on in chunks, one ``more`` each;
+the lease ends when the last chunk is written, at ``release``, at the next ``fetch``,
+when the connection ends, or at its deadline. Bounds: ``max_connections`` connections
+at once (one more is answered ``busy`` and closed), one block held per connection, at
+most ``MAX_DESTS`` buffers per request; a write takes at most ``timeout``.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import select
 import socket
 import threading
@@ -31,16 +38,50 @@ from kvfs.access import AccessDenied, Operation, Peer
 from kvfs.config import ClusterConfig, PeerConfig
 from kvfs.errors import KvfsError, TierUnavailable
 from kvfs.leases import Lease
+from kvfs.nixl import agent_of
 from kvfs.peers import Medium, block_hash_of
 from kvfs.stats import PeerCounters
 from kvfs.store import Store
 
 from .nixl_agent import NixlAgent
-from .peer_wire import BUSY, DENIED, FAILED, MAX_HOLDINGS, MISSING, PeerProtocolError, recv_frame, send_frame
+from .peer_wire import (
+    BUSY,
+    DENIED,
+    FAILED,
+    MAX_DESTS,
+    MAX_HOLDINGS,
+    MISSING,
+    PeerProtocolError,
+    recv_frame,
+    send_frame,
+)
 
 __all__ = ["PeerServer"]
 
 log = logging.getLogger("kvfs.peers")
+
+
+_AGENT_TAIL = re.compile(r"-[0-9]+-[0-9a-f]+")
+_MAX_ROOM = 1 << 30
+
+
+def agent_belongs(agent: str, node: str) -> bool:
+    """Whether *agent* is a NIXL agent name node *node* gives its agents
+    (``<node>-<pid>-<hex>``, ``kvfs.mount.cluster``)."""
+    return agent.startswith(f"{node}-") and _AGENT_TAIL.fullmatch(agent[len(node) :]) is not None
+
+
+class _Held:
+    """One connection's state: the NIXL agent its peer named in its ``hello`` (the only
+    one written to through it), and the block it is sending in chunks (its lease and the
+    bytes sent)."""
+
+    __slots__ = ("agent", "done", "lease")
+
+    def __init__(self) -> None:
+        self.agent: str | None = None
+        self.lease: Lease | None = None
+        self.done = 0
 
 
 def _addresses(host: str) -> set[str]:
@@ -122,7 +163,7 @@ class PeerServer:
             threading.Thread(target=self._serve, args=(conn, peer), name=f"kvfs-peer-{peer.name}", daemon=True).start()
 
     def _serve(self, conn: socket.socket, peer: PeerConfig) -> None:
-        leases: dict[int, Lease] = {}
+        held = _Held()
         try:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             while not self._closed:
@@ -133,14 +174,13 @@ class PeerServer:
                     return
                 if msg is None:
                     return
-                reply = self._answer(peer, msg, leases)
+                reply = self._answer(peer, msg, held)
                 if reply is not None:
                     send_frame(conn, reply)
         except (TierUnavailable, PeerProtocolError) as exc:
             log.info("peer channel to %s ended: %s", peer.name, exc)
         finally:
-            for lease in leases.values():
-                self.store.release(lease)
+            self._let_go(held)
             with self._lock:
                 self._conns.discard(conn)
             conn.close()
@@ -148,20 +188,32 @@ class PeerServer:
 
     # -- requests ----------------------------------------------------------------------
 
-    def _answer(self, peer: PeerConfig, msg: dict[str, Any], leases: dict[int, Lease]) -> dict[str, Any] | None:
+    def _answer(self, peer: PeerConfig, msg: dict[str, Any], held: _Held) -> dict[str, Any] | None:
         op = msg.get("op")
         if op == "hello":
-            return self._hello(peer, msg)
-        if op == "fetch":
-            name, dest, room = msg.get("name"), msg.get("dest"), msg.get("room")
-            if not isinstance(name, str) or not isinstance(dest, int) or not isinstance(room, int):
-                return {"error": "fetch: needs a name, a dest and a room"}
-            return {"got": self._fetch(peer, name, dest, room, leases)}
+            reply = self._hello(peer, msg)
+            held.agent = None if "error" in reply else msg["agent"]
+            return reply
+        if op in ("fetch", "more"):
+            name, dests, room = msg.get("name"), msg.get("dests"), msg.get("room")
+            if (
+                not isinstance(dests, list)
+                or not 0 < len(dests) <= MAX_DESTS
+                or not all(isinstance(d, int) and d > 0 for d in dests)
+                or not isinstance(room, int)
+                or not 0 < room <= _MAX_ROOM
+            ):
+                return {"error": f"{op}: needs 1 to {MAX_DESTS} buffer addresses and their room (1 byte to 1GiB)"}
+            remote = held.agent
+            if remote is None:
+                return {"error": f"{op}: say hello first (with your NIXL agent's metadata)"}
+            if op == "more":
+                return {"got": self._send(peer, remote, held, dests, room)}
+            if not isinstance(name, str):
+                return {"error": "fetch: needs a name"}
+            return {"got": self._fetch(peer, remote, name, dests, room, held)}
         if op == "release":
-            for token in msg.get("tokens") or ():
-                lease = leases.pop(token, None) if isinstance(token, int) else None
-                if lease is not None:
-                    self.store.release(lease)
+            self._let_go(held)
             return None
         if op == "holdings":
             return {"holdings": self._holdings(peer)}
@@ -169,22 +221,35 @@ class PeerServer:
 
     def _hello(self, peer: PeerConfig, msg: dict[str, Any]) -> dict[str, Any]:
         agent, metadata = msg.get("agent"), msg.get("metadata")
-        if isinstance(agent, str) and isinstance(metadata, bytes):
+        if not isinstance(agent, str) or not isinstance(metadata, bytes):
+            return {"error": "hello: needs the asker's NIXL agent and metadata"}
+        if not agent_belongs(agent, peer.name):
+            log.warning("peer %s: refused NIXL agent %r: not one of that node's", peer.name, agent)
+            return {"error": f"hello: NIXL agent {agent!r} is not one of node {peer.name}'s"}
+        if agent_of(metadata) != agent:
+            log.warning("peer %s: refused NIXL metadata of agent %r as %r", peer.name, agent_of(metadata), agent)
+            return {"error": f"hello: the metadata is of NIXL agent {agent_of(metadata)!r}, not {agent!r}"}
+        with self._lock:
+            known = self._remote.get(peer.name)
+        if known != agent:  # first contact, or the peer restarted
+            try:
+                self.agent.connect(metadata)
+            except TierUnavailable as exc:
+                log.warning("peer %s: its NIXL metadata does not load: %s", peer.name, exc)
+                return {"error": f"hello: your NIXL metadata does not load here: {exc}"}
             with self._lock:
-                known = self._remote.get(peer.name)
-            if known != agent:  # first contact, or the peer restarted
-                try:
-                    loaded = self.agent.connect(metadata)
-                except TierUnavailable as exc:
-                    log.warning("peer %s: its NIXL metadata does not load: %s", peer.name, exc)
-                else:
-                    with self._lock:
-                        old, self._remote[peer.name] = self._remote.get(peer.name), loaded
-                    if old is not None and old != loaded:
-                        self.agent.forget(old)
-        return {"node": self.config.node, "agent": self.agent.name, "metadata": self.agent.metadata}
+                old, self._remote[peer.name] = self._remote.get(peer.name), agent
+            if old is not None and old != agent:
+                self.agent.forget(old)
+        return {"node": self.config.node}
 
-    def _fetch(self, peer: PeerConfig, name: str, dest: int, room: int, leases: dict[int, Lease]) -> Any:
+    def _let_go(self, held: _Held) -> None:
+        if held.lease is not None:
+            self.store.release(held.lease)
+        held.lease, held.done = None, 0
+
+    def _fetch(self, peer: PeerConfig, remote: str, name: str, dests: list[int], room: int, held: _Held) -> Any:
+        self._let_go(held)
         try:
             self.store.check_access(self._identity[peer.name], name, Operation.READ)
         except AccessDenied:
@@ -201,28 +266,30 @@ class PeerServer:
         if lease.slot is not self.arena or lease.location is None:
             self.store.release(lease)
             return MISSING
-        with self._lock:
-            remote = self._remote.get(peer.name)
-        counters = self.counters(peer.name)
-        if remote is not None and lease.size <= room:
-            try:
-                self.agent.write(remote, lease.location.offset, dest, lease.size, self.config.timeout)
-            except (TierUnavailable, ValueError) as exc:
-                log.info("peer %s: writing %s into its landing buffer failed: %s", peer.name, name, exc)
-                return FAILED
-            finally:
-                self.store.release(lease)
+        held.lease = lease
+        return self._send(peer, remote, held, dests, room)
+
+    def _send(self, peer: PeerConfig, remote: str, held: _Held, dests: list[int], room: int) -> Any:
+        """Write the held block's next bytes into *dests*; ``[size, checksum, done]``."""
+        lease = held.lease
+        if lease is None or lease.location is None or self.store.leases.get(lease.id) is not lease:
+            self._let_go(held)  # none held, or its lease ended (its extent may hold another block now)
+            return MISSING
+        n = min(lease.size - held.done, len(dests) * room)
+        try:
+            self.agent.write(remote, lease.location.offset + held.done, n, dests, room, self.config.timeout)
+        except (TierUnavailable, ValueError) as exc:
+            log.info("peer %s: writing %s into its landing buffers failed: %s", peer.name, lease.name, exc)
+            self._let_go(held)
+            return FAILED
+        held.done += n
+        got = [lease.size, lease.checksum, held.done]
+        if held.done >= lease.size:
+            self._let_go(held)
+            counters = self.counters(peer.name)
             counters.add("served")
             counters.add("bytes_served", lease.size)
-            return [lease.size, lease.checksum]
-        held = sum(x.size for x in leases.values())
-        if held + lease.size > self.config.max_in_flight:
-            self.store.release(lease)
-            return BUSY
-        leases[lease.id] = lease
-        counters.add("served")
-        counters.add("bytes_served", lease.size)
-        return [lease.size, lease.checksum, self.agent.base + lease.location.offset, lease.id]
+        return got
 
     def _holdings(self, peer: PeerConfig) -> list[Any]:
         who = self._identity[peer.name]

@@ -1,23 +1,28 @@
 """The peer channel's messages: typed, versioned, msgpack frames over TCP (docs/cluster.md).
 
-Only descriptors cross it (names, sizes, checksums, arena addresses, lease tokens, NIXL
-metadata); the bytes move over NIXL. A frame is a 4-byte big-endian length and a msgpack
+Only descriptors cross it (names, sizes, checksums, landing buffer addresses, the
+asker's NIXL metadata); the bytes move over NIXL, always written by the serving node
+into landing buffers of the asker. A frame is a 4-byte big-endian length and a msgpack
 map ``{"v": VERSION, "op": ..., fields...}``; a reply carries ``"error"`` instead when
 the request failed as a whole. Every frame is at most ``MAX_FRAME`` bytes.
 
 Requests and their replies:
 
-- ``hello`` (``node``, and the asker's NIXL ``agent`` and ``metadata``, so the serving
-  node can write into the asker's landing buffers): the serving node's ``node`` name,
-  NIXL ``agent`` name and ``metadata``;
-- ``fetch`` (``name``, ``dest``, ``room``): one block, as ``got``: ``[size, checksum]``
-  when the serving node wrote it into the asker's landing buffer at ``dest`` (it fit in
-  ``room`` bytes) and holds nothing more for it; ``[size, checksum, address, token]``
-  when it did not fit (the copy is held for the asker under lease *token* at *address*
-  of its arena, to read with NIXL, then ``release``); or a reason string: ``missing``
-  (not here), ``denied`` (the asker may not read it), ``busy`` (too many bytes held for
-  this connection), ``failed`` (the write into the landing buffer did not finish);
-- ``release`` (``tokens``): the asker is done with those copies; no reply;
+- ``hello`` (``node``, and the asker's NIXL ``agent`` and ``metadata``: its connection
+  and the landing buffers it set aside for this node, nothing else): the serving node's
+  ``node`` name. The serving node sends nothing of its own NIXL agent: the asker never
+  moves bytes to or from it;
+- ``fetch`` (``name``, ``dests``: addresses of at most ``MAX_DESTS`` landing buffers of
+  ``room`` bytes each): the serving node writes the block's first bytes into them, in
+  order, and answers ``got``: ``[size, checksum, done]`` (``done`` bytes are there);
+  when ``done < size`` it holds the block for this connection (one at a time) until
+  ``more`` has sent the rest, ``release``, another ``fetch`` or the connection's end. Or
+  a reason string: ``missing`` (not here), ``denied`` (the asker may not read it),
+  ``failed`` (the write did not finish: those buffers may still be written);
+- ``more`` (``dests``, ``room``): the next bytes of the held block into those buffers:
+  ``got`` as for ``fetch``, ``done`` counting every byte sent so far; ``missing`` when no
+  block is held;
+- ``release``: the asker is done with the held block; no reply;
 - ``holdings``: the hashes of the blocks this node holds that the asker may read, with
   their medium (0 DRAM, 1 disk), at most ``MAX_HOLDINGS``.
 """
@@ -34,6 +39,7 @@ __all__ = [
     "BUSY",
     "DENIED",
     "FAILED",
+    "MAX_DESTS",
     "MAX_FRAME",
     "MAX_HOLDINGS",
     "MISSING",
@@ -43,9 +49,10 @@ __all__ = [
     "send_frame",
 ]
 
-VERSION = 2
+VERSION = 3
 MAX_FRAME = 64 << 20
 MAX_HOLDINGS = 1_000_000
+MAX_DESTS = 64
 MISSING, DENIED, BUSY, FAILED = "missing", "denied", "busy", "failed"
 _LEN = struct.Struct(">I")
 

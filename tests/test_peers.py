@@ -4,7 +4,7 @@ Two real stores (shared-memory arenas, disk tiers) stand for two nodes. The tran
 between them is :class:`StoreSource`, which does in this process what NIXL does between
 daemons: it leases the block on the serving store and copies its bytes into the asking
 store's reserved extent through a mapping of that arena file, with faults on request
-(flipped bytes, a timeout, a transfer that cannot be cancelled). The real transport runs
+(flipped bytes, a timeout, a peer that cannot be reached, no landing buffer free). The real transport runs
 in tests/test_peer_nixl.py (NIXL in this process) and tests/test_cluster.py (daemons in
 network namespaces).
 """
@@ -15,6 +15,7 @@ import mmap
 import os
 import random
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,8 @@ from test_ingest import BLOCK, make
 from kvfs.config import ConfigError, DramConfig, PosixConfig, TierName, parse_config
 from kvfs.errors import BlockNotFound, StoreBusy, TierUnavailable
 from kvfs.events import EventKind
-from kvfs.peers import PEER_DETAIL, Medium, Offer, PeerIndex, PeerReadAbandoned, PeerReads, PeerSource, block_hash_of
+from kvfs.leases import Lease
+from kvfs.peers import PEER_DETAIL, Incoming, LandingBusy, Medium, PeerIndex, PeerReads, PeerSource, block_hash_of
 from kvfs.store import Store
 from kvfs.tiers import open_tier
 from kvfs.tiers.dram import DramTier
@@ -40,6 +42,11 @@ def name_of(i: int) -> str:
     return f"m/{h[:2]}/{h}"
 
 
+@dataclass(kw_only=True, slots=True)
+class Held(Incoming):
+    lease: Lease
+
+
 class StoreSource(PeerSource):
     """Serves *peer*'s blocks to *asker* in-process (see the module doc)."""
 
@@ -53,31 +60,33 @@ class StoreSource(PeerSource):
         self.fault: str | None = None
         self.calls = 0
 
-    def fetch(self, peer: str, name: str, timeout: float) -> Offer | None:
+    def fetch(self, peer: str, name: str, timeout: float) -> Incoming | None:
         self.calls += 1
         if self.fault == "down":
             raise TierUnavailable(f"peer {peer}: cannot connect")
+        if self.fault == "busy":
+            raise LandingBusy(f"every landing buffer for peer {peer} stayed in use for {timeout:g}s")
         [lease] = self.peers[peer].lease_many([name], promote="always", count_hits=False)
-        if not hasattr(lease, "location"):
+        if not isinstance(lease, Lease):
             return None
         self.leases[lease.id] = lease
-        return Offer(name=name, size=lease.size, checksum=lease.checksum, address=lease.location.offset, token=lease.id)
+        return Held(name=name, size=lease.size, checksum=lease.checksum, lease=lease)
 
-    def read(self, peer: str, offer: Offer, offset: int, timeout: float) -> None:
+    def read(self, peer: str, incoming: Incoming, offset: int, timeout: float) -> None:
+        assert isinstance(incoming, Held)
         if self.fault == "timeout":
-            raise TierUnavailable("NIXL read timed out")
-        if self.fault == "abandoned":
-            raise PeerReadAbandoned("NIXL read could not be cancelled")
-        src = self.leases[offer.token].slot.tier.path  # the serving arena file
-        with open(src, "rb") as f:
-            f.seek(offer.address)
-            data = bytearray(f.read(offer.size))
+            raise TierUnavailable("the peer's write timed out")
+        loc = incoming.lease.location
+        with open(loc.path, "rb") as f:  # the serving arena file
+            f.seek(loc.offset)
+            data = bytearray(f.read(incoming.size))
         if self.fault == "flip":
             data[len(data) // 2] ^= 0x40
-        self.mm[offset : offset + offer.size] = data
+        self.mm[offset : offset + incoming.size] = data
 
-    def release(self, peer: str, offer: Offer) -> None:
-        lease = self.leases.pop(offer.token, None)
+    def release(self, peer: str, incoming: Incoming) -> None:
+        assert isinstance(incoming, Held)
+        lease = self.leases.pop(incoming.lease.id, None)
         if lease is not None:
             self.peers[peer].release(lease)
 
@@ -157,14 +166,17 @@ def test_a_timed_out_transfer_gives_its_extent_back(pair):
     assert len(b.ingest) == 0 and b.slots[0].reserved == 0
 
 
-def test_a_transfer_that_could_not_be_cancelled_keeps_its_extent_out_of_use(pair):
+def test_a_read_with_every_landing_buffer_busy_is_a_counted_miss_and_the_peer_stays_healthy(pair):
     a, b, index, source = pair
     name = _hold(a, index, 7)
-    source.fault = "abandoned"
+    source.fault = "busy"
     with pytest.raises(BlockNotFound):
         b.read(name)
-    assert len(b.ingest) == 1 and b.slots[0].reserved > 0  # never reused: a late write cannot land in a block
-    assert b.elsewhere.peers.stranded == BLOCK
+    [stats] = b.statistics().peers
+    assert (stats.busy, stats.misses, stats.errors, stats.healthy, stats.hits) == (1, 0, 0, True, 0)
+    assert len(b.ingest) == 0 and b.slots[0].reserved == 0
+    source.fault = None
+    assert b.read(name) == blob(7)  # the peer was not skipped
 
 
 def test_a_stale_entry_costs_one_question_and_is_forgotten(pair):
@@ -262,16 +274,9 @@ def _cluster(**kw):
 
 
 def test_cluster_config_parses():
-    c = _cluster(timeout="500ms", ucx_tls="tcp", max_in_flight="64MiB").cluster
+    c = _cluster(timeout="500ms", ucx_tls="tcp", landing="256KiB").cluster
     assert c is not None
-    assert (c.node, c.host, c.port, c.timeout, c.ucx_tls, c.max_in_flight) == (
-        "a",
-        "10.0.0.1",
-        7470,
-        0.5,
-        "tcp",
-        64 << 20,
-    )
+    assert (c.node, c.host, c.port, c.timeout, c.ucx_tls, c.landing) == ("a", "10.0.0.1", 7470, 0.5, "tcp", 256 << 10)
     assert c.peers[0].name == "b" and c.peers[0].port == 7470
     assert parse_config(BASE).cluster is None
 
@@ -284,6 +289,8 @@ def test_cluster_config_parses():
         ({"listen": "10.0.0.1:99999"}, "cluster.listen", "port from 1 to 65535"),
         ({"timeout": "0s"}, "cluster.timeout", "more than 0"),
         ({"max_connections": 0}, "cluster.max_connections", "from 1 to 1024"),
+        ({"landing": "4KiB"}, "cluster.landing", "from 64KiB to 1GiB"),
+        ({"max_in_flight": "64MiB"}, "cluster.max_in_flight", "unknown key"),
         ({"peers": [{"name": "a", "address": "10.0.0.2:1"}]}, "cluster.peers[0].name", "this node's own name"),
         (
             {"peers": [{"name": "b", "address": "10.0.0.2:1"}, {"name": "b", "address": "10.0.0.3:1"}]},

@@ -31,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help='print JSON: {"mountpoint", "blocks", "tiers": [{"name", "kind", "capacity", "used", "free", '
         '"blocks", "healthy", "persistent", "shared"}], "peers": [{"name", "healthy", "blocks", "hits", '
-        '"bytes_read", "served", "stranded"}], "namespaces": [as kvfs quota show --json]}',
+        '"bytes_read", "served", "busy"}], "namespaces": [as kvfs quota show --json]}',
     )
     add_socket_option(parser)
 
@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     mountpoint = st.get("mountpoint") if target.mountpoint is None else target.mountpoint
     spaces = st.get("namespaces", [])
     peers = [
-        {k: p[k] for k in ("name", "healthy", "blocks", "hits", "bytes_read", "served", "stranded")}
+        {k: p[k] for k in ("name", "healthy", "blocks", "hits", "bytes_read", "served", "busy")}
         for p in st.get("peers", [])
     ]
     if args.json:
@@ -92,14 +92,12 @@ def run(args: argparse.Namespace) -> int:
                 p["hits"],
                 format_size(p["bytes_read"]),
                 p["served"],
-                format_size(p["stranded"]),
+                p["busy"],
             ]
             for p in peers
         ]
         print()
-        print(
-            table(["PEER", "HEALTH", "BLOCKS", "READ", "READ BYTES", "SERVED", "STRANDED"], rows, right=(2, 3, 4, 5, 6))
-        )
+        print(table(["PEER", "HEALTH", "BLOCKS", "READ", "READ BYTES", "SERVED", "BUSY"], rows, right=(2, 3, 4, 5, 6)))
     if spaces:
         print()
         print(render_namespaces(spaces, target.display))

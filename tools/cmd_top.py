@@ -20,8 +20,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "served (hit ratio), bytes read and written per second, promotions, demotions and "
         "evictions per second, corrupt copies, errors and health; on a cluster node, per peer "
         "the blocks read from it per second, their bytes, the mean time of a read, blocks it "
-        "read from this node, misses, errors, corrupt reads and stranded bytes; FUSE "
-        "operations per second when the mount records them. Rates are over the last "
+        "read from this node, misses, errors, corrupt reads and reads given up with every "
+        "landing buffer busy; FUSE operations per second when the mount records them. Rates "
+        "are over the last "
         "interval. Ctrl-C quits."
     )
     parser.add_argument(
@@ -78,7 +79,7 @@ def frame(prev: dict, cur: dict) -> dict:
                 "misses": c["misses"],
                 "errors": c["errors"],
                 "corrupt": c["corrupt"],
-                "stranded": c["stranded"],
+                "busy": c["busy"],
             }
         )
     prev_ops = {o["op"]: o for o in prev.get("ops", [])}
@@ -173,12 +174,12 @@ def render_peers(peers: list[dict]) -> str:
             p["misses"],
             p["errors"],
             p["corrupt"],
-            format_size(p["stranded"]),
+            p["busy"],
         ]
         for p in peers
     ]
     heads = ["PEER", "HEALTH", "BLOCKS", "HITS/s", "READ", "FETCH ms", "SERVED/s", "MISSES", "ERRORS", "CORRUPT"]
-    return table(heads + ["STRANDED"], rows, right=tuple(range(2, 11)))
+    return table(heads + ["BUSY"], rows, right=tuple(range(2, 11)))
 
 
 def run(args: argparse.Namespace) -> int:
