@@ -4,8 +4,10 @@ Each node runs its own daemon with its own DRAM and disk, a shared posix directo
 moto S3 server on a fourth address. Readers on B and C read what A holds in DRAM through
 the peer tier and check every byte; then A fails in each way a node fails (SIGKILL,
 SIGSTOP, its link cut, its packets dropped) and every read must be correct or a miss
-within a generous deadline, and local hits must stay correct. No timing is asserted
-(``kvfs bench cluster`` measures); docs/cluster.md.
+within a generous deadline, and local hits must stay correct. The nodes' landing buffers
+are 64 KiB: the 256 KiB blocks of the fault tests come in chunks, the 64 KiB blocks of
+the mixed run in one round. No timing is asserted (``kvfs bench cluster`` measures);
+docs/cluster.md.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ DEADLINE = 60.0  # seconds a read may take under any fault: a hang fails the tes
 def cluster():
     from kvfs.client import Client
 
-    nc = NetCluster(3, timeout="1s")
+    nc = NetCluster(3, timeout="1s", landing="64KiB")
     try:
         nc.clients = {n.name: Client(str(n.socket), write=True, timeout=DEADLINE) for n in nc.nodes}
         yield nc

@@ -48,6 +48,12 @@ FAULTS = ("kill", "stop", "cut", "drop")
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--blocks", type=int, default=32, help="blocks per measurement (default: %(default)s)")
     p.add_argument("--block-size", default="1MiB", help="payload bytes per block (default: %(default)s)")
+    p.add_argument(
+        "--landing",
+        default=None,
+        help="[cluster] landing of every node (default: its default, 4MiB); smaller than "
+        "--block-size: blocks come in chunks",
+    )
     p.add_argument("--soak", type=float, default=None, metavar="SECONDS", help="a mixed run with faults instead")
     p.add_argument(
         "--fault-every", type=float, default=60.0, help="--soak: one fault every this many seconds (default: 60)"
@@ -352,8 +358,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"local hits: {_ms(rep.local)}")
             print(f"local hits during faults: {_ms(rep.local_during_fault)}")
         return 1 if rep.wrong else 0
-    with NetCluster(3, timeout="1s", posix=False, dram="256MiB", disk="512MiB") as nc:
+    with NetCluster(3, timeout="1s", landing=args.landing, posix=False, dram="256MiB", disk="512MiB") as nc:
         res = measure(nc, args.blocks, size, say)
+    res["landing"] = args.landing or "default"
     with open("/proc/loadavg") as f:
         res["load"] = load
         res["load_after"] = f.read().split()[:3]
@@ -361,7 +368,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(res, indent=2))
         return 0
     print(
-        f"{args.blocks} blocks of {size} bytes, UCX over TCP between namespaces "
+        f"{args.blocks} blocks of {size} bytes, landing buffers {res['landing']}, UCX over TCP between namespaces "
         f"(load {' '.join(load)} before, {' '.join(res['load_after'])} after)"
     )
     print(f"{'get':10} {'mean ms':>9} {'p50 ms':>9} {'p99 ms':>9} {'max ms':>9}")

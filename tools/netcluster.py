@@ -86,7 +86,8 @@ class Node:
 class NetCluster:
     """*nodes* kvfs nodes (``a``, ``b``, ``c``...) and an S3 server, each in its own
     network namespace (see the module doc). *dram*/*disk*: each node's tier sizes;
-    *timeout*: the peers' deadline; *extra*: more TOML for every node's config."""
+    *timeout*: the peers' deadline; *landing*: ``[cluster] landing`` (None: its default);
+    *extra*: more TOML for every node's config."""
 
     def __init__(
         self,
@@ -95,6 +96,7 @@ class NetCluster:
         dram: str = "64MiB",
         disk: str = "256MiB",
         timeout: str = "2s",
+        landing: str | None = None,
         s3: bool = True,
         posix: bool = True,
         extra: str = "",
@@ -113,7 +115,7 @@ class NetCluster:
             if s3:
                 self._start_s3()
             for node in self.nodes:
-                self._write_config(node, dram=dram, disk=disk, timeout=timeout, extra=extra)
+                self._write_config(node, dram=dram, disk=disk, timeout=timeout, landing=landing, extra=extra)
             for node in self.nodes:
                 self.start(node)
         except BaseException:
@@ -175,7 +177,7 @@ class NetCluster:
 
     # -- the nodes ---------------------------------------------------------------------
 
-    def _write_config(self, node: Node, *, dram: str, disk: str, timeout: str, extra: str) -> None:
+    def _write_config(self, node: Node, *, dram: str, disk: str, timeout: str, landing: str | None, extra: str) -> None:
         lines = [
             f'[[tiers]]\nkind = "dram"\nname = "dram"\ncapacity = "{dram}"\nmlock = false\nprefault = false\n',
             f'[[tiers]]\nkind = "disk"\nname = "disk"\ncapacity = "{disk}"\npath = "{node.root}/disk"\n',
@@ -190,7 +192,7 @@ class NetCluster:
         lines.append(f'[events]\nzmq = "tcp://{node.address}:{EVENTS_PORT}"\n')
         lines.append(
             f'[cluster]\nnode = "{node.name}"\nlisten = "{node.address}:{CHANNEL_PORT}"\n'
-            f'ucx_tls = "tcp"\ntimeout = "{timeout}"\n'
+            f'ucx_tls = "tcp"\ntimeout = "{timeout}"\n' + (f'landing = "{landing}"\n' if landing else "")
         )
         for other in self.nodes:
             if other is not node:
