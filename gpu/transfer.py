@@ -9,9 +9,9 @@
 
   - ``"kvikio"`` (:class:`KvikioLoader`): ``kvikio.CuFile.pread`` straight into device
     memory (GPUDirect Storage where the driver has it, kvikio's compat mode otherwise);
-  - ``"nixl"`` (:class:`NixlLoader`): a ``nixl_agent`` with the ``GDS_MT``/``GDS``
-    backend into VRAM, or ``POSIX`` into registered host memory, the file registered as
-    FILE memory (its descriptor, the payload's offset and length);
+  - ``"nixl"`` (:class:`NixlLoader`): a NIXL agent (:mod:`kvfs.nixl`) with the
+    ``GDS_MT``/``GDS`` backend into VRAM, or ``POSIX`` into registered host memory, the
+    file registered as FILE memory (its descriptor, the payload's offset and length);
   - ``"posix"`` (:class:`PosixLoader`): ``preadv`` into the host buffer, or into pinned
     staging and copied to the device.
 
@@ -39,6 +39,7 @@ import torch
 
 from kvfs.client.buffers import read_file
 from kvfs.errors import BlockCorrupt, KvfsError
+from kvfs.nixl import Agent, Backend, NixlUnavailable, Registration, TransferFailed
 
 __all__ = [
     "TRANSFERS",
@@ -152,58 +153,41 @@ class PosixLoader(FileLoader):
         return out
 
 
-def _nixl_api() -> tuple[Any, Any]:
-    """NIXL's ``nixl_agent`` and ``nixl_agent_config``, from whichever CUDA variant is
-    installed (``nixl-cu13``, ``nixl-cu12``, or the ``nixl`` meta package)."""
-    import importlib
-
-    errors = []
-    for module in ("nixl_cu13", "nixl_cu12", "nixl._api"):
-        try:
-            api = importlib.import_module(module)
-            return api.nixl_agent, api.nixl_agent_config
-        except (ImportError, AttributeError, OSError) as exc:
-            errors.append(f"{module}: {exc}")
-    raise TransferUnavailable(f"NIXL is not installed (pip install nixl-cu12 or nixl-cu13): {'; '.join(errors)}")
-
-
 class NixlLoader(FileLoader):
-    """NIXL: the block files registered as FILE memory, the destinations as DRAM (the
-    ``POSIX`` backend) or VRAM (``GDS_MT``, else ``GDS``); one transfer per batch."""
+    """NIXL (a :class:`kvfs.nixl.Agent`, the plumbing the daemon's peer tier uses too): the
+    block files registered as FILE memory, the destinations as DRAM (the ``POSIX``
+    backend) or VRAM (``GDS_MT``, else ``GDS``); one transfer per batch, which may take at
+    most *timeout* seconds."""
 
-    def __init__(self, device: torch.device, backends: Sequence[str] | None = None) -> None:
-        nixl_agent, nixl_agent_config = _nixl_api()
-        if "NIXL_LOG_LEVEL" not in os.environ:  # its INFO lines on every agent and backend are noise here
-            logging.getLogger("nixl").setLevel(logging.WARNING)
+    def __init__(self, device: torch.device, backends: Sequence[str] | None = None, *, timeout: float = 60.0) -> None:
         self.device = device
         self.mem = "DRAM" if device.type == "cpu" else "VRAM"
+        self.timeout = timeout
         wanted = list(backends or (["POSIX"] if device.type == "cpu" else ["GDS_MT", "GDS"]))
         try:
-            self._agent = nixl_agent(
-                f"kvfs-{os.getpid()}-{id(self):x}", nixl_agent_config(enable_prog_thread=False, backends=[])
-            )
-        except Exception as exc:  # noqa: BLE001 - NIXL's bindings raise a dozen unrelated Exception classes
-            raise TransferUnavailable(f"NIXL could not start an agent: {exc}") from None
+            self._agent: Agent | None = Agent(f"kvfs-{os.getpid()}-{id(self):x}")
+        except NixlUnavailable as exc:
+            raise TransferUnavailable(str(exc)) from None
         errors = []
-        self.backend = ""
+        self._backend: Backend | None = None
         for b in wanted:
-            if b not in self._agent.get_plugin_list():
+            if b not in self._agent.plugins:
                 errors.append(f"{b}: no plugin")
                 continue
             try:
-                self._agent.create_backend(b, {})
-            except Exception as exc:  # noqa: BLE001 - NIXL's own error classes: reported, next backend
+                backend = self._agent.backend(b)
+            except NixlUnavailable as exc:  # reported, next backend
                 errors.append(f"{b}: {exc}")
                 continue
-            mems = self._agent.backend_mems.get(b, [])
-            if "FILE_SEG" in mems and f"{self.mem}_SEG" in mems:
-                self.backend = b
+            if {"FILE", self.mem} <= backend.mems:
+                self._backend = backend
                 break
-            errors.append(f"{b}: cannot move FILE to {self.mem} ({', '.join(mems)})")
-        if not self.backend:
+            errors.append(f"{b}: cannot move FILE to {self.mem} ({', '.join(sorted(backend.mems))})")
+        if self._backend is None:
             raise TransferUnavailable(f"no NIXL backend can read files into {self.mem}: {'; '.join(errors)}")
+        self.backend = self._backend.kind
         self.name = f"nixl-{self.backend.lower().replace('_', '-')}"
-        self._lock = threading.Lock()  # the agent is made without thread sync
+        self._lock = threading.Lock()  # one batch's registrations at a time
 
     def _open(self, path: str) -> int:
         """The file for a transfer: with ``O_DIRECT`` for the GDS backends (cuFile moves
@@ -221,12 +205,14 @@ class NixlLoader(FileLoader):
     def read(self, items: Sequence[Item], stream: Any = None) -> list[BaseException | None]:
         if not items:
             return []
+        a, backend = self._agent, self._backend
+        if a is None or backend is None:
+            raise TransferUnavailable("this NIXL loader is closed")
         out: list[BaseException | None] = [None] * len(items)
         fds: list[int] = []
-        a = self._agent
         dev = (self.device.index or 0) if self.device.type == "cuda" else 0
         with self._lock:
-            regs: list[tuple[Any, list[str]]] = []
+            regs: list[Registration] = []
             try:
                 for i, it in enumerate(items):
                     if it.length == 0:  # nothing to move (NIXL refuses empty descriptors)
@@ -242,35 +228,25 @@ class NixlLoader(FileLoader):
                     return out
                 mem = [(items[i].dest.data_ptr(), items[i].length, dev) for i in live]
                 files = [(items[i].offset, items[i].length, fds[i]) for i in live]
-                regs.append((a.register_memory([(*m, "") for m in mem], self.mem, [self.backend]), [self.backend]))
-                regs.append((a.register_memory([(*f, "") for f in files], "FILE", [self.backend]), [self.backend]))
-                handle = a.initialize_xfer(
+                regs.append(a.register(self.mem, mem, backend))
+                regs.append(a.register("FILE", files, backend))
+                a.transfer(  # spun: the backend moves only while its status is checked
                     "READ",
-                    a.get_xfer_descs(mem, self.mem),
-                    a.get_xfer_descs(files, "FILE"),
-                    a.name,
-                    b"",
-                    [self.backend],
+                    mem,
+                    files,
+                    backend=backend,
+                    timeout=self.timeout,
+                    local_mem=self.mem,
+                    remote_mem="FILE",
+                    spin=self.timeout,
                 )
-                try:
-                    state = a.transfer(handle)
-                    while state == "PROC":
-                        state = a.check_xfer_state(handle)
-                finally:
-                    handle.release()
-                if state != "DONE":
-                    for i in live:
-                        out[i] = BlockCorrupt(f"the NIXL {self.backend} read of {items[i].path} failed ({state})")
-            except Exception as exc:  # noqa: BLE001 - a registration or request NIXL refused: each item fails
+            except (NixlUnavailable, TransferFailed) as exc:  # a registration or request NIXL refused: each item fails
                 for i in range(len(items)):
                     if out[i] is None and fds[i] >= 0:
                         out[i] = BlockCorrupt(f"the NIXL {self.backend} read of {items[i].path} failed: {exc}")
             finally:
-                for reg, backs in reversed(regs):
-                    try:
-                        a.deregister_memory(reg, backs)
-                    except Exception as exc:  # noqa: BLE001 - NIXL's own error classes
-                        log.warning("NIXL: deregistering failed: %s", exc)
+                for reg in reversed(regs):
+                    a.deregister(reg)
                 for fd in fds:
                     if fd >= 0:
                         os.close(fd)

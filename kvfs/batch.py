@@ -70,16 +70,16 @@ class BatchReads:
         return out
 
     def _refresh(self, names: Sequence[str | InvalidName]) -> None:
-        if self.store.shared:
+        if self.store.elsewhere.active:
             for n in names:
                 if isinstance(n, str):
-                    self.store.records.refresh(n)
+                    self.store.elsewhere.refresh(n)
 
     def probe(self, names: Sequence[str]) -> Probe:
         """Presence of every name (see :class:`Probe`), under one acquisition of the lock.
         Raises :class:`InvalidName` for a name that is not a valid kvfs path."""
         blocks = self.catalog.blocks
-        if self.store.shared:
+        if self.store.elsewhere.active:
             self._refresh([n if n in blocks else normalize(n) for n in names])
         with self.placement.locked():
             get = blocks.get

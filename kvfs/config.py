@@ -54,12 +54,14 @@ from .units import format_size, parse_duration, parse_size
 
 __all__ = [
     "ClientConfig",
+    "ClusterConfig",
     "Config",
     "DiskConfig",
     "DramConfig",
     "EventsConfig",
     "MountConfig",
     "NamespaceConfig",
+    "PeerConfig",
     "PolicyConfig",
     "PosixConfig",
     "PromoteMode",
@@ -271,6 +273,61 @@ class EventsConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class PeerConfig:
+    """``[[cluster.peers]]``: one other node whose DRAM this node reads (docs/cluster.md).
+
+    ``name``: the node's name (its own ``[cluster] node``); ``address``: ``host:port`` of
+    its peer channel (its ``[cluster] listen``); ``events``: the ZMQ address of its KV
+    events (its ``[events] zmq``), how this node learns what it holds. ``uid``/``gid``:
+    who this node takes that node's requests to be when it serves them: only namespaces
+    that user may read are served (none given: the mounting user, a node trusted as much
+    as this one)."""
+
+    name: str
+    address: str
+    events: str | None = None
+    uid: int | None = None
+    gid: int | None = None
+
+    @property
+    def host(self) -> str:
+        return self.address.rpartition(":")[0].strip("[]")
+
+    @property
+    def port(self) -> int:
+        return int(self.address.rpartition(":")[2])
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterConfig:
+    """``[cluster]``: this node's peers and how it serves them (docs/cluster.md).
+
+    ``node``: this node's name; ``listen``: ``host:port`` its peer channel listens on (for
+    descriptors; the bytes move over NIXL/UCX); ``peers``: the other nodes. ``timeout``:
+    the most one read from a peer may take (a slower or dead peer is skipped for a while
+    afterwards); ``max_connections``: peer connections served at once (each holds at
+    most one block for its asker at a time); ``ucx_tls``: UCX transports (``UCX_TLS``),
+    e.g. ``"tcp"`` or ``"rc,tcp"``; none: UCX picks. ``landing``: the size of each
+    landing buffer a peer writes blocks into (a larger block comes in chunks of it)."""
+
+    node: str
+    listen: str
+    peers: tuple[PeerConfig, ...] = ()
+    timeout: float = 2.0
+    max_connections: int = 16
+    ucx_tls: str | None = None
+    landing: int = 4 << 20
+
+    @property
+    def host(self) -> str:
+        return self.listen.rpartition(":")[0].strip("[]")
+
+    @property
+    def port(self) -> int:
+        return int(self.listen.rpartition(":")[2])
+
+
+@dataclass(frozen=True, kw_only=True)
 class Config:
     tiers: tuple[TierConfig, ...]
     policy: PolicyConfig = PolicyConfig()
@@ -281,6 +338,7 @@ class Config:
     origin: str = ""
     """Where it came from, for people (the daemon's log, ``kvfs df``): the file
     :func:`load_config` read, or the embedded default and how its sizes were chosen."""
+    cluster: ClusterConfig | None = None
 
     def tier(self, name: str) -> TierConfig:
         for t in self.tiers:
@@ -398,13 +456,13 @@ def _build(cls: type, where: str, table: Any, skip: tuple[str, ...] = ()) -> Any
 
 def parse_config(data: dict[str, Any]) -> Config:
     """Build a :class:`Config` from a parsed TOML document; raises :class:`ConfigError`."""
-    tables = ("tiers", "policy", "mount", "client", "events", "namespaces")
+    tables = ("tiers", "policy", "mount", "client", "events", "namespaces", "cluster")
     unknown = sorted(set(data) - set(tables))
     if unknown:
         raise ConfigError(
             unknown[0],
             f"unknown top-level key{_did_you_mean(unknown[0], tables)}; "
-            "expected [[tiers]], [policy], [mount], [client], [events] and [[namespaces]]",
+            "expected [[tiers]], [policy], [mount], [client], [events], [[namespaces]] and [cluster]",
         )
     raw_tiers = data.get("tiers")
     if not raw_tiers:
@@ -477,7 +535,102 @@ def parse_config(data: dict[str, Any]) -> Config:
     if events.zmq is not None and "://" not in events.zmq:
         raise ConfigError("events.zmq", f'{events.zmq!r} is not a ZMQ address; e.g. "tcp://127.0.0.1:5557"')
     namespaces = _parse_namespaces(data.get("namespaces", []), [t.name for t in tiers])
-    return Config(tiers=tuple(tiers), policy=policy, mount=mount, client=client, events=events, namespaces=namespaces)
+    cluster = None if "cluster" not in data else _parse_cluster(data["cluster"], tiers)
+    return Config(
+        tiers=tuple(tiers),
+        policy=policy,
+        mount=mount,
+        client=client,
+        events=events,
+        namespaces=namespaces,
+        cluster=cluster,
+    )
+
+
+_CLUSTER_KEYS = ("node", "listen", "peers", "timeout", "max_connections", "ucx_tls", "landing")
+_PEER_KEYS = ("name", "address", "events", "uid", "gid")
+
+
+def _address(where: str, value: Any) -> str:
+    """A ``host:port`` string (IPv6 hosts in brackets), or ConfigError."""
+    if not isinstance(value, str):
+        raise ConfigError(where, 'expected "host:port", e.g. "10.0.0.1:7470"')
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(where, f'{value!r} is not "host:port" with a port from 1 to 65535')
+    return value
+
+
+def _parse_cluster(raw: Any, tiers: list[TierConfig]) -> ClusterConfig:
+    """``[cluster]`` with its ``[[cluster.peers]]``; ConfigError naming the field."""
+    if not isinstance(raw, dict):
+        raise ConfigError("cluster", "expected a table")
+    unknown = sorted(set(raw) - set(_CLUSTER_KEYS))
+    if unknown:
+        raise ConfigError(f"cluster.{unknown[0]}", f"unknown key; known keys are {', '.join(sorted(_CLUSTER_KEYS))}")
+    for key in ("node", "listen"):
+        if key not in raw:
+            raise ConfigError(f"cluster.{key}", "missing required key")
+    node = raw["node"]
+    if not isinstance(node, str) or not node or not node.replace("-", "").replace("_", "").isalnum():
+        raise ConfigError("cluster.node", f"{node!r} is not a usable node name (letters, digits, - and _)")
+    kwargs: dict[str, Any] = {"node": node, "listen": _address("cluster.listen", raw["listen"])}
+    if "timeout" in raw:
+        kwargs["timeout"] = _parsed("cluster.timeout", parse_duration, raw["timeout"])
+        if not 0 < kwargs["timeout"] <= 60:
+            raise ConfigError("cluster.timeout", "must be more than 0 and at most 60 seconds")
+    if "max_connections" in raw:
+        n = raw["max_connections"]
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 1024:
+            raise ConfigError("cluster.max_connections", "expected a whole number from 1 to 1024")
+        kwargs["max_connections"] = n
+    if "landing" in raw:
+        kwargs["landing"] = _parsed("cluster.landing", parse_size, raw["landing"])
+        if not 64 << 10 <= kwargs["landing"] <= 1 << 30:
+            raise ConfigError(
+                "cluster.landing", "must be from 64KiB to 1GiB (each peer has up to 4 landing buffers this size)"
+            )
+    if "ucx_tls" in raw:
+        if not isinstance(raw["ucx_tls"], str) or not raw["ucx_tls"]:
+            raise ConfigError("cluster.ucx_tls", 'expected UCX transports, e.g. "tcp" or "rc,tcp"')
+        kwargs["ucx_tls"] = raw["ucx_tls"]
+    peers = raw.get("peers", [])
+    if not isinstance(peers, list):
+        raise ConfigError("cluster.peers", "write peers as [[cluster.peers]] entries (an array of tables)")
+    seen = {node}
+    out: list[PeerConfig] = []
+    for i, table in enumerate(peers):
+        where = f"cluster.peers[{i}]"
+        if not isinstance(table, dict):
+            raise ConfigError(where, "expected a table")
+        unknown = sorted(set(table) - set(_PEER_KEYS))
+        if unknown:
+            raise ConfigError(f"{where}.{unknown[0]}", f"unknown key; known keys are {', '.join(sorted(_PEER_KEYS))}")
+        for key in ("name", "address"):
+            if key not in table:
+                raise ConfigError(f"{where}.{key}", "missing required key")
+        name = table["name"]
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"{where}.name", "expected a node name")
+        if name in seen:
+            what = "this node's own name" if name == node else "used twice"
+            raise ConfigError(f"{where}.name", f"{name!r} is {what}; every peer is another node, named once")
+        seen.add(name)
+        events = table.get("events")
+        if events is not None and (not isinstance(events, str) or "://" not in events):
+            raise ConfigError(f"{where}.events", f'{events!r} is not a ZMQ address; e.g. "tcp://10.0.0.2:5557"')
+        peer = PeerConfig(
+            name=name,
+            address=_address(f"{where}.address", table["address"]),
+            events=events,
+            uid=_parse_id(f"{where}.uid", table.get("uid"), "user"),
+            gid=_parse_id(f"{where}.gid", table.get("gid"), "group"),
+        )
+        out.append(peer)
+    if not tiers or tiers[0].kind is not TierKind.DRAM:
+        raise ConfigError("cluster", "peers read into and serve from the DRAM arena: the first tier must be dram")
+    kwargs["peers"] = tuple(out)
+    return ClusterConfig(**kwargs)
 
 
 _NAMESPACE_KEYS = ("path", "quota", "owner", "group", "mode", "retention", "retired", "model")

@@ -185,6 +185,34 @@ class Ingest:
             if res.state == "committing":
                 self.fail(res)
 
+    def adopt(self, res: Reservation, checksum: int, *, source: str) -> BlockStat | None:
+        """Seal *res*, filled from a peer (:mod:`kvfs.peers`), as its block: checked
+        against *checksum* as :meth:`commit` does (:class:`BlockCorrupt` on a mismatch),
+        but published only when this node holds no block of that name (one written here
+        meanwhile is newer, and wins: None, the extent given back), and not queued for the
+        write-through tiers (the writer's node writes it through). It learns its shared
+        copies on its first use once the shared tiers' negative TTL has passed, as any block
+        is revalidated: the peer's copy is as new as theirs, so the read that fetched it
+        asks them nothing. *source* says where it came from (its ``stored`` event's detail)."""
+        self.claim(res)
+        try:
+            self.verify(res, checksum)
+            now = self.store.clock()
+            rec = BlockRecord(res.name, res.size, checksum, created=now, accessed=now, parent=res.parent, checked=now)
+            rec.learn_shared = bool(self.store.shared)
+            with self.placement.locked():
+                if self.placement.catalog.get(res.name) is not None:
+                    return None
+                self.store.seal_begin(res.name)
+                self.placement.commit_extent(res.slot, rec, res.offset, source)
+                with self._lock:
+                    res.state = "committed"
+                    self._open.pop(res.id, None)
+                return self.store.seal_end(rec, res.slot, through=False)
+        finally:
+            if res.state == "committing":
+                self.fail(res)
+
     def abort(self, res: Reservation) -> bool:
         """Give the extent back; False if *res* was committed or aborted already, or is
         being committed right now (that commit then publishes it or gives it back)."""

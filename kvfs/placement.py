@@ -609,12 +609,12 @@ class Placement:
         if ns is not None:
             ns.reserved[slot.index] += sign * fp
 
-    def commit_extent(self, slot: TierSlot, rec: BlockRecord, offset: int) -> None:
+    def commit_extent(self, slot: TierSlot, rec: BlockRecord, offset: int, detail: str = "written by a client") -> None:
         """Publish the extent reserved at *offset* as the new block *rec*'s copy in *slot*
         (under the lock; the caller verified the bytes against ``rec.checksum``)."""
         self._hold_reserved(slot, rec.name, slot.footprint(rec.name, rec.size), -1)
         slot.tier.commit(rec.name, offset, rec.size, rec.checksum)
-        self._added(slot, rec, EventKind.STORED, "written by a client")
+        self._added(slot, rec, EventKind.STORED, detail)
 
     def abort_extent(self, slot: TierSlot, name: str, size: int, offset: int) -> None:
         """Give back an extent reserved at *offset* that will not be published (under the lock)."""

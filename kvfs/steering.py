@@ -64,7 +64,7 @@ class OperatorCommands:
         if ttl is not None and not ttl > 0:
             raise ValueError(f"a soft pin lasts longer than 0 seconds (got {ttl})")
         name = normalize(name)
-        self.store.records.refresh(name)
+        self.store.elsewhere.refresh(name)
         p = self.placement
         with p.locked():
             rec = self.catalog.require(name)
@@ -78,7 +78,7 @@ class OperatorCommands:
         name = normalize(name)
         k = 0 if tier is None else self.store.tier_index(tier)
         slot = self.slots[k]
-        self.store.records.refresh(name)
+        self.store.elsewhere.refresh(name)
         p = self.placement
         with p.locked():
             rec = self.catalog.require(name)

@@ -67,6 +67,7 @@ from .namespaces import (
     NamespaceState,
     NamespaceStatistics,
 )
+from .peers import Elsewhere
 from .placement import Placement
 from .policies import EvictionPolicy, Hint, make_policy
 from .promises import Promise, Promises
@@ -166,6 +167,7 @@ class Store:
         self.records = SharedRecords(
             self.placement, self.shared, self.queue, self.writeback, clock=clock, shared_wait=shared_wait
         )
+        self.elsewhere = Elsewhere(self.records, self.shared)  # peers (kvfs.peers) and shared tiers
         self.operator = OperatorCommands(self)
         self.renames = Renames(self)
         self.tenancy = Tenancy(self)
@@ -189,10 +191,6 @@ class Store:
         self.enforce_quotas()
 
     # -- helpers ---------------------------------------------------------------------
-
-    @property
-    def shared_wait(self) -> float:
-        return self.records.shared_wait
 
     @property
     def negative_ttl(self) -> float:
@@ -296,10 +294,10 @@ class Store:
                     p.require_io(i, "replacing a block")
         return old
 
-    def seal_end(self, rec: BlockRecord, placed: TierSlot) -> BlockStat:
+    def seal_end(self, rec: BlockRecord, placed: TierSlot, *, through: bool = True) -> BlockStat:
         """Under the lock, once the new block *rec* has its first copy in *placed*: it
-        replaces the old version (whose other copies are dropped) and is queued for the
-        write-through tiers below."""
+        replaces the old version (whose other copies are dropped) and, if *through* (not
+        read from a peer), is queued for the write-through tiers below."""
         p = self.placement
         name = rec.name
         old = self.catalog.get(name)  # again: the lock may have been let go meanwhile
@@ -313,7 +311,7 @@ class Store:
             self.catalog.discard(old)
         self.catalog.add(rec)
         self.shared.forget_missing(name)
-        for slot in self._through:
+        for slot in self._through if through else ():
             if slot.index > placed.index:
                 self.queue.copy(rec, slot.index)
         return self._stat(rec)
@@ -378,7 +376,7 @@ class Store:
         """Read through the copies hottest first. *fetch(tier, name)* returns a result that
         *unpack* turns into ``(payload view, checksum)``; the first good result is returned."""
         name = normalize(name)
-        self.records.refresh(name)
+        self.elsewhere.refresh(name)
         p = self.placement
         counted = False
         rediscovered = False
@@ -487,14 +485,14 @@ class Store:
     def stat(self, name: str) -> BlockStat:
         """The block's record; :class:`BlockNotFound` if absent."""
         name = normalize(name)
-        self.records.refresh(name)
+        self.elsewhere.refresh(name)
         with self.placement.locked():
             return self._stat(self.catalog.require(name))
 
     def lookup(self, name: str) -> BlockStat | None:
         """Like :meth:`stat` but ``None`` for a missing block (and for a directory)."""
         name = normalize(name)
-        self.records.refresh(name)
+        self.elsewhere.refresh(name)
         with self.placement.locked():
             rec = self.catalog.get(name)
             return None if rec is None else self._stat(rec)
@@ -511,7 +509,7 @@ class Store:
             if listing is None:
                 raise StoreBusy("listing the shared tiers", tier=self.records.ask_tier)
             return listing
-        return self.shared.listing(directory, wait=self.shared_wait) or {}
+        return self.shared.listing(directory, wait=self.records.shared_wait) or {}
 
     def is_dir(self, name: str) -> bool:
         """True for a directory here or in a shared tier (from the cached parent listing)."""
@@ -765,6 +763,7 @@ class Store:
                 tiers=tiers,
                 leases=len(self.leases),
                 reserved=len(self.ingest),
+                peers=self.elsewhere.statistics(),
             )
 
     def __len__(self) -> int:

@@ -244,9 +244,14 @@ def serve_foreground(mountpoint: str, config: Config, on_ready: Any = lambda: No
     store = open_store(config)
     ops = KvfsOperations(store, options, write_buffer=config.mount.write_buffer)
     metrics_server = None
+    cluster = None
     report = FlushReport()
     pid_lock: int | None = None
     try:
+        if config.cluster is not None:  # before mounting: a busy address mounts nothing
+            from .cluster import Cluster
+
+            cluster = Cluster(store, config.cluster)
         if config.mount.metrics_port is not None:  # before mounting: a busy port mounts nothing
             from .metrics import start_metrics
 
@@ -283,6 +288,8 @@ def serve_foreground(mountpoint: str, config: Config, on_ready: Any = lambda: No
     finally:
         if metrics_server is not None:
             metrics_server.shutdown()
+        if cluster is not None:
+            cluster.close()
         store.close()
         try:
             if (read_private(pidfile) or "").strip() == str(os.getpid()):
@@ -360,7 +367,13 @@ def run(mountpoint: str | os.PathLike, config: Config, foreground: bool = False)
     mountpoint = check_mountpoint(mountpoint)
     if foreground:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-        return serve_foreground(mountpoint, config, lambda: log.info("ready"))
+        status = serve_foreground(mountpoint, config, lambda: log.info("ready"))
+        if config.cluster is not None:
+            from kvfs.nixl import leave, needs_hard_exit
+
+            if needs_hard_exit():  # UCX's InfiniBand module crashes an ordinary exit (kvfs.nixl)
+                leave(status)
+        return status
     return _spawn_background(mountpoint, config)
 
 
@@ -392,4 +405,9 @@ def _child_main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":  # pragma: no cover - the detached daemon
-    sys.exit(_child_main(sys.argv[1:]))
+    from kvfs.nixl import leave, needs_hard_exit
+
+    status = _child_main(sys.argv[1:])
+    if needs_hard_exit():  # UCX's InfiniBand module was loaded: an ordinary exit would crash (kvfs.nixl)
+        leave(status)
+    sys.exit(status)

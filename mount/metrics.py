@@ -25,6 +25,19 @@ Per namespace (label ``namespace``; ``tier`` where per tier; docs/tenants.md):
   per tier), ``kvfs_namespace_refused_total`` (writes refused at its quota: ENOSPC),
   ``kvfs_namespace_expired_total`` (blocks removed by its retention, or as retired)
 
+Per peer of a cluster node (label ``peer``; docs/cluster.md):
+
+- ``kvfs_peer_healthy`` (1 while it may be asked, 0 while skipped after a failure),
+  ``kvfs_peer_blocks`` (blocks it is known to hold, from its events)
+- ``kvfs_peer_hits_total`` (blocks read from it and published here),
+  ``kvfs_peer_read_bytes_total``, ``kvfs_peer_misses_total`` (asked; it did not serve the
+  block), ``kvfs_peer_errors_total`` (timeouts, refused connections),
+  ``kvfs_peer_corrupt_total`` (blocks from it that failed their check),
+  ``kvfs_peer_busy_total`` (reads given up: every landing buffer for it stayed in use
+  until the deadline),
+  ``kvfs_peer_served_total`` and ``kvfs_peer_served_bytes_total`` (what it read from this node)
+- ``kvfs_peer_fetch_seconds`` (histogram of a read from it, buckets ``kvfs.stats.FETCH_BUCKETS``)
+
 Whole store: ``kvfs_blocks``, ``kvfs_lookups_total``, ``kvfs_misses_total`` (reads with no
 readable copy), ``kvfs_pending_writes``, ``kvfs_events_dropped_total``.
 
@@ -42,6 +55,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from kvfs.mount.opstats import BUCKETS, OpStats
+from kvfs.stats import FETCH_BUCKETS, PeerStatistics
 
 __all__ = ["KvfsCollector", "make_registry", "start_metrics"]
 
@@ -112,6 +126,7 @@ class KvfsCollector(Collector):
         yield healthy
         yield misses
         yield from counters.values()
+        yield from _peer_metrics(st.peers)
         yield from self._namespace_metrics()
         yield GaugeMetricFamily("kvfs_blocks", "Blocks in the namespace.", value=st.blocks)
         yield CounterMetricFamily("kvfs_lookups", "Block reads (opens) by name.", value=st.lookups)
@@ -165,6 +180,40 @@ class KvfsCollector(Collector):
         yield count
         yield errors
         yield hist
+
+
+# (metric name without _total, PeerStatistics field, help)
+_PEER_COUNTERS = (
+    ("kvfs_peer_hits", "hits", "Blocks read from the peer and published here."),
+    ("kvfs_peer_read_bytes", "bytes_read", "Payload bytes read from the peer."),
+    ("kvfs_peer_misses", "misses", "Blocks the peer was asked for and did not serve (no longer held, denied, busy)."),
+    ("kvfs_peer_errors", "errors", "Reads from the peer that failed (timeouts, refused connections)."),
+    ("kvfs_peer_corrupt", "corrupt", "Blocks from the peer whose bytes failed their check (never published)."),
+    ("kvfs_peer_busy", "busy", "Reads from the peer given up: every landing buffer for it stayed in use."),
+    ("kvfs_peer_served", "served", "Blocks the peer read from this node."),
+    ("kvfs_peer_served_bytes", "bytes_served", "Payload bytes the peer read from this node."),
+)
+
+
+def _peer_metrics(peers: tuple[PeerStatistics, ...]) -> Iterator[Metric]:
+    if not peers:
+        return
+    lk = ["peer"]
+    healthy = GaugeMetricFamily("kvfs_peer_healthy", "1 while the peer may be asked, 0 while skipped.", labels=lk)
+    blocks = GaugeMetricFamily("kvfs_peer_blocks", "Blocks the peer is known to hold (from its events).", labels=lk)
+    counters = {name: CounterMetricFamily(name, doc, labels=lk) for name, _, doc in _PEER_COUNTERS}
+    hist = HistogramMetricFamily("kvfs_peer_fetch_seconds", "Time of a read of a block from the peer.", labels=lk)
+    for p in peers:
+        healthy.add_metric([p.name], 1 if p.healthy else 0)
+        blocks.add_metric([p.name], p.blocks)
+        for name, field, _ in _PEER_COUNTERS:
+            counters[name].add_metric([p.name], getattr(p, field))
+        buckets = [(_le(b), c) for b, c in zip(FETCH_BUCKETS, p.fetch_buckets)] + [("+Inf", p.fetch_buckets[-1])]
+        hist.add_metric([p.name], buckets, p.fetch_seconds)
+    yield healthy
+    yield blocks
+    yield from counters.values()
+    yield hist
 
 
 def _le(bound: float) -> str:

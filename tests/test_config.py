@@ -105,7 +105,7 @@ def _with(**tier0):
             "mounts",
             (
                 "unknown top-level key (did you mean 'mount'?); "
-                "expected [[tiers]], [policy], [mount], [client], [events] and [[namespaces]]"
+                "expected [[tiers]], [policy], [mount], [client], [events], [[namespaces]] and [cluster]"
             ),
         ),
     ],

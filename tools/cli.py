@@ -68,6 +68,10 @@ BENCHES: dict[str, tuple[str, str]] = {
         "kvfs.tools.bench_faults",
         "DRAM and disk hits, unmount and recovery while a shared tier (posix, s3) stops answering",
     ),
+    "cluster": (
+        "kvfs.tools.bench_cluster",
+        "the peer tier on a 3-node namespace cluster: remote-DRAM get vs S3 and local gets; --soak: faults",
+    ),
     "gpu": (
         "kvfs.tools.bench_gpu",
         "the GPU agent: NIXL reads vs preadv, map hits; with CUDA: arena H2D, GDS vs kvikio, TTFT per tier",

@@ -15,8 +15,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "Show where the mount's config came from (a file, or the embedded default and how its "
         "sizes were chosen), each tier of the mount (hottest first): capacity, bytes used and free, "
-        "blocks held and health (a tier that fails or hangs is marked unhealthy and skipped); then "
-        "each namespace's use against its quotas (as kvfs quota show)."
+        "blocks held and health (a tier that fails or hangs is marked unhealthy and skipped); on a "
+        "cluster node each peer: health, blocks it is known to hold, blocks and bytes read "
+        "from it, blocks it read from this node, reads given up with every landing buffer busy; "
+        "then each namespace's use against its quotas (as kvfs quota show)."
     )
     parser.add_argument(
         "mountpoint",
@@ -29,7 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--json",
         action="store_true",
         help='print JSON: {"mountpoint", "config", "blocks", "tiers": [{"name", "kind", "capacity", "used", "free", '
-        '"blocks", "healthy", "persistent", "shared"}], "namespaces": [as kvfs quota show --json]}',
+        '"blocks", "healthy", "persistent", "shared"}], "peers": [{"name", "healthy", "blocks", "hits", '
+        '"bytes_read", "served", "busy"}], "namespaces": [as kvfs quota show --json]}',
     )
     add_socket_option(parser)
 
@@ -56,9 +59,20 @@ def run(args: argparse.Namespace) -> int:
     mountpoint = st.get("mountpoint") if target.mountpoint is None else target.mountpoint
     spaces = st.get("namespaces", [])
     config = st.get("config", "")
+    peers = [
+        {k: p[k] for k in ("name", "healthy", "blocks", "hits", "bytes_read", "served", "busy")}
+        for p in st.get("peers", [])
+    ]
     if args.json:
         print_json(
-            {"mountpoint": mountpoint, "config": config, "blocks": st["blocks"], "tiers": tiers, "namespaces": spaces}
+            {
+                "mountpoint": mountpoint,
+                "config": config,
+                "blocks": st["blocks"],
+                "tiers": tiers,
+                "peers": peers,
+                "namespaces": spaces,
+            }
         )
         return 0
     rows = []
@@ -80,6 +94,21 @@ def run(args: argparse.Namespace) -> int:
     if config:
         print(f"config: {config}")
     print(table(["TIER", "KIND", "CAPACITY", "USED", "FREE", "USE%", "BLOCKS", "HEALTH"], rows, right=(2, 3, 4, 5, 6)))
+    if peers:
+        rows = [
+            [
+                p["name"],
+                "ok" if p["healthy"] else "UNHEALTHY",
+                p["blocks"],
+                p["hits"],
+                format_size(p["bytes_read"]),
+                p["served"],
+                p["busy"],
+            ]
+            for p in peers
+        ]
+        print()
+        print(table(["PEER", "HEALTH", "BLOCKS", "READ", "READ BYTES", "SERVED", "BUSY"], rows, right=(2, 3, 4, 5, 6)))
     if spaces:
         print()
         print(render_namespaces(spaces, target.display))

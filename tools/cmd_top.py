@@ -27,8 +27,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "Live view of a mount, refreshed every --interval seconds: per tier use, share of reads "
         "served (hit ratio), bytes read and written per second, promotions, demotions and "
-        "evictions per second, corrupt copies, errors and health; FUSE operations per second "
-        "when the mount records them. Rates are over the last interval. Ctrl-C quits."
+        "evictions per second, corrupt copies, errors and health; on a cluster node, per peer "
+        "the blocks read from it per second, their bytes, the mean time of a read, blocks it "
+        "read from this node, misses, errors, corrupt reads and reads given up with every "
+        "landing buffer busy; FUSE operations per second when the mount records them. Rates "
+        "are over the last "
+        "interval. Ctrl-C quits."
     )
     parser.add_argument(
         "mountpoint", nargs="?", default=".", metavar="MOUNTPOINT", help="a kvfs mount or a path inside it (default: .)"
@@ -78,6 +82,26 @@ def frame(prev: dict, cur: dict) -> dict:
                 "errors": c["errors"],
             }
         )
+    prev_peers = {p["name"]: p for p in ps.get("peers", [])}
+    peers = []
+    for c in cs.get("peers", []):
+        p = prev_peers.get(c["name"], c)
+        hits = c["hits"] - p["hits"]
+        peers.append(
+            {
+                "name": c["name"],
+                "healthy": c["healthy"],
+                "blocks": c["blocks"],
+                "hits_per_s": hits / dt,
+                "read_bytes_per_s": (c["bytes_read"] - p["bytes_read"]) / dt,
+                "fetch_ms": 1e3 * (c["fetch_seconds"] - p["fetch_seconds"]) / hits if hits else None,
+                "served_per_s": (c["served"] - p["served"]) / dt,
+                "misses": c["misses"],
+                "errors": c["errors"],
+                "corrupt": c["corrupt"],
+                "busy": c["busy"],
+            }
+        )
     prev_ops = {o["op"]: o for o in prev.get("ops", [])}
     ops = {o["op"]: (o["count"] - prev_ops.get(o["op"], {"count": 0})["count"]) / dt for o in cur.get("ops", [])}
     return {
@@ -90,6 +114,7 @@ def frame(prev: dict, cur: dict) -> dict:
         "pending_writes": cs["pending_writes"],
         "events_dropped": cur["events_dropped"],
         "tiers": tiers,
+        "peers": peers,
         "ops_per_s": ops,
     }
 
@@ -146,11 +171,36 @@ def render(f: dict) -> str:
         right=tuple(range(1, 13)),
     )
     out = [head, "", body]
+    if f.get("peers"):
+        out += ["", render_peers(f["peers"])]
     busy = [(op, rate) for op, rate in f["ops_per_s"].items() if rate > 0]
     if busy:  # the ten busiest FUSE operations over the interval (none when idle)
         busiest = sorted(busy, key=lambda kv: -kv[1])[:10]
         out += ["", "fuse ops/s: " + "  ".join(f"{op} {rate:.0f}" for op, rate in busiest)]
     return "\n".join(out)
+
+
+def render_peers(peers: list[dict]) -> str:
+    """The cluster's peers (docs/cluster.md): blocks read from each per second, bytes,
+    the mean time of a read from it over the interval, blocks it read from this node."""
+    rows = [
+        [
+            p["name"],
+            "ok" if p["healthy"] else "UNHEALTHY",
+            p["blocks"],
+            f"{p['hits_per_s']:.0f}",
+            format_size(p["read_bytes_per_s"]) + "/s",
+            "-" if p["fetch_ms"] is None else f"{p['fetch_ms']:.1f}",
+            f"{p['served_per_s']:.0f}",
+            p["misses"],
+            p["errors"],
+            p["corrupt"],
+            p["busy"],
+        ]
+        for p in peers
+    ]
+    heads = ["PEER", "HEALTH", "BLOCKS", "HITS/s", "READ", "FETCH ms", "SERVED/s", "MISSES", "ERRORS", "CORRUPT"]
+    return table(heads + ["BUSY"], rows, right=tuple(range(2, 11)))
 
 
 def run(args: argparse.Namespace) -> int:
