@@ -717,6 +717,11 @@ class KvfsOperations(pyfuse3.Operations):
 
     @handler
     async def getxattr(self, inode, name, ctx):
+        if name not in XATTRS and name != XATTR_PARENT:
+            # not a kvfs attribute (the kernel's security.capability check before a write,
+            # an ACL): there is none, whatever the file's seal does, so it waits for nothing
+            self.inodes.get(inode)
+            raise FUSEError(pyfuse3.ENOATTR)
         node = await self._settled_node(inode)
         if node.version is not None:  # being written: only what the writer set
             if name == XATTR_PARENT and node.version.parent:
