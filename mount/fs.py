@@ -42,6 +42,7 @@ from .notify import KernelNotices
 from .opstats import OpStats
 from .options import FsOptions
 from .reservations import Reservation, Reservations
+from .transport import FuseTransport, readdir_reply
 from .writes import Version, WriteHandle, Writes, default_write_buffer
 
 __all__ = ["XATTRS", "FsOptions", "KvfsOperations", "errno_of"]
@@ -106,9 +107,10 @@ class KvfsOperations(pyfuse3.Operations):
         self.attrs = Attributes(options, negative_timeout=self._negative_timeout, namespaces=store.namespaces)
         self.notices = KernelNotices(self.inodes)
 
-    def attach_nursery(self, nursery: trio.Nursery) -> None:
-        """Where kernel cache invalidations run (they must not run inside a handler)."""
-        self.notices.attach(nursery)
+    def attach_nursery(self, nursery: trio.Nursery, transport: FuseTransport) -> None:
+        """Where kernel cache invalidations run (they must not run inside a handler), and
+        the transport they go through (its passthrough, when it has it, serves blocks)."""
+        self.notices.attach(nursery, transport)
 
     async def settle_outside(self, names: list[str]) -> None:
         """Before a read of *names* from outside the mount (the batch client): wait for the
@@ -425,9 +427,7 @@ class KvfsOperations(pyfuse3.Operations):
                 child = self._resolve(name, *probe)
                 if child is None:
                     continue  # removed since opendir
-                if not pyfuse3.readdir_reply(
-                    token, name.rpartition("/")[2].encode(), self.attrs.of(child), chunk + k + 1
-                ):
+                if not readdir_reply(token, name.rpartition("/")[2].encode(), self.attrs.of(child), chunk + k + 1):
                     return
                 self.inodes.looked_up(child)
 

@@ -24,7 +24,9 @@ from pathlib import Path
 import pytest
 from test_mount_semantics import _renameat2, blob, err
 
-pytestmark = pytest.mark.fuse
+from conftest import TRANSPORTS
+
+pytestmark = [pytest.mark.fuse, TRANSPORTS]
 
 MiB = 1 << 20
 

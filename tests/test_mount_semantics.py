@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_kvfs
+from conftest import TRANSPORTS, run_kvfs
 
-pytestmark = pytest.mark.fuse
+pytestmark = [pytest.mark.fuse, TRANSPORTS]
 
 MiB = 1 << 20
 
