@@ -144,10 +144,11 @@ async def _write_through(store: Store) -> None:
         await trio.sleep(_WRITE_THROUGH_INTERVAL)
 
 
-async def _on_signals(cancel_scope) -> None:
+async def _on_signals(cancel_scope, task_status) -> None:
     import trio
 
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        task_status.started()  # before the mount serves: a signal from then on unmounts cleanly
         async for signum in signals:
             log.info("received %s: unmounting", signal.Signals(signum).name)
             cancel_scope.cancel()
@@ -181,7 +182,7 @@ async def _serve(ops, store, mountpoint: str, sock: Path, on_ready, config: Conf
         nursery.start_soon(_on_shutdown, shutdown, nursery.cancel_scope)
         await nursery.start(serve, server, sock)
         nursery.start_soon(_write_through, store)
-        nursery.start_soon(_on_signals, nursery.cancel_scope)
+        await nursery.start(_on_signals, nursery.cancel_scope)
         if publisher is not None:
             from .kv_events import publish_hub
 
