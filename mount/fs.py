@@ -579,6 +579,8 @@ class KvfsOperations(pyfuse3.Operations):
                 if bound is not node:
                     self.inodes.bind(node, st.name)
                     self.notices.entry(st.name)
+                if v.edges:  # the pages its writes covered in part: the kernel did not keep them
+                    self.notices.store(node.ino, v.buffer.pages(sorted(v.edges), st.size))
                 return
             if bound is not None:
                 self.inodes.detach(st.name)  # the old version's inode (or the writer's): a new one at the next lookup

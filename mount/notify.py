@@ -28,6 +28,8 @@ class Notifier(Protocol):
 
     def invalidate_inode(self, ino: int, attr_only: bool = False) -> None: ...
 
+    def notify_store(self, ino: int, offset: int, data: bytes) -> None: ...
+
 
 class KernelNotices:
     """Kernel cache invalidations, in the background of the nursery :meth:`attach` gives,
@@ -103,5 +105,24 @@ class KernelNotices:
                 notifier.invalidate_inode(ino, attr_only=True)
             except OSError as exc:
                 log.debug("invalidate_inode(%d) failed: %s", ino, exc)
+
+        self._nursery.start_soon(trio.to_thread.run_sync, notify)
+
+    def store(self, ino: int, pages: list[tuple[int, bytes]]) -> None:
+        """Put *pages* (offset, bytes) of *ino* in the kernel's page cache: the pages a
+        writer covered only in part, once its inode shows the sealed block, so that the
+        first reads of it are page-cache hits too (the kernel keeps only pages a write
+        covered whole)."""
+        if self._nursery is None or self._notifier is None or not pages:
+            return
+        notifier = self._notifier
+
+        def notify() -> None:
+            for off, data in pages:
+                try:
+                    notifier.notify_store(ino, off, data)
+                except OSError as exc:  # the kernel dropped the inode: nothing to fill
+                    log.debug("notify_store(%d, %d) failed: %s", ino, off, exc)
+                    return
 
         self._nursery.start_soon(trio.to_thread.run_sync, notify)

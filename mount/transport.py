@@ -92,6 +92,8 @@ class FuseTransport(Protocol):
 
     def invalidate_inode(self, ino: int, attr_only: bool = False) -> None: ...
 
+    def notify_store(self, ino: int, offset: int, data: bytes) -> None: ...
+
     def backing_open(self, fd: int) -> int: ...
 
     def backing_close(self, backing_id: int) -> None: ...
@@ -133,6 +135,9 @@ class PyfuseTransport:
 
     def invalidate_inode(self, ino: int, attr_only: bool = False) -> None:
         pyfuse3.invalidate_inode(ino, attr_only=attr_only)
+
+    def notify_store(self, ino: int, offset: int, data: bytes) -> None:
+        pyfuse3.notify_store(ino, offset, data)
 
     def backing_open(self, fd: int) -> int:
         raise OSError(95, "pyfuse3 has no passthrough")

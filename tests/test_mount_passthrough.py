@@ -16,13 +16,15 @@ import errno
 import mmap
 import os
 import random
+import shutil
 import socket
+import subprocess
 from pathlib import Path
 
 import pytest
 from test_metrics import scrape
 
-from conftest import run_kvfs
+from conftest import run_kvfs, wait_for
 
 pytestmark = pytest.mark.fuse
 
@@ -128,6 +130,32 @@ def test_dram_blocks_keep_their_pages_and_read_only_opens_send_no_flush(kvfs_mou
         assert read_all(m.mp / "d") == data
     assert m.ops("read") == reads
     assert m.ops("flush") == flushes
+
+
+def _resident(path: Path) -> int:
+    """Bytes of *path* in the kernel's page cache (fincore: mincore of a mapping, which
+    reads nothing)."""
+    out = subprocess.run(
+        ["fincore", "--bytes", "--noheadings", "--output", "RES", str(path)], capture_output=True, text=True
+    )
+    return int(out.stdout.split()[0]) if out.returncode == 0 and out.stdout.split() else -1
+
+
+@pytest.mark.skipif(shutil.which("fincore") is None, reason="needs fincore (util-linux)")
+@pytest.mark.parametrize("transport", ["kernel", "pyfuse3"])
+def test_pages_a_writer_covered_in_part_are_kept_too(kvfs_mount, tmp_path, transport):
+    """A header of 28 bytes, then the payload: the kernel keeps only pages one write
+    covered whole; the daemon puts the others in its page cache once the block is
+    sealed, so the first read after the write needs no READ either."""
+    m = Mount(kvfs_mount, tmp_path, transport=transport)
+    head, body = b"h" * 28, blob(100000, 11)
+    with open(m.mp / "hdr", "wb", buffering=0) as f:
+        f.write(head)
+        f.write(body)
+    wait_for(lambda: _resident(m.mp / "hdr") == 25 * 4096, timeout=60)  # every page, the edges too
+    reads = m.ops("read")
+    assert read_all(m.mp / "hdr") == head + body
+    assert m.ops("read") == reads
 
 
 @needs_passthrough

@@ -157,6 +157,7 @@ class Notify(enum.IntEnum):
 
     INVAL_INODE = 2
     INVAL_ENTRY = 3
+    STORE = 4
 
 
 RENAME_NOREPLACE = 1 << 0
@@ -214,6 +215,7 @@ STATFS_OUT = struct.Struct("=QQQQQIIII24x")
 DIRENT = struct.Struct("=QQII")  # ino, off, namelen, type (then the name, padded to 8)
 NOTIFY_INVAL_INODE = struct.Struct("=Qqq")  # ino, off, len
 NOTIFY_INVAL_ENTRY = struct.Struct("=QII")  # parent, namelen, flags (then the name and a NUL)
+NOTIFY_STORE = struct.Struct("=QQII")  # nodeid, offset, size, padding (then the data)
 BACKING_MAP = struct.Struct("=iIQ")  # fd, flags, padding
 
 

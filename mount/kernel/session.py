@@ -327,6 +327,11 @@ class Session:
         """Make the kernel drop *ino*'s attributes (and, unless *attr_only*, its pages)."""
         self._notify(abi.Notify.INVAL_INODE, abi.NOTIFY_INVAL_INODE.pack(ino, -1 if attr_only else 0, 0))
 
+    def notify_store(self, ino: int, offset: int, data: bytes) -> None:
+        """Put *data* in the kernel's page cache of *ino* at *offset* (pages it covers
+        from their start, to their end or the file's, become readable without a READ)."""
+        self._notify(abi.Notify.STORE, abi.NOTIFY_STORE.pack(ino, offset, len(data), 0) + bytes(data))
+
     def _notify(self, code: int, payload: bytes) -> None:
         os.writev(self.fd, [abi.OUT_HEADER.pack(abi.OUT_HEADER.size + len(payload), code, 0), payload])
 
