@@ -98,6 +98,11 @@ def _with(**tier0):
             "must be a TCP port number (0-65535)",
         ),
         (
+            {"tiers": GOOD["tiers"], "mount": {"transport": "fast"}},
+            "mount.transport",
+            "'fast' is not one of 'auto', 'kernel', 'pyfuse3'",
+        ),
+        (
             {"tiers": GOOD["tiers"], "mounts": {}},
             "mounts",
             "unknown top-level key; expected [[tiers]], [policy], [mount], [client], [events] and [[namespaces]]",

@@ -137,10 +137,10 @@ class Device:
             self.fd = -1
 
 
-def mount(mountpoint: str, spec: MountSpec) -> Device:
+def mount(mountpoint: str, spec: MountSpec, *, helper: bool = False) -> Device:
     """Open a FUSE session and mount it at *mountpoint* (``mount(2)`` if this process
-    may, else ``fusermount3``). Raises :class:`MountFailed`."""
-    if can_mount_directly():
+    may and *helper* is false, else ``fusermount3``). Raises :class:`MountFailed`."""
+    if not helper and can_mount_directly():
         return _mount_directly(mountpoint, spec)
     return _mount_with_helper(mountpoint, spec)
 

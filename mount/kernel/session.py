@@ -98,10 +98,11 @@ class Session:
 
     # -- mounting and INIT ----------------------------------------------------------
 
-    def mount(self, mountpoint: str) -> None:
+    def mount(self, mountpoint: str, *, helper: bool = False) -> None:
         """Mount at *mountpoint* and answer the kernel's INIT (before trio runs: nothing
-        may touch the mount until INIT is answered). Raises :class:`device.MountFailed`."""
-        self.device = device.mount(mountpoint, self.spec)
+        may touch the mount until INIT is answered). *helper*: mount through fusermount3
+        even when this process may mount itself. Raises :class:`device.MountFailed`."""
+        self.device = device.mount(mountpoint, self.spec, helper=helper)
         try:
             self._init()
         except BaseException:
