@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import fuse_missing
 from kvfs.mount.daemon import mount_type
+
+from conftest import fuse_missing
 
 pytestmark = pytest.mark.fuse
 

@@ -308,7 +308,9 @@ def run(args: argparse.Namespace) -> int:
     print(table(["CLIENT", "FIGURE", "PLAIN", "KVFS", "KVFS/PLAIN", "AIM", "RESULT"], rows))
     la, lb = result["load_avg_before"], result["load_avg_after"]
     print(f"load average {la[0]:.2f} before, {lb[0]:.2f} after ({os.cpu_count()} CPUs)")
-    print(f"kvfs transport: {args.transport}; DRAM tier {'lean (no prefault, no mlock)' if args.lean else 'prefaulted'}")
+    print(
+        f"kvfs transport: {args.transport}; DRAM tier {'lean (no prefault, no mlock)' if args.lean else 'prefaulted'}"
+    )
     return 0
 
 

@@ -270,9 +270,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         # the DRAM tier as deployed (prefaulted and locked: its defaults), unless --lean: an
         # arena whose pages are faulted in by the seals themselves costs ~8x per copy
-        cfg = dram_disk_config(
-            base, dram, 4 * dram, lean=args.lean, extra=f'[mount]\ntransport = "{args.transport}"\n'
-        )
+        cfg = dram_disk_config(base, dram, 4 * dram, lean=args.lean, extra=f'[mount]\ntransport = "{args.transport}"\n')
         mp = base / "mnt"
         _progress(args, "tmpfs")
         tmpfs = run_suite(shm, blocks, entries, payloads)
