@@ -69,6 +69,20 @@ class BackingFiles:
                 return result
             return None
 
+    def touch(self, name: str, checksum: int, size: int) -> bool:
+        """A read of block *name* (version *checksum*, *size*) served from a file the
+        reader already holds: True, counted as a hit of the block's hottest copy, when
+        that version is still the block's; False when it is gone or replaced. Catalog
+        only (under the lock, no I/O: ``Store.nowait`` may run it)."""
+        p = self.placement
+        with p.locked():
+            rec = self.catalog.get(name)
+            if rec is None or not rec.tiers or rec.checksum != checksum or rec.size != size:
+                return False
+            i = (rec.tiers & -rec.tiers).bit_length() - 1
+            self.count_read(rec, p.slots[i])
+            return True
+
 
 def _open_file(tier: Tier, name: str) -> BackingFile:
     f = tier.open_file(name)

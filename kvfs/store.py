@@ -79,7 +79,7 @@ from .slot import TierSlot
 from .stats import StoreStatistics
 from .steering import LastCopy, OperatorCommands, Usage
 from .tenancy import Tenancy
-from .tier import BackingFile, BlockRef, Tier
+from .tier import BlockRef, Tier
 from .writeback import FlushReport, WriteBack
 
 __all__ = ["BlockStat", "FlushReport", "LastCopy", "Lease", "Reservation", "Store", "StoreBusy", "SweepReport", "Usage"]
@@ -164,6 +164,7 @@ class Store:
         self.ingest = Ingest(self, clock=lease_clock)
         self.batch = BatchReads(self)
         self.files = BackingFiles(self.placement, self.catalog, self.records, self.count_read)
+        """Block files for readers that read them themselves (FUSE passthrough: kvfs.backing)."""
         self._through = [s for s in self.slots if s.index > 0 and s.tier.config.write is WriteMode.THROUGH]
         self._lookups = 0
         self._misses = 0
@@ -333,11 +334,6 @@ class Store:
         copies are in tiers that do not answer now.
         """
         return self._read(name, count_hit, _open, _unpack_ref)
-
-    def open_file(self, name: str) -> BackingFile | None:
-        """The checked file of *name*'s hottest copy when that is a file of the payload
-        alone (for the kernel to read: FUSE passthrough), else None (see kvfs.backing)."""
-        return self.files.open(normalize(name))
 
     def read_into(self, name: str, out: Any) -> int:
         """Copy the block into the writable buffer *out*; returns its length. Copies from

@@ -107,12 +107,15 @@ class BackingFile:
     itself (the kernel, through FUSE passthrough). The descriptor is the caller's to
     :meth:`close` (it is closed on exec)."""
 
-    __slots__ = ("checksum", "fd", "size")
+    __slots__ = ("checksum", "fd", "identity", "size")
 
-    def __init__(self, fd: int, size: int, checksum: int) -> None:
+    def __init__(self, fd: int, size: int, checksum: int, identity: tuple[int, ...] = ()) -> None:
         self.fd = fd
         self.size = size
         self.checksum = checksum
+        self.identity = identity
+        """What the file was when it was checked (size, mtime_ns, ctime_ns: its ``fstat``);
+        a holder that finds it changed must check it again before trusting it."""
 
     def close(self) -> None:
         fd, self.fd = self.fd, -1

@@ -41,7 +41,7 @@ from .inodes import Inode, InodeTable
 from .notify import KernelNotices
 from .opstats import OpStats
 from .options import FsOptions
-from .reads import BlockReads, ReadHandle
+from .reads import BlockReads, ReadHandle, StaleBacking
 from .reservations import Reservation, Reservations
 from .storecalls import StoreCalls
 from .transport import FuseTransport, readdir_reply
@@ -460,7 +460,11 @@ class KvfsOperations(pyfuse3.Operations):
             await self._bounce(name, os.O_RDONLY, pid)
         keep = self.options.keep_cache and node.cache_ok
         fh = self._take_fh()
-        h, info = await self.reads.open(node, name, src, fh, keep)
+        try:
+            h, info = await self.reads.open(node, name, src, fh, keep)
+        except StaleBacking:  # its backing file changed behind the tier: a new inode checks it again
+            self._detach(node)
+            await self._bounce(name, os.O_RDONLY, pid)
         if h.ref is not None:
             node.cache_ok = True  # an open without keep_cache drops the kernel's pages of it
         self._new_fh(h, fh)

@@ -173,6 +173,35 @@ def test_a_backing_file_corrupted_behind_the_tier_is_never_served(kvfs_mount, tm
 
 
 @needs_passthrough
+def test_a_backing_file_corrupted_while_a_reader_holds_it_is_not_served_to_the_next(kvfs_mount, tmp_path):
+    m = Mount(kvfs_mount, tmp_path)
+    data = blob(MiB, 12)
+    (m.mp / "h").write_bytes(data)
+    m.to_disk("h")
+    assert read_all(m.mp / "h") == data  # the inode keeps its backing file after this close
+    with open(m.mp / "h", "rb", buffering=0) as holder:  # the kernel reads the file for it
+        assert holder.read(4096) == data[:4096]
+        flip(m.block_file("h"), 200000)
+        with pytest.raises(FileNotFoundError):  # a new open checks it again: bad, dropped
+            read_all(m.mp / "h")
+    (m.mp / "h").write_bytes(data)  # written again: a new version, a new file
+    m.to_disk("h")
+    with open(m.mp / "h", "rb", buffering=0) as holder:
+        assert holder.read(4096) == data[:4096]
+        assert run_kvfs("prefetch", str(m.mp / "h")).returncode == 0  # in DRAM too, now
+        flip(m.block_file("h"), 300000)
+        # the inode is open in passthrough, so a new open of it would have to use that file:
+        # it changed, so the name gets a new inode, served from DRAM
+        assert read_all(m.mp / "h") == data
+    reads = m.ops("read")
+    (m.mp / "h").write_bytes(data)
+    m.to_disk("h")
+    for _ in range(3):  # its inode keeps the id: the next opens need no file checked
+        assert read_all(m.mp / "h") == data
+    assert m.ops("read") == reads
+
+
+@needs_passthrough
 def test_a_backing_file_corrupted_while_unmounted_is_checked_before_it_is_served(kvfs_mount, tmp_path):
     m = Mount(kvfs_mount, tmp_path)
     good, bad = blob(MiB, 4), blob(MiB, 5)

@@ -67,7 +67,7 @@ from kvfs.errors import BlockCorrupt, BlockNotFound, InvalidName
 from kvfs.names import normalize
 from kvfs.tier import BackingFile, BlockInfo, BlockRef
 
-__all__ = ["BlockDirectory"]
+__all__ = ["BlockDirectory", "file_identity"]
 
 log = logging.getLogger("kvfs.tiers.blockdir")
 
@@ -81,6 +81,12 @@ _NO_XATTR = (errno.ENODATA, errno.ENOTSUP, errno.EOPNOTSUPP)
 _CHECKED_MAX = 1 << 16  # files remembered as checked (one small tuple each)
 
 Identity = tuple[int, int, int, int]  # size, mtime_ns, ctime_ns, checksum
+
+
+def file_identity(st: os.stat_result) -> tuple[int, int, int]:
+    """What a checked file is known by besides its device and inode: anything written to
+    it through the filesystem changes one of these."""
+    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def _beside_header(fd: int) -> BlockHeader | None:
@@ -362,7 +368,7 @@ class BlockDirectory:
                     with mmap.mmap(fd, hdr.length, prot=mmap.PROT_READ) as mm:
                         verify(mm, hdr.checksum, name)
                 self._remember(st, hdr.checksum)
-            return BackingFile(fd, hdr.length, hdr.checksum)
+            return BackingFile(fd, hdr.length, hdr.checksum, file_identity(st))
         except BaseException:
             os.close(fd)
             raise
