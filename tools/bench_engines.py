@@ -307,9 +307,10 @@ def run(args: argparse.Namespace) -> int:
         rows.extend(_rows(c))
     print(table(["CLIENT", "FIGURE", "PLAIN", "KVFS", "KVFS/PLAIN", "AIM", "RESULT"], rows))
     la, lb = result["load_avg_before"], result["load_avg_after"]
-    print(f"load average {la[0]:.2f} before, {lb[0]:.2f} after ({os.cpu_count()} CPUs)")
+    dram = "lean DRAM tier (no prefault, no mlock)" if args.lean else "DRAM tier prefaulted"
     print(
-        f"kvfs transport: {args.transport}; DRAM tier {'lean (no prefault, no mlock)' if args.lean else 'prefaulted'}"
+        f"load average {la[0]:.2f} before, {lb[0]:.2f} after ({os.cpu_count()} CPUs); "
+        f"kvfs transport {args.transport}, {dram}"
     )
     return 0
 
