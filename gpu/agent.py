@@ -38,7 +38,7 @@ from typing import Any, Self
 
 import torch
 
-from kvfs.blockfile import decode_header
+from kvfs.blockfile import read_header
 from kvfs.client import BatchError, Client, Hold
 from kvfs.client.buffers import checksum as xxh3
 from kvfs.errors import BlockCorrupt, KvfsError
@@ -477,7 +477,7 @@ def _recorded_devsum(h: Hold) -> int | None:
     try:
         fd = os.open(h.path, os.O_RDONLY | os.O_CLOEXEC)
         try:
-            hdr = decode_header(os.pread(fd, h.offset, 0))
+            hdr = read_header(fd)  # beside the payload (an attribute) or before it
         finally:
             os.close(fd)
     except (OSError, BlockCorrupt):

@@ -1,9 +1,14 @@
 """The self-describing block file format of the persistent tiers (see docs/block-format.md).
 
-A block file is a 4 KiB-aligned header followed by the payload, padded with zeros to a
-multiple of 4 KiB so the whole file can be read with direct I/O or GDS. Version 2 (written
-now) records a device checksum (:func:`devsum`) next to the host checksum; version 1 files
-(without it) are still read::
+Two layouts. **Header beside the payload** (version 3, the disk tier's where the
+filesystem keeps user extended attributes): the file holds exactly the payload, from
+offset 0, and the header is the file's extended attribute ``user.kvfs.block`` — so the
+file can back a FUSE file at identical offsets (passthrough) and be read whole with direct
+I/O or GDS. **Header before the payload** (versions 1 and 2; the posix and s3 tiers, long
+names, filesystems without user xattrs): a 4 KiB-aligned header followed by the payload,
+padded with zeros to a multiple of 4 KiB. Version 2 and 3 record a device checksum
+(:func:`devsum`) next to the host checksum; version 1 files (without it) are still read.
+:func:`read_header` reads either layout's header from an open file::
 
     offset  size  field
     0       8     magic  b"KVFSBLK\\x01"
@@ -20,12 +25,16 @@ now) records a device checksum (:func:`devsum`) next to the host checksum; versi
     H             payload
     H+len         zeros up to a multiple of 4096
 
-All integers are little-endian. A header that fails its own checksum, or a payload that
-fails the payload checksum, is corrupt: the tier raises BlockCorrupt and the store drops it.
+Version 3's attribute holds the same fields as version 2's header (its header length is
+0: the payload starts at offset 0) without the padding. All integers are little-endian. A
+header that fails its own checksum, or a payload that fails the payload checksum, is
+corrupt: the tier raises BlockCorrupt and the store drops it.
 """
 
 from __future__ import annotations
 
+import errno
+import os
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -37,24 +46,36 @@ from .errors import BlockCorrupt
 
 __all__ = [
     "ALIGN",
+    "BESIDE_MAX",
     "FLAG_DEVSUM",
     "MAGIC",
     "VERSION",
+    "VERSION_BESIDE",
+    "XATTR",
     "BlockHeader",
     "align_up",
+    "beside_fits",
     "checksum",
     "decode_header",
     "devsum",
     "devsum_words",
+    "encode_beside",
     "encode_header",
     "file_length",
     "header_length",
+    "read_header",
     "verify",
 ]
 
 ALIGN = 4096
 MAGIC = b"KVFSBLK\x01"
 VERSION = 2
+VERSION_BESIDE = 3
+XATTR = "user.kvfs.block"
+"""The extended attribute that holds a version-3 block file's header."""
+BESIDE_MAX = 4000
+"""The largest version-3 header (bytes): ext4 keeps one attribute value in one 4 KiB
+block; a block whose name makes its header longer is written with the header before."""
 FLAG_DEVSUM = 1  # the header records the payload's device checksum
 _FIXED_V1 = struct.Struct("<8sHHIQQI")  # magic, version, flags, header len, payload len, checksum, name len
 _FIXED = struct.Struct("<8sHHIQQQI")  # version 2: ..., checksum, device checksum, name len
@@ -147,6 +168,44 @@ def encode_header(name: str, length: int, payload_checksum: int, device_checksum
     return head + bytes(hlen - len(head))
 
 
+def beside_fits(name: str) -> bool:
+    """True when *name*'s version-3 header fits in one extended attribute."""
+    return _FIXED.size + len(name.encode()) + 8 <= BESIDE_MAX
+
+
+def encode_beside(name: str, length: int, payload_checksum: int, device_checksum: int | None = None) -> bytes:
+    """The version-3 header of a block, the value of its file's :data:`XATTR` (the file
+    holds exactly the payload). Check :func:`beside_fits` first."""
+    raw_name = name.encode()
+    flags, dsum = (FLAG_DEVSUM, device_checksum) if device_checksum is not None else (0, 0)
+    head = _FIXED.pack(MAGIC, VERSION_BESIDE, flags, 0, length, payload_checksum, dsum, len(raw_name)) + raw_name
+    return head + struct.pack("<Q", xxhash.xxh3_64_intdigest(head))
+
+
+def read_header(fd: int) -> BlockHeader:
+    """The header of the open block file *fd*, either layout: the :data:`XATTR`
+    attribute (version 3) when the file has one, else the header at its start.
+    Raises :class:`BlockCorrupt` (and OSError from the reads)."""
+    try:
+        return decode_beside(os.getxattr(fd, XATTR))
+    except OSError as exc:
+        if exc.errno not in (errno.ENODATA, errno.ENOTSUP, errno.EOPNOTSUPP):
+            raise
+    head = os.pread(fd, ALIGN, 0)
+    hdr = decode_header(head)
+    if hdr.header_length > ALIGN:  # a long name
+        hdr = decode_header(os.pread(fd, hdr.header_length, 0))
+    return hdr
+
+
+def decode_beside(value: bytes) -> BlockHeader:
+    """A version-3 header (an :data:`XATTR` value); :class:`BlockCorrupt` when it is not one."""
+    hdr = decode_header(value)
+    if hdr.version != VERSION_BESIDE:
+        raise BlockCorrupt(f"the {XATTR} attribute holds a version {hdr.version} header")
+    return hdr
+
+
 def decode_header(buf: Any) -> BlockHeader:
     """Parse and check a header from the start of *buf* (at least the first 4096 bytes).
 
@@ -163,7 +222,7 @@ def decode_header(buf: Any) -> BlockHeader:
     if version == 1:
         fixed = _FIXED_V1
         _, _, flags, hlen, length, csum, nlen = fixed.unpack_from(mv, 0)
-    elif version == VERSION:
+    elif version in (VERSION, VERSION_BESIDE):
         fixed = _FIXED
         if len(mv) < fixed.size:
             raise BlockCorrupt("block file is shorter than its header")
@@ -171,9 +230,12 @@ def decode_header(buf: Any) -> BlockHeader:
         if not flags & FLAG_DEVSUM:
             dsum = None
     else:
-        raise BlockCorrupt(f"unsupported block format version {version} (this kvfs reads 1 and 2)")
+        raise BlockCorrupt(f"unsupported block format version {version} (this kvfs reads 1, 2 and 3)")
     end = fixed.size + nlen
-    if hlen % ALIGN or end + 8 > hlen or len(mv) < end + 8:
+    if version == VERSION_BESIDE:  # beside the payload: no padding, the payload at offset 0
+        if hlen != 0 or len(mv) < end + 8:
+            raise BlockCorrupt("block header lengths are inconsistent")
+    elif hlen % ALIGN or end + 8 > hlen or len(mv) < end + 8:
         raise BlockCorrupt("block header lengths are inconsistent")
     (hcsum,) = struct.unpack_from("<Q", mv, end)
     if xxhash.xxh3_64_intdigest(mv[:end]) != hcsum:

@@ -68,6 +68,7 @@ __all__ = [
     "S3Config",
     "TierConfig",
     "TierKind",
+    "Transport",
     "WriteMode",
     "default_config",
     "load_config",
@@ -95,6 +96,21 @@ class WriteMode(enum.Enum):
 
     BACK = "back"
     THROUGH = "through"
+
+
+class Transport(enum.Enum):
+    """How the mount talks to the kernel's FUSE (``[mount] transport``).
+
+    ``KERNEL``: kvfs's own session layer on the kernel's protocol (``kvfs.mount.kernel``:
+    passthrough of sealed blocks to their backing files when the daemon has
+    ``CAP_SYS_ADMIN``, no flush round trip for read-only opens, 1 MiB requests).
+    ``PYFUSE3``: pyfuse3 over libfuse. ``AUTO``: the kernel transport wherever it can
+    mount (as root, or through fusermount3), else pyfuse3.
+    """
+
+    AUTO = "auto"
+    KERNEL = "kernel"
+    PYFUSE3 = "pyfuse3"
 
 
 class PromoteMode(enum.Enum):
@@ -195,13 +211,15 @@ class MountConfig:
     """Mount options. ``negative_ttl``: how long a miss on the shared tiers is remembered;
     ``listing_ttl``: how long a directory listing of the shared tiers is reused;
     ``write_buffer``: bytes of daemon memory for files being written (``None``: a quarter
-    of physical memory); no file may grow past it."""
+    of physical memory); no file may grow past it. ``transport``: how FUSE requests reach
+    the daemon (:class:`Transport`; docs/mount-internals.md, "Transports")."""
 
     allow_other: bool = False
     metrics_port: int | None = None
     negative_ttl: float = 2.0
     listing_ttl: float = 5.0
     write_buffer: int | None = None
+    transport: Transport = Transport.AUTO
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -406,6 +424,8 @@ def _convert(where: str, f: dataclasses.Field[Any], value: Any) -> Any:
             return WriteMode(value)
         if name == "promote":
             return PromoteMode(value)
+        if name == "transport":
+            return Transport(value)
         if name in ("path", "socket"):
             if not isinstance(value, str) or not value:
                 raise ValueError("expected a non-empty path string")
@@ -425,7 +445,7 @@ def _convert(where: str, f: dataclasses.Field[Any], value: Any) -> Any:
     except ValueError as exc:
         msg = str(exc)
         if "is not a valid" in msg:  # enum lookup
-            enum_cls = {"write": WriteMode, "promote": PromoteMode}[name]
+            enum_cls = {"write": WriteMode, "promote": PromoteMode, "transport": Transport}[name]
             values = [m.value for m in enum_cls]
             msg = f"{value!r} is not one of {', '.join(map(repr, values))}{_did_you_mean(value, values)}"
         raise ConfigError(where, msg) from None

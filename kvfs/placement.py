@@ -46,7 +46,7 @@ from .events import EventKind, EventLog
 from .namespaces import Namespaces, NamespaceState, PartitionedPolicy
 from .policies import EvictionPolicy
 from .slot import TierSlot
-from .tier import BlockRef, Tier
+from .tier import BackingFile, BlockRef, Tier
 
 if TYPE_CHECKING:
     from .promises import Promise
@@ -317,7 +317,7 @@ class Placement:
         assert result is not None
         data, csum = unpack(result)
         if csum != rec.checksum or len(data) != rec.size:
-            if isinstance(result, BlockRef):
+            if isinstance(result, (BlockRef, BackingFile)):
                 result.release()
             if not self.is_current(rec) or slot.is_busy(rec.name):
                 return None  # a replace racing this read is not corruption

@@ -44,6 +44,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from .access import Operation, Peer, check, may_map_arena
+from .backing import BackingFiles
 from .backlog import WriteThroughQueue
 from .batch import BatchReads, Probe
 from .blockfile import checksum as compute_checksum
@@ -176,6 +177,8 @@ class Store:
         self.ingest = Ingest(self, clock=lease_clock)
         self.promises = Promises(self.placement, check=self.check_writable)
         self.batch = BatchReads(self)
+        self.files = BackingFiles(self.placement, self.catalog, self.records, self.count_read)
+        """Block files for readers that read them themselves (FUSE passthrough: kvfs.backing)."""
         self._through = [s for s in self.slots if s.index > 0 and s.tier.config.write is WriteMode.THROUGH]
         self._lookups = 0
         self._misses = 0

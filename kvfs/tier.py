@@ -21,6 +21,7 @@ must ask one, the wait is this deadline.
 from __future__ import annotations
 
 import abc
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar, Self
@@ -28,7 +29,7 @@ from typing import Any, ClassVar, Self
 from .config import TierConfig, TierKind
 from .names import TierName
 
-__all__ = ["BlockInfo", "BlockRef", "HeldChange", "Location", "StoredObject", "Tier"]
+__all__ = ["BackingFile", "BlockInfo", "BlockRef", "HeldChange", "Location", "StoredObject", "Tier"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +112,39 @@ class BlockRef:
 
     def __len__(self) -> int:
         return len(self.data)
+
+
+class BackingFile:
+    """An open file whose bytes from offset 0 are exactly one block's payload (*size*
+    bytes, *checksum*), checked against it: what a reader outside the daemon reads by
+    itself (the kernel, through FUSE passthrough). The descriptor is the caller's to
+    :meth:`close` (it is closed on exec)."""
+
+    __slots__ = ("checksum", "fd", "identity", "size")
+
+    def __init__(self, fd: int, size: int, checksum: int, identity: tuple[int, ...] = ()) -> None:
+        self.fd = fd
+        self.size = size
+        self.checksum = checksum
+        self.identity = identity
+        """What the file was when it was checked (size, mtime_ns, ctime_ns: its ``fstat``);
+        a holder that finds it changed must check it again before trusting it."""
+
+    def close(self) -> None:
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+    release = close
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class Tier(abc.ABC):
@@ -219,6 +253,14 @@ class Tier(abc.ABC):
         """Remove the leftover *obj* (from :meth:`inventory`) if it is still older than
         *cutoff*; True if it was removed."""
         raise NotImplementedError(f"{self.kind.value} tier {self.name!r} has no leftovers (shared tiers do)")
+
+    def open_file(self, name: str) -> BackingFile | None:
+        """The copy's file, open, when its bytes from offset 0 are exactly the payload
+        and have been checked against the header's checksum (a file tier whose layout
+        keeps the header beside the payload); None when this copy has no such file (a
+        volatile or object tier, a header before the payload). Raises the errors of
+        :meth:`open`."""
+        return None
 
     def locate(self, name: str, size: int | None = None) -> Location | None:
         """Where the copy's payload lies for a reader in another process (zero-copy

@@ -179,6 +179,15 @@ class WriteBuffer:
             return b""
         return b"".join(self._pieces(off, end))
 
+    def pages(self, indexes: list[int], size: int, page: int = 4096) -> list[tuple[int, bytes]]:
+        """``(offset, bytes)`` of the pages *indexes* (each up to *size*, the file's end)."""
+        out = []
+        for i in indexes:
+            off = i * page
+            if off < size:
+                out.append((off, self.read(off, min(page, size - off))))
+        return out
+
     def snapshot(self, final: bool = False) -> bytes | bytearray:
         """The whole file as one buffer that later changes to this buffer do not affect.
 

@@ -9,12 +9,15 @@ no tiers, no locks; the same per-file FUSE settings as kvfs (page cache with
 worker tasks), so the kernel sends both the same requests. Its attributes are cached for
 the entry timeout only: its files change in place, where kvfs's sealed blocks never do.
 
-Run as ``python -m kvfs.mount.ceiling MOUNTPOINT`` (foreground; unmount with
-``fusermount3 -u``). Not for data: it forgets everything when unmounted.
+Run as ``python -m kvfs.mount.ceiling MOUNTPOINT [--transport kernel] [--helper]``
+(foreground; unmount with ``fusermount3 -u``): on pyfuse3 (the default), or on kvfs's own
+kernel transport (read-only opens without FLUSH, as kvfs's; ``--helper`` mounts through
+fusermount3 even as root). Not for data: it forgets everything when unmounted.
 """
 
 from __future__ import annotations
 
+import argparse
 import errno
 import os
 import stat as stat_mod
@@ -28,7 +31,10 @@ from pyfuse3 import FUSEError
 
 from .buffer import keep_freed_memory
 from .daemon import _set_read_ahead
+from .kernel.device import MountSpec
+from .kernel.session import Session
 from .options import FsOptions
+from .transport import FileReply, readdir_reply
 
 __all__ = ["FSTYPE", "CeilingOperations", "main"]
 
@@ -129,7 +135,8 @@ class CeilingOperations(pyfuse3.Operations):
         node = self._get(inode)
         if flags & os.O_TRUNC:
             node.data.clear()
-        return pyfuse3.FileInfo(fh=inode, keep_cache=self.options.keep_cache)
+        reading = flags & os.O_ACCMODE == os.O_RDONLY
+        return FileReply(fh=inode, keep_cache=self.options.keep_cache, noflush=reading and self.options.noflush)
 
     async def read(self, fh, off, size):
         return memoryview(self.nodes[fh].data)[off : off + size]
@@ -161,7 +168,7 @@ class CeilingOperations(pyfuse3.Operations):
         entries = sorted(self._get(fh).children.items())
         for i in range(start_id, len(entries)):
             name, ino = entries[i]
-            if not pyfuse3.readdir_reply(token, name, self._attr(self.nodes[ino]), i + 1):
+            if not readdir_reply(token, name, self._attr(self.nodes[ino]), i + 1):
                 return
 
     async def releasedir(self, fh):
@@ -178,9 +185,23 @@ class CeilingOperations(pyfuse3.Operations):
 
 
 def main(argv: list[str]) -> int:
-    mountpoint = os.path.realpath(argv[0])  # before mounting: afterwards it would ask ourselves
+    parser = argparse.ArgumentParser(prog="python -m kvfs.mount.ceiling")
+    parser.add_argument("mountpoint")
+    parser.add_argument("--transport", choices=["pyfuse3", "kernel"], default="pyfuse3")
+    parser.add_argument("--helper", action="store_true", help="kernel transport: mount through fusermount3")
+    args = parser.parse_args(argv)
+    mountpoint = os.path.realpath(args.mountpoint)  # before mounting: afterwards it would ask ourselves
     options = FsOptions()
     ops = CeilingOperations(options)
+    if args.transport == "kernel":
+        session = Session(ops, MountSpec(fsname=FSTYPE.split(".", 1)[1], subtype=FSTYPE.split(".", 1)[1]))
+        session.mount(mountpoint, helper=args.helper)
+        _set_read_ahead(mountpoint, options.read_ahead_kb)
+        try:
+            trio.run(session.serve)
+        finally:
+            session.close(unmount=False)
+        return 0
     pyfuse3.init(ops, mountpoint, {"fsname=kvfs-ceiling", "subtype=kvfs-ceiling", "default_permissions", "noatime"})
     _set_read_ahead(mountpoint, options.read_ahead_kb)
     try:

@@ -14,7 +14,9 @@ commands and the batch client, :mod:`kvfs.mount.control`) in one trio nursery.
   once the child reports, on a pipe, that the mount is ready (or why it failed).
 
 Every way the loop ends goes through the same exit path, so ``fusermount3 -u`` (the
-kernel's destroy, which ends ``pyfuse3.main``) flushes exactly as ``kvfs umount`` does.
+kernel ends the session, which ends the transport's loop) flushes exactly as ``kvfs
+umount`` does. The FUSE transport (kvfs's own on the kernel's protocol, or pyfuse3) is
+chosen by ``[mount] transport`` (:mod:`kvfs.mount.transport`).
 The pid file (:func:`~kvfs.mount.paths.pid_path`) exists while the daemon runs, and the
 daemon holds an exclusive ``flock`` on it until it has flushed and closed its store
 (:func:`hold`); ``kvfs umount`` waits for that lock, then for the process's exit.
@@ -146,10 +148,11 @@ async def _write_through(store: Store) -> None:
         await trio.sleep(_WRITE_THROUGH_INTERVAL)
 
 
-async def _on_signals(cancel_scope) -> None:
+async def _on_signals(cancel_scope, task_status) -> None:
     import trio
 
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        task_status.started()  # before the mount serves: a signal from then on unmounts cleanly
         async for signum in signals:
             log.info("received %s: unmounting", signal.Signals(signum).name)
             cancel_scope.cancel()
@@ -165,8 +168,7 @@ async def _on_shutdown(requested, cancel_scope) -> None:
     cancel_scope.cancel()
 
 
-async def _serve(ops, store, mountpoint: str, sock: Path, on_ready, config: Config) -> None:
-    import pyfuse3
+async def _serve(ops, store, mountpoint: str, sock: Path, on_ready, config: Config, transport) -> None:
     import trio
 
     from .control import Server, serve
@@ -178,19 +180,19 @@ async def _serve(ops, store, mountpoint: str, sock: Path, on_ready, config: Conf
 
         publisher = KvEventPublisher(config.events.zmq, topic=config.events.topic)
     async with trio.open_nursery() as nursery:
-        ops.attach_nursery(nursery)
+        ops.attach_nursery(nursery, transport)
         shutdown = trio.Event()
         server.control.request_shutdown = shutdown.set
         nursery.start_soon(_on_shutdown, shutdown, nursery.cancel_scope)
         await nursery.start(serve, server, sock)
         nursery.start_soon(_write_through, store)
-        nursery.start_soon(_on_signals, nursery.cancel_scope)
+        await nursery.start(_on_signals, nursery.cancel_scope)
         if publisher is not None:
             from .kv_events import publish_hub
 
             await nursery.start(publish_hub, server.control.hub, store.tiers, config.events, publisher)
         on_ready()
-        await pyfuse3.main(min_tasks=4, max_tasks=64)
+        await transport.serve()
         log.info("the kernel ended the session (unmounted from outside)")
         nursery.cancel_scope.cancel()
 
@@ -213,20 +215,20 @@ def _set_read_ahead(mountpoint: str, kb: int) -> None:
         log.info("cannot set read_ahead_kb of %s (%s); uncached reads use 128 KiB requests", mountpoint, exc)
 
 
-def _mount_options(config: Config) -> set[str]:
-    opts = {"fsname=kvfs", f"subtype={FSTYPE.split('.', 1)[1]}", "default_permissions", "noatime"}
-    if config.mount.allow_other:
-        opts.add("allow_other")
-    return opts
+def _mount_spec(config: Config):
+    from .kernel.device import MountSpec
+
+    return MountSpec(fsname="kvfs", subtype=FSTYPE.split(".", 1)[1], allow_other=config.mount.allow_other)
 
 
 def serve_foreground(mountpoint: str, config: Config, on_ready: Any = lambda: None) -> int:
     """Mount, serve until unmounted or signalled, flush, close. Returns an exit status:
     0, or 1 when blocks only in DRAM could not be written down (see the module doc)."""
-    import pyfuse3
     import trio
 
     from .fs import KvfsOperations
+    from .kernel.device import MountFailed
+    from .transport import open_transport
 
     mountpoint = check_mountpoint(mountpoint)
     options = fs_options_from_env()
@@ -261,25 +263,26 @@ def serve_foreground(mountpoint: str, config: Config, on_ready: Any = lambda: No
                 raise MountError(f"cannot serve metrics on port {config.mount.metrics_port}: {exc.strerror}") from exc
             log.info("Prometheus metrics on http://127.0.0.1:%d/metrics", port)
         try:
-            pyfuse3.init(ops, mountpoint, _mount_options(config))
-        except (RuntimeError, OSError) as exc:
+            transport = open_transport(config.mount.transport, ops, mountpoint, _mount_spec(config))
+        except (MountFailed, RuntimeError, OSError) as exc:
             raise MountError(f"{mountpoint}: mount failed: {exc}") from exc
         _set_read_ahead(mountpoint, options.read_ahead_kb)
         write_private(pidfile, f"{os.getpid()}\n")
         pid_lock = hold(pidfile)
         log.info(
-            "kvfs %s mounted at %s (pid %d, tiers %s; config: %s)",
+            "kvfs %s mounted at %s (pid %d, tiers %s, %s transport; config: %s)",
             __version__,
             mountpoint,
             os.getpid(),
             ", ".join(f"{t.name}:{t.kind.value}" for t in store.tiers),
+            transport.name,
             config.origin or "given in code",
         )
         try:
-            trio.run(_serve, ops, store, mountpoint, sock, on_ready, config)
+            trio.run(_serve, ops, store, mountpoint, sock, on_ready, config, transport)
         finally:
             still = mount_type(mountpoint) == FSTYPE
-            pyfuse3.close(unmount=still)
+            transport.close(unmount=still)
             log.info("unmounted %s", mountpoint)
             ops.close_handles()
             report = store.flush_report()

@@ -8,10 +8,11 @@ answers; tests/test_mount_semantics.py checks every numbered line of it on a rea
 docs/mount-internals.md gives the rules (one inode per version, lookup counts, when a file
 is sealed) and the life of a write and of a read as call chains.
 
-Never blocking the loop. Store calls that may touch a persistent tier run in a worker
-thread under that tier's ``trio.CapacityLimiter`` (``concurrency`` in its config); reads
-of a block whose hottest copy is in DRAM, and seals of small blocks into free DRAM, run on
-the loop.
+Never blocking the loop (:mod:`kvfs.mount.storecalls`): store calls that may touch a
+persistent tier run in a worker thread under that tier's ``trio.CapacityLimiter``;
+reads of a block whose hottest copy is in DRAM, and seals of small blocks into free DRAM,
+run on the loop. Opens for reading are :mod:`kvfs.mount.reads`'s (DRAM, the store, or
+the kernel itself from a backing file).
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import functools
 import logging
 import os
 import time
-from dataclasses import dataclass
 
 import pyfuse3
 import trio
@@ -30,8 +30,7 @@ from pyfuse3 import FUSEError
 from kvfs.access import Operation, Peer
 from kvfs.errors import InvalidName, KvfsError
 from kvfs.names import check_creatable, normalize
-from kvfs.promises import Promise
-from kvfs.store import BlockStat, Store, StoreBusy
+from kvfs.store import BlockStat, Store
 from kvfs.tier import BlockRef
 
 from .attrs import Attributes
@@ -41,7 +40,10 @@ from .inodes import Inode, InodeTable
 from .notify import KernelNotices
 from .opstats import OpStats
 from .options import FsOptions
+from .reads import BlockReads, ReadHandle, StaleBacking
 from .reservations import Reservation, Reservations
+from .storecalls import StoreCalls
+from .transport import FuseTransport, readdir_reply
 from .writes import Version, WriteHandle, Writes, default_write_buffer
 from .xattrs import XATTR_PARENT, XATTR_PINNED, XATTRS, pin_request, value_of
 
@@ -50,14 +52,7 @@ __all__ = ["XATTRS", "FsOptions", "KvfsOperations", "errno_of"]
 log = logging.getLogger("kvfs.mount.fs")
 
 _NAME_MAX = 255
-_SMALL_SEAL = 4 << 20  # blocks up to this size seal on the loop when DRAM has room (a memcpy)
 _UNBOUNDED_BLOCK = 5 << 40  # the largest block an unbounded tier takes (S3's largest object)
-
-
-@dataclass(slots=True, eq=False)
-class _ReadHandle:
-    node: Inode
-    ref: BlockRef
 
 
 class KvfsOperations(pyfuse3.Operations):
@@ -81,12 +76,20 @@ class KvfsOperations(pyfuse3.Operations):
         self.options = options
         self.opstats = opstats if opstats is not None else OpStats()
         self.inodes = InodeTable()
-        self._handles: dict[int, _ReadHandle | WriteHandle] = {}
+        self._handles: dict[int, ReadHandle | WriteHandle] = {}
         self._dirs: dict[int, tuple[Inode, list[str]]] = {}
         self.reserved = Reservations(self.inodes)
         self._next_fh = 1
-        self._limiters = [trio.CapacityLimiter(max(1, t.config.concurrency)) for t in store.tiers]
-        self._hot_volatile = not store.tiers[0].persistent
+        # store calls on the loop or in worker threads (mount/storecalls.py)
+        self.calls = StoreCalls(store)
+        self._slow, self._meta, self._change, self._put = (
+            self.calls.slow,
+            self.calls.meta,
+            self.calls.change,
+            self.calls.put,
+        )
+        self._probe, self._probe_many = self.calls.probe, self.calls.probe_many
+        self._promise = self.calls.promise
         shared = [i for i, t in enumerate(store.tiers) if t.shared]
         # A miss may be cached by the kernel as long as names cannot appear behind its back:
         # with shared tiers another node may write one, which the store notices after its
@@ -104,10 +107,13 @@ class KvfsOperations(pyfuse3.Operations):
         )
         self.attrs = Attributes(options, negative_timeout=self._negative_timeout, namespaces=store.namespaces)
         self.notices = KernelNotices(self.inodes)
+        self.reads = BlockReads(store, options, slow=self._slow, meta=self._meta)
 
-    def attach_nursery(self, nursery: trio.Nursery) -> None:
-        """Where kernel cache invalidations run (they must not run inside a handler)."""
-        self.notices.attach(nursery)
+    def attach_nursery(self, nursery: trio.Nursery, transport: FuseTransport) -> None:
+        """Where kernel cache invalidations run (they must not run inside a handler), and
+        the transport they go through (its passthrough, when it has it, serves blocks)."""
+        self.notices.attach(nursery, transport)
+        self.reads.attach(transport)
 
     async def settle_outside(self, names: list[str]) -> None:
         """Before a read of *names* from outside the mount (the batch client): wait for the
@@ -137,102 +143,9 @@ class KvfsOperations(pyfuse3.Operations):
                 self.inodes.detach(name)  # handles open on it keep their version
         await self.notices.entries_now(names)
 
-    # -- dispatch of store calls -----------------------------------------------------
-
-    async def _slow(self, tier: int, fn, *args):
-        """Run a store call that may touch tier *tier* (or colder) in a worker thread,
-        abandoned if the loop is cancelled (an unmount never waits on a hung tier)."""
-        tier = min(max(tier, 0), len(self._limiters) - 1)
-        return await trio.to_thread.run_sync(fn, *args, limiter=self._limiters[tier], abandon_on_cancel=True)
-
-    async def _meta(self, fn, *args):
-        """A store metadata call: on the loop when it needs nothing but the catalog (the
-        store answers local blocks from memory and revalidates them in the background);
-        in a worker thread when the store says it would wait (StoreBusy), under the
-        limiter of the tier it names (a shared tier to ask about a name this node does
-        not know, a file to delete), or the hottest tier's when only its lock was busy.
-        So metadata of local blocks never queues behind shared-tier calls."""
-        try:
-            return self.store.nowait(fn, *args)
-        except StoreBusy as busy:
-            limiter = self._limiters[busy.tier if busy.tier is not None else 0]
-            return await trio.to_thread.run_sync(fn, *args, limiter=limiter, abandon_on_cancel=True)
-
-    def _probe(self, name: str) -> tuple[bool, BlockStat | None]:
-        """``(is_dir, stat or None)`` of *name*: the store half of a lookup (thread-safe)."""
-        if self.store.is_dir(name):
-            return True, None
-        return False, self.store.lookup(name)
-
-    def _probe_many(self, names: list[str]) -> list[tuple[bool, BlockStat | None]]:
-        return [self._probe(n) for n in names]
-
-    def _fits_in_dram(self, n: int) -> bool:
-        """True when a block of *n* bytes goes into free DRAM without evicting anything,
-        so sealing it is a memory copy that may run on the loop."""
-        if not self._hot_volatile or n > _SMALL_SEAL:
-            return False
-        free = getattr(self.store.tiers[0], "free_bytes", 0)
-        return free >= n + _SMALL_SEAL
-
-    def _seal_tier(self) -> int:
-        # sealing lands in the hottest tier but may demote evicted blocks to the next one
-        return 1 if len(self._limiters) > 1 else 0
-
-    def _coldest(self, st: BlockStat | None) -> int:
-        """The tier whose limiter a delete or rename of *st* runs under: its coldest local
-        copy's (the store updates shared copies in the background), or, for a block only
-        shared tiers hold, the first of those."""
-        if st is None or not st.tiers:
-            return 0
-        indexes = [self.store.tier_index(t) for t in st.tiers]
-        local = [i for i in indexes if not self.store.tiers[i].shared]
-        return local[-1] if local else indexes[0]
-
-    async def _change(self, st: BlockStat, fn, *args):
-        """A store call that changes block *st* in every tier holding it (delete, rename):
-        on the loop when those are all volatile (DRAM) and the store needs no tier I/O for
-        it (else it says StoreBusy before changing anything), else in a thread bounded by
-        the coldest tier's limiter."""
-        if self._hot_volatile and st.tiers == (self.store.tiers[0].name,):
-            try:
-                return self.store.nowait(fn, *args)
-            except StoreBusy:
-                pass
-        return await self._slow(self._coldest(st), fn, *args)
-
-    async def _put(self, name: str, data, parent: str | None, promise: Promise | None = None) -> BlockStat:
-        """Seal *data* as block *name* (the store call of a seal), in the room *promise* holds."""
-        put = functools.partial(self.store.put, parent=parent, promise=promise)
-        if self._fits_in_dram(len(data)):
-            try:  # a memcpy into the arena: no thread, unless the store is busy
-                return self.store.nowait(put, name, data)
-            except StoreBusy:
-                pass
-        return await self._slow(self._seal_tier(), put, name, data)
-
-    async def _promise(self, name: str, size: int) -> Promise:
-        """Room for the seal of *size* bytes as *name* (at a close): bookkeeping, so on the
-        loop unless making the room needs tier I/O (a demotion) or the store's lock is
-        busy; then in a thread."""
-        try:
-            return self.store.nowait(self.store.promise, name, size)
-        except StoreBusy:
-            return await self._slow(self._seal_tier(), self.store.promise, name, size)
-
     async def _open_block(self, name: str) -> BlockRef:
-        """A reference to the sealed block *name*'s bytes (BlockNotFound if absent)."""
-        if self._hot_volatile:  # open_hot never waits and never asks a shared tier
-            ref = self.store.open_hot(name)
-            if ref is not None:
-                return ref  # a DRAM hit: memory speed, served on the loop
-        st = await self._meta(self.store.lookup, name)
-        if st is None:
-            raise FUSEError(errno.ENOENT)
-        first = self.store.tier_index(st.tiers[0]) if st.tiers else 0
-        # a copy in DRAM we could not take on the loop (the store is busy): a thread, bounded
-        # like the tier a seal may demote to
-        return await self._slow(first or 1, self.store.open, name)
+        """A reference to the sealed block *name*'s bytes (ENOENT if absent)."""
+        return await self.reads.block(name)
 
     # -- names, inodes and attributes --------------------------------------------------
 
@@ -439,9 +352,7 @@ class KvfsOperations(pyfuse3.Operations):
                 child = self._resolve(name, *probe)
                 if child is None:
                     continue  # removed since opendir
-                if not pyfuse3.readdir_reply(
-                    token, name.rpartition("/")[2].encode(), self.attrs.of(child), chunk + k + 1
-                ):
+                if not readdir_reply(token, name.rpartition("/")[2].encode(), self.attrs.of(child), chunk + k + 1):
                     return
                 self.inodes.looked_up(child)
 
@@ -456,16 +367,22 @@ class KvfsOperations(pyfuse3.Operations):
 
     # -- files -----------------------------------------------------------------------
 
-    def _new_fh(self, handle: _ReadHandle | WriteHandle) -> int:
-        fh = self._next_fh
-        self._next_fh += 1
+    def _new_fh(self, handle: ReadHandle | WriteHandle, fh: int | None = None) -> int:
+        """Register *handle* under a new file handle (or *fh*, taken with :meth:`_take_fh`)."""
+        if fh is None:
+            fh = self._take_fh()
         self._handles[fh] = handle
         self.inodes.opened(handle.node)
         if isinstance(handle, WriteHandle):
             self.writes.opened(handle.version)
         return fh
 
-    def _handle(self, fh: int) -> _ReadHandle | WriteHandle:
+    def _take_fh(self) -> int:
+        fh = self._next_fh
+        self._next_fh += 1
+        return fh
+
+    def _handle(self, fh: int) -> ReadHandle | WriteHandle:
         h = self._handles.get(fh)
         if h is None:
             raise FUSEError(errno.EBADF)
@@ -538,18 +455,28 @@ class KvfsOperations(pyfuse3.Operations):
                 await self._bounce(name, os.O_RDONLY, pid)
             raise FUSEError(errno.ENOENT)
         try:
-            ref = await self._open_block(name)
+            src = await self.reads.source(name, node)
         except (KvfsError, FUSEError) as exc:
             if errno_of(exc) == errno.ENOENT:
                 self._detach(node)  # evicted or removed: a miss, and a new inode if it comes back
             raise
-        if not node.shows(ref.checksum, len(ref.data)):
+        if not node.shows(src.checksum, len(src)):
             self._detach(node)  # a new version (here or on another node): a new inode
-            await self._bounce(name, os.O_RDONLY, pid, ref)
+            if isinstance(src, BlockRef):
+                await self._bounce(name, os.O_RDONLY, pid, src)
+            src.close()
+            await self._bounce(name, os.O_RDONLY, pid)
         keep = self.options.keep_cache and node.cache_ok
-        node.cache_ok = True  # an open without keep_cache drops the kernel's pages of it
-        fh = self._new_fh(_ReadHandle(node, ref))
-        return pyfuse3.FileInfo(fh=fh, keep_cache=keep, direct_io=self.options.direct_io_read)
+        fh = self._take_fh()
+        try:
+            h, info = await self.reads.open(node, name, src, fh, keep)
+        except StaleBacking:  # its backing file changed behind the tier: a new inode checks it again
+            self._detach(node)
+            await self._bounce(name, os.O_RDONLY, pid)
+        if h.ref is not None:
+            node.cache_ok = True  # an open without keep_cache drops the kernel's pages of it
+        self._new_fh(h, fh)
+        return info
 
     async def _open_write(self, node: Inode, name: str, flags: int, pid: int) -> pyfuse3.FileInfo:
         v = node.version
@@ -586,9 +513,12 @@ class KvfsOperations(pyfuse3.Operations):
         try:
             if reading:  # the block the first attempt found, whatever was sealed since
                 ref, r.ref = r.ref, None
-                fh = self._new_fh(_ReadHandle(node, ref))
+                assert ref is not None
+                fh = self._take_fh()
+                h, info = self.reads.reserved(node, ref, fh)
+                self._new_fh(h, fh)
                 node.cache_ok = True
-                return pyfuse3.FileInfo(fh=fh, keep_cache=False, direct_io=self.options.direct_io_read)
+                return info
             base = None
             if not flags & os.O_TRUNC:  # a new version that starts as the old bytes (the newest)
                 try:
@@ -607,8 +537,10 @@ class KvfsOperations(pyfuse3.Operations):
     @handler
     async def read(self, fh, off, size):
         h = self._handle(fh)
-        if isinstance(h, _ReadHandle):
-            return h.ref.data[off : off + size]  # a view: pyfuse3 copies it into the reply
+        if isinstance(h, ReadHandle):
+            if h.ref is None:  # pragma: no cover - the kernel reads a passthrough file itself
+                raise FUSEError(errno.EIO)
+            return h.ref.data[off : off + size]  # a view: the transport copies it into the reply
         return h.version.buffer.read(off, size)
 
     @handler
@@ -647,7 +579,7 @@ class KvfsOperations(pyfuse3.Operations):
                         if v.node.version is v:  # ended without being published: it shows nothing now
                             self._published(v, None, True)
             else:
-                h.ref.release()
+                self.reads.release(h)
         finally:
             self.inodes.closed(h.node)
 
@@ -666,6 +598,8 @@ class KvfsOperations(pyfuse3.Operations):
                 if bound is not node:
                     self.inodes.bind(node, st.name)
                     self.notices.entry(st.name)
+                if v.edges:  # the pages its writes covered in part: the kernel did not keep them
+                    self.notices.store(node.ino, v.buffer.pages(sorted(v.edges), st.size))
                 return
             if bound is not None:
                 self.inodes.detach(st.name)  # the old version's inode (or the writer's): a new one at the next lookup
@@ -726,6 +660,11 @@ class KvfsOperations(pyfuse3.Operations):
 
     @handler
     async def getxattr(self, inode, name, ctx):
+        if name not in XATTRS and name != XATTR_PARENT:
+            # not a kvfs attribute (the kernel's security.capability check before a write,
+            # an ACL): there is none, whatever the file's seal does, so it waits for nothing
+            self.inodes.get(inode)
+            raise FUSEError(pyfuse3.ENOATTR)
         node = await self._settled_node(inode)
         if node.version is not None:  # being written: only what the writer set
             if name == XATTR_PARENT and node.version.parent:
@@ -784,7 +723,7 @@ class KvfsOperations(pyfuse3.Operations):
         """Release every read handle's BlockRef (after the loop stopped, before store.close).
         Files still open for writing are dropped unsealed: they never became visible."""
         for h in self._handles.values():
-            if isinstance(h, _ReadHandle):
+            if isinstance(h, ReadHandle) and h.ref is not None:
                 h.ref.release()
         for v in self.writes.live():
             log.warning("%s was still open for writing at unmount; it is not sealed", v.name)

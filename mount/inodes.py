@@ -59,6 +59,12 @@ class Inode:
     """The kernel's page cache of this inode may hold only this inode's bytes, so opens
     may keep it (``keep_cache``). False until an open without keep_cache has cleared it,
     or when a seal takes over the inode its own writes filled."""
+    cached: int = 0
+    """Read handles open through the kernel's page cache (:mod:`kvfs.mount.reads`)."""
+    passthrough: int = 0
+    """Read handles the kernel serves from ``backing`` (passthrough)."""
+    backing: int = 0
+    """The backing id the kernel reads this inode from while ``passthrough`` > 0."""
 
     def shows(self, checksum: int, size: int) -> bool:
         """True when this inode is the sealed version (*checksum*, *size*)."""

@@ -10,38 +10,52 @@ make them wait for a request on the same directory that is in flight.
 from __future__ import annotations
 
 import logging
+from typing import Protocol
 
-import pyfuse3
 import trio
 
 from .inodes import InodeTable
 
-__all__ = ["KernelNotices"]
+__all__ = ["KernelNotices", "Notifier"]
 
 log = logging.getLogger("kvfs.mount.notify")
 
 
+class Notifier(Protocol):
+    """Where the notifications go: the mount's transport (:mod:`kvfs.mount.transport`)."""
+
+    def invalidate_entry(self, parent: int, name: bytes) -> None: ...
+
+    def invalidate_inode(self, ino: int, attr_only: bool = False) -> None: ...
+
+    def notify_store(self, ino: int, offset: int, data: bytes) -> None: ...
+
+
 class KernelNotices:
-    """Kernel cache invalidations, in the background of the nursery :meth:`attach` gives."""
+    """Kernel cache invalidations, in the background of the nursery :meth:`attach` gives,
+    sent through the transport it gives."""
 
     def __init__(self, inodes: InodeTable) -> None:
         self.inodes = inodes
         self._nursery: trio.Nursery | None = None
+        self._notifier: Notifier | None = None
 
-    def attach(self, nursery: trio.Nursery) -> None:
+    def attach(self, nursery: trio.Nursery, notifier: Notifier) -> None:
         self._nursery = nursery
+        self._notifier = notifier
 
     def entry(self, name: str) -> None:
         """Make the kernel drop its dentry of *name*."""
         parent, _, base = name.rpartition("/")
         pnode = self.inodes.bound(parent)
-        if pnode is None or self._nursery is None:
+        if pnode is None or self._nursery is None or self._notifier is None:
             return
         pino = pnode.ino
+        notifier = self._notifier
 
         def notify() -> None:
             try:
-                pyfuse3.invalidate_entry(pino, base.encode())
+                notifier.invalidate_entry(pino, base.encode())
             except OSError as exc:  # the kernel may have dropped it already
                 log.debug("invalidate_entry(%s) failed: %s", name, exc)
 
@@ -67,13 +81,14 @@ class KernelNotices:
                     break  # the kernel knows nothing below an unknown directory
                 if self.inodes.bound(path) is None or path == name:
                     todo.append((pnode.ino, base.encode(), path))
-        if not todo:
+        if not todo or self._notifier is None:
             return
+        notifier = self._notifier
 
         def notify() -> None:
             for pino, base, name in todo:
                 try:
-                    pyfuse3.invalidate_entry(pino, base)
+                    notifier.invalidate_entry(pino, base)
                 except OSError as exc:  # the kernel may have dropped it already
                     log.debug("invalidate_entry(%s) failed: %s", name, exc)
 
@@ -81,13 +96,33 @@ class KernelNotices:
 
     def attrs(self, ino: int) -> None:
         """Make the kernel ask for *ino*'s attributes again."""
-        if self._nursery is None:
+        if self._nursery is None or self._notifier is None:
             return
+        notifier = self._notifier
 
         def notify() -> None:
             try:
-                pyfuse3.invalidate_inode(ino, attr_only=True)
+                notifier.invalidate_inode(ino, attr_only=True)
             except OSError as exc:
                 log.debug("invalidate_inode(%d) failed: %s", ino, exc)
+
+        self._nursery.start_soon(trio.to_thread.run_sync, notify)
+
+    def store(self, ino: int, pages: list[tuple[int, bytes]]) -> None:
+        """Put *pages* (offset, bytes) of *ino* in the kernel's page cache: the pages a
+        writer covered only in part, once its inode shows the sealed block, so that the
+        first reads of it are page-cache hits too (the kernel keeps only pages a write
+        covered whole)."""
+        if self._nursery is None or self._notifier is None or not pages:
+            return
+        notifier = self._notifier
+
+        def notify() -> None:
+            for off, data in pages:
+                try:
+                    notifier.notify_store(ino, off, data)
+                except OSError as exc:  # the kernel dropped the inode: nothing to fill
+                    log.debug("notify_store(%d, %d) failed: %s", ino, off, exc)
+                    return
 
         self._nursery.start_soon(trio.to_thread.run_sync, notify)

@@ -31,5 +31,11 @@ class FsOptions:
     """Set on the mount's backing device (sysfs; needs root): the kernel's default of
     128 KiB splits a page-cache miss into 128 KiB requests; 2 MiB lets them reach the
     1 MiB FUSE maximum (2.3x faster uncached reads, docs/benchmarks-fuse.md). 0: leave."""
+    noflush: bool = True
+    """Read-only opens are answered ``FOPEN_NOFLUSH`` (kernel transport): closing them
+    sends no FLUSH (there is nothing to report at their close)."""
+    passthrough: bool = True
+    """Blocks whose hottest copy is a disk file of the payload alone are read by the
+    kernel from that file (kernel transport, with ``CAP_SYS_ADMIN``)."""
     uid: int = field(default_factory=os.getuid)
     gid: int = field(default_factory=os.getgid)

@@ -71,6 +71,8 @@ __all__ = ["Version", "WriteHandle", "Writes", "default_write_buffer"]
 log = logging.getLogger("kvfs.mount.writes")
 
 MEMORY_WAIT = 5.0  # seconds a write waits for seals to free write-buffer memory before ENOSPC
+PAGE = 4096
+MAX_EDGES = 64  # partly written pages a version remembers (two per write at most)
 
 
 def default_write_buffer() -> int:
@@ -108,6 +110,23 @@ class Version:
     """The room held for its seal, promised at its last close (``Store.promise``)."""
     killed: int | None = None
     """The signal that killed a writer of it (its error is then ECANCELED)."""
+    edges: set[int] | None = None
+    """Pages a write covered only in part (the kernel does not keep those as read), to
+    store in the kernel's page cache when the version's inode becomes the block's; None
+    past :data:`MAX_EDGES` (then the kernel reads them through the daemon)."""
+
+    def wrote(self, off: int, n: int) -> None:
+        """Remember the pages the write of *n* bytes at *off* covered only in part."""
+        edges = self.edges
+        if edges is None or n <= 0:
+            return
+        first, last = off // PAGE, (off + n - 1) // PAGE
+        if off % PAGE:
+            edges.add(first)
+        if (off + n) % PAGE:
+            edges.add(last)
+        if len(edges) > MAX_EDGES:
+            self.edges = None
 
     @property
     def dirty(self) -> bool:
@@ -174,7 +193,7 @@ class Writes:
 
     def start(self, name: str, node: Inode, *, base: BlockRef | None = None, shares_inode: bool = False) -> Version:
         """A new version of *name* written through *node* (from *base*'s bytes, if given)."""
-        v = Version(name, node, WriteBuffer(base.data if base is not None else None), base, shares_inode)
+        v = Version(name, node, WriteBuffer(base.data if base is not None else None), base, shares_inode, edges=set())
         if base is not None:
             v.charged = len(base.data)
             self.used += v.charged
@@ -265,6 +284,7 @@ class Writes:
             raise self._fail(v, errno.EFBIG)
         await self._reserve(v, WriteBuffer.growth_bound(len(data)))
         v.buffer.write(off, data)
+        v.wrote(off, len(data))
         self._recharge(v)
         v.changes += 1
         self._reopen(v)

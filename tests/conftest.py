@@ -3,6 +3,9 @@
 ``kvfs_mount``: mounts real kvfs filesystems (a daemon in a subprocess, through the
 ``kvfs mount`` command) and always unmounts them. Skipped with a reason where /dev/fuse,
 fusermount3 or pyfuse3/trio are missing.
+
+``transport``: the ``[mount] transport`` those mounts use ("auto", the default, unless a
+module parametrizes it: ``TRANSPORTS`` runs its tests on each transport).
 """
 
 from __future__ import annotations
@@ -59,6 +62,20 @@ HANG = 60.0
 endpoint that kvfs's deadline (1-3 s in the tests) did not cut would wait at least this
 long. "Bounded, not a hang" is asserted as ``elapsed < HANG``: it holds at any load a
 test can pass at, and fails when the deadline is missing."""
+
+
+TRANSPORTS = pytest.mark.parametrize("transport", ["kernel", "pyfuse3"], indirect=True)
+"""Put in a module's ``pytestmark`` to run its mount tests on both FUSE transports."""
+
+
+def with_transport(config_text: str, transport: str) -> str:
+    """*config_text* with ``[mount] transport`` set (unless it sets one itself)."""
+    if transport == "auto" or "transport =" in config_text:
+        return config_text
+    line = f'transport = "{transport}"\n'
+    if "[mount]\n" in config_text:
+        return config_text.replace("[mount]\n", "[mount]\n" + line, 1)
+    return config_text.rstrip("\n") + "\n\n[mount]\n" + line
 
 
 def wait_for(cond, timeout: float = DEADLINE, interval: float = 0.02) -> None:
@@ -135,8 +152,9 @@ def run_kvfs(
 class KvfsMounter:
     """Mounts kvfs for one test; see the ``kvfs_mount`` fixture."""
 
-    def __init__(self, base: Path) -> None:
+    def __init__(self, base: Path, transport: str = "auto") -> None:
         self.base = base
+        self.transport = transport
         self.mounts: list[Path] = []
         self.foreground: dict[Path, subprocess.Popen] = {}
         self.config_files: dict[Path, Path] = {}
@@ -161,7 +179,7 @@ class KvfsMounter:
         if config_text is None:
             config_text = DEFAULT_CONFIG.format(dram=dram, disk=disk, data=data, allow_other=str(allow_other).lower())
         cfg = self.base / f"kvfs{self._n}.toml"
-        cfg.write_text(config_text)
+        cfg.write_text(with_transport(config_text, self.transport))
         mp = Path(mountpoint) if mountpoint is not None else self.base / f"mnt{self._n}"
         mp.mkdir(parents=True, exist_ok=True)
         full_env = {**os.environ, **(env or {})}
@@ -221,7 +239,13 @@ class KvfsMounter:
 
 
 @pytest.fixture
-def kvfs_mount(tmp_path):
+def transport(request) -> str:
+    """The FUSE transport of this test's mounts: "auto" unless parametrized (TRANSPORTS)."""
+    return getattr(request, "param", "auto")
+
+
+@pytest.fixture
+def kvfs_mount(tmp_path, transport):
     """A factory that mounts real kvfs filesystems and unmounts them after the test.
 
     ``mp = kvfs_mount(config_text=None, *, dram="8MiB", disk="32MiB", allow_other=False,
@@ -243,7 +267,7 @@ def kvfs_mount(tmp_path):
     reason = fuse_missing()
     if reason:
         pytest.skip(reason)
-    mounter = KvfsMounter(tmp_path)
+    mounter = KvfsMounter(tmp_path, transport)
     try:
         yield mounter
     finally:

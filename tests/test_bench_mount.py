@@ -34,3 +34,5 @@ def test_bench_fuse_prints_kvfs_the_ceiling_and_tmpfs(tmp_path):
     for side in ("kvfs", "ceiling", "tmpfs", "ratio", "ratio_ceiling"):
         assert keys <= set(out[side]), side
     assert all(v > 0 for v in out["ceiling"].values())
+    # blocks only on the disk tier, read through the mount and directly, in the same run
+    assert out["disk_first"]["kvfs_GBps"] > 0 and out["disk_first"]["direct_GBps"] > 0

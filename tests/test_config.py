@@ -101,6 +101,11 @@ def _with(**tier0):
             "must be a TCP port number (0-65535)",
         ),
         (
+            {"tiers": GOOD["tiers"], "mount": {"transport": "fast"}},
+            "mount.transport",
+            "'fast' is not one of 'auto', 'kernel', 'pyfuse3'",
+        ),
+        (
             {"tiers": GOOD["tiers"], "mounts": {}},
             "mounts",
             (

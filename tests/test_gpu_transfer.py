@@ -137,13 +137,17 @@ def test_block_files_record_the_device_checksum_and_old_files_still_read(disk_bl
 
     import xxhash
 
-    from kvfs.blockfile import FLAG_DEVSUM, decode_header, encode_header, header_length
+    from kvfs.blockfile import FLAG_DEVSUM, decode_header, encode_header, header_length, read_header
 
     c, holds, data = disk_blocks
-    for h, want in zip(holds, data):  # written now by the disk tier: version 2, with the device checksum
-        with open(h.path, "rb") as f:
-            hdr = decode_header(f.read(h.offset))
-        assert (hdr.version, hdr.device_checksum, hdr.checksum) == (2, devsum(want), h.checksum)
+    for h, want in zip(holds, data):  # written now by the disk tier: version 3 (the header beside), devsum in it
+        fd = os.open(h.path, os.O_RDONLY)
+        try:
+            hdr = read_header(fd)
+        finally:
+            os.close(fd)
+        assert (hdr.version, hdr.device_checksum, hdr.checksum) == (3, devsum(want), h.checksum)
+        assert h.offset == 0 and os.path.getsize(h.path) == len(want)  # the file is the payload alone
     # a version 1 header (before the device checksum) still decodes, with the same payload offset
     name = "old/block"
     head = struct.pack("<8sHHIQQI", b"KVFSBLK\x01", 1, 0, 4096, 5, 77, len(name)) + name.encode()
@@ -156,10 +160,10 @@ def test_block_files_record_the_device_checksum_and_old_files_still_read(disk_bl
     v2[33] ^= 1  # the device checksum is under the header checksum
     with pytest.raises(BlockCorrupt, match="header checksum"):
         decode_header(v2)
-    v3 = bytearray(encode_header(name, 5, 77))
-    v3[8] = 3
-    with pytest.raises(BlockCorrupt, match="version 3 .*reads 1 and 2"):
-        decode_header(v3)
+    v4 = bytearray(encode_header(name, 5, 77))
+    v4[8] = 4
+    with pytest.raises(BlockCorrupt, match="version 4 .*reads 1, 2 and 3"):
+        decode_header(v4)
     assert decode_header(encode_header("n" * 4050, 1, 2, 3)).version == 1  # its offset must not move
     assert len(encode_header("n" * 4050, 1, 2, 3)) == header_length("n" * 4050) == 4096
 

@@ -12,7 +12,7 @@ import pytest
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvfs.blockfile import header_length
+from kvfs.blockfile import read_header
 from kvfs.errors import BlockNotFound, TierUnavailable
 from kvfs.mount.metrics import start_metrics
 from kvfs.mount.opstats import OpStats
@@ -127,9 +127,12 @@ def test_series_change_as_traffic_flows(mount_metrics, tmp_path):
     # a corrupt copy on disk is dropped and counted when read
     victim = next(n for n in (f"m/{i}" for i in range(6)) if store.stat(n).tiers == ("disk",))
     f = tmp_path / "disk" / "blocks" / victim
-    data = bytearray(f.read_bytes())
-    data[header_length(victim)] ^= 1
-    f.write_bytes(bytes(data))
+    with open(f, "r+b") as fh:
+        start = read_header(fh.fileno()).header_length  # 0 when the header is an attribute beside
+        fh.seek(start)
+        byte = fh.read(1)[0]
+        fh.seek(start)
+        fh.write(bytes([byte ^ 1]))
     with pytest.raises(BlockNotFound):  # the only copy was bad: a miss, never wrong bytes
         store.read(victim)
     # a failing tier is counted and shown unhealthy

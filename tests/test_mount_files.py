@@ -11,6 +11,7 @@ rewrites without ``O_TRUNC`` while readers read (LMCache), huge ``ftruncate``, O
 from __future__ import annotations
 
 import errno
+import json
 import mmap
 import os
 import subprocess
@@ -23,7 +24,9 @@ from pathlib import Path
 import pytest
 from test_mount_semantics import _renameat2, blob, err
 
-pytestmark = pytest.mark.fuse
+from conftest import TRANSPORTS
+
+pytestmark = [pytest.mark.fuse, TRANSPORTS]
 
 MiB = 1 << 20
 
@@ -74,6 +77,28 @@ def test_s07_a_dup_closed_early_publishes_nothing_and_loses_nothing(mp):
     os.write(fd, second)
     os.close(fd)
     assert (mp / "dup").read_bytes() == first + second
+
+
+def test_s07_a_dup_closed_before_the_first_write_does_not_hold_it(kvfs_mount):
+    """``dd of=x`` closes a duplicate before its first write; the kernel asks for the
+    file's ``security.capability`` before that write. The answer (there is none) must not
+    wait for the release a last close would bring (``release_wait``, 600 s here)."""
+    mp = kvfs_mount(env={"KVFS_FUSE_OPTIONS": json.dumps({"release_wait": 600})})
+    fd = os.open(mp / "dd", os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
+    os.close(os.dup(fd))  # a FLUSH: the file is "closing" until a write or its release
+    wrote = threading.Event()
+
+    def first_write() -> None:
+        os.write(fd, blob(4096, 9))
+        wrote.set()
+
+    threading.Thread(target=first_write, daemon=True).start()
+    try:
+        assert wrote.wait(120), "the first write waited for the release of a duplicate's close"
+    finally:
+        if wrote.is_set():
+            os.close(fd)
+    assert (mp / "dd").read_bytes() == blob(4096, 9)
 
 
 def test_s07_a_forked_child_keeps_the_file_unpublished_until_it_closes(mp):

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from kvfs.blockfile import header_length
+from kvfs.blockfile import read_header
 from kvfs.mount.control import ControlHandler
 from kvfs.protocol import Du, Events, Subscribed
 from kvfs.tools.cli import COMMANDS, main
@@ -201,8 +201,8 @@ def test_du(server, capsys):
 
     res = kvfs_json(capsys, "du", "m")
     assert res["path"] == "/m"
-    assert res["tiers"] == {"dram": {"used": 3 * 4096, "blocks": 3}, "disk": {"used": 8192, "blocks": 1}}
-    assert res["total"] == {"used": 3 * 4096 + 8192, "blocks": 4, "size": 4 * BLOCK}
+    assert res["tiers"] == {"dram": {"used": 3 * 4096, "blocks": 3}, "disk": {"used": 4096, "blocks": 1}}
+    assert res["total"] == {"used": 3 * 4096 + 4096, "blocks": 4, "size": 4 * BLOCK}
 
     root = kvfs_json(capsys, "du", "/")
     assert root["total"]["blocks"] == 5
@@ -214,7 +214,7 @@ def test_du(server, capsys):
     rc, out, _ = kvfs(capsys, "du", "m/x", "m/y")
     header, row_x, row_y = out.splitlines()
     assert header.split() == ["DRAM", "BLOCKS", "DISK", "BLOCKS", "TOTAL", "BLOCKS", "SIZE", "PATH"]
-    assert row_x.split() == ["8", "KiB", "2", "8", "KiB", "1", "16", "KiB", "3", "2.93", "KiB", "/m/x"]
+    assert row_x.split() == ["8", "KiB", "2", "4", "KiB", "1", "12", "KiB", "3", "2.93", "KiB", "/m/x"]
 
 
 def test_stat(server, capsys):
@@ -362,9 +362,12 @@ def test_evict_never_drops_the_last_copy_unless_forced(server, capsys):
 
 def _corrupt_on_disk(tmp_path: Path, name: str) -> None:
     f = tmp_path / "disk" / "blocks" / name
-    data = bytearray(f.read_bytes())
-    data[header_length(name) + 10] ^= 0xFF  # a payload byte: the header still parses
-    f.write_bytes(bytes(data))
+    with open(f, "r+b") as fh:
+        start = read_header(fh.fileno()).header_length  # 0 when the header is an attribute beside
+        fh.seek(start + 10)
+        byte = fh.read(1)[0]
+        fh.seek(start + 10)
+        fh.write(bytes([byte ^ 0xFF]))  # a payload byte, in place: the header still parses
 
 
 def test_fsck_finds_and_repairs_a_block_corrupted_on_disk(server, capsys, tmp_path):

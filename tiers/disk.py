@@ -28,11 +28,11 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from kvfs.blockfile import file_length, header_length
+from kvfs.blockfile import align_up, file_length, header_length
 from kvfs.config import DiskConfig, TierKind
 from kvfs.errors import BlockCorrupt, BlockNotFound, TierFull, TierUnavailable
 from kvfs.ownership import lock_exclusive
-from kvfs.tier import BlockInfo, BlockRef, Location, Tier
+from kvfs.tier import BackingFile, BlockInfo, BlockRef, Location, Tier
 
 from .blockdir import BlockDirectory
 
@@ -56,7 +56,7 @@ class DiskTier(Tier):
             raise TierUnavailable(f"{what}: cannot use {config.path}: {exc.strerror}") from exc
         try:
             lock_exclusive(self._lock_fd, str(config.path), what)
-            self.dir = BlockDirectory(config.path, direct_io=bool(config.direct_io), fsync=config.fsync)
+            self.dir = BlockDirectory(config.path, direct_io=bool(config.direct_io), fsync=config.fsync, beside=True)
             self.dir.clean_tmp()
         except OSError as exc:
             os.close(self._lock_fd)
@@ -66,7 +66,9 @@ class DiskTier(Tier):
             raise
 
     def footprint(self, name: str, size: int) -> int:
-        return file_length(name, size)
+        # the payload alone when the header is an attribute beside it (blocks of an older
+        # layout found at a restart take one header more than counted)
+        return align_up(size) if self.dir.layout_beside(name) else file_length(name, size)
 
     def put(self, name: str, data: Any, checksum: int) -> None:
         try:
@@ -81,6 +83,12 @@ class DiskTier(Tier):
             return self.dir.read(name)
         except OSError as exc:
             raise TierUnavailable(f"disk tier {self.name!r}: read of {name} failed: {exc}") from exc
+
+    def open_file(self, name: str) -> BackingFile | None:
+        try:
+            return self.dir.open_file(name)
+        except OSError as exc:
+            raise TierUnavailable(f"disk tier {self.name!r}: open of {name} failed: {exc}") from exc
 
     def read_into(self, name: str, out: Any) -> tuple[int, int]:
         try:
@@ -112,14 +120,24 @@ class DiskTier(Tier):
         return self.dir.scan(prefix)
 
     def locate(self, name: str, size: int | None = None) -> Location:
-        """The block file and where its payload starts (hold a lease while reading it).
-        With *size* (the record's) nothing is read; without it the header is."""
+        """The block file and where its payload starts (hold a lease while reading it):
+        offset 0 when the file is exactly the payload (its header beside it), else after
+        the header. With *size* (the record's) only the file's size is looked at; without
+        it the header is read."""
         if size is None:
             info = self.stat(name)
             if info is None:
                 raise BlockNotFound(name)
             size = info.size
-        return Location(path=self.dir.path(name), offset=header_length(name), length=size)
+        path = self.dir.path(name)
+        try:
+            on_disk = os.stat(path).st_size
+        except FileNotFoundError as exc:
+            raise BlockNotFound(name) from exc
+        except OSError as exc:
+            raise TierUnavailable(f"disk tier {self.name!r}: stat of {name} failed: {exc}") from exc
+        # a header before the payload makes the file longer than the payload, always
+        return Location(path=path, offset=0 if on_disk == size else header_length(name), length=size)
 
     def close(self) -> None:
         if self._lock_fd >= 0:

@@ -80,6 +80,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--quick", action="store_true", help="smaller workloads (CI, shared machines)")
     parser.add_argument("--rounds", type=positive_int, default=1, help="runs per directory, best kept (default 1)")
+    parser.add_argument(
+        "--transport",
+        default="auto",
+        choices=["auto", "kernel", "pyfuse3"],
+        help="the mount's FUSE transport ([mount] transport; default auto)",
+    )
+    parser.add_argument(
+        "--lean", action="store_true", help="a DRAM tier without prefault and mlock (faster to mount, slower seals)"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--dir", default=None, help="where the mount, its disk tier and the plain dir go")
     parser.add_argument("--venvs", default=None, help="the engine virtualenvs (default: .venvs of the source tree)")
@@ -277,7 +286,14 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"kvfs: bench engines: unknown client {', '.join(unknown)} (known: {', '.join(WORKLOADS)})")
     venvs = Path(args.venvs) if args.venvs else None
     base = Path(tempfile.mkdtemp(prefix="kvfs-bench-engines-", dir=args.dir))
-    result: dict = {"load_avg_before": os.getloadavg(), "quick": args.quick, "rounds": args.rounds, "clients": []}
+    result: dict = {
+        "load_avg_before": os.getloadavg(),
+        "quick": args.quick,
+        "rounds": args.rounds,
+        "transport": args.transport,
+        "lean": args.lean,
+        "clients": [],
+    }
     rows = []
     try:
         available = []
@@ -299,9 +315,9 @@ def run(args: argparse.Namespace) -> int:
         plain_root.mkdir()
         mp = base / "mnt"
         dram = (512 if args.quick else 1024) * MiB
-        # the DRAM tier as kvfs mounts it by default (prefaulted, mlocked): a lean arena would
-        # charge first-touch page faults to whichever client wrote a region first
-        mount(mp, dram_disk_config(base, dram, 4 * dram, lean=False))
+        # the DRAM tier as deployed (prefaulted and locked: its defaults) unless --lean
+        extra = f'[mount]\ntransport = "{args.transport}"\n'
+        mount(mp, dram_disk_config(base, dram, 4 * dram, lean=args.lean, extra=extra))
         try:
             for name in available:
                 if name == "vllm-connector":
@@ -329,7 +345,11 @@ def run(args: argparse.Namespace) -> int:
         rows.extend(_rows(c))
     print(table(["CLIENT", "FIGURE", "PLAIN", "KVFS", "KVFS/PLAIN", "AIM", "RESULT"], rows))
     la, lb = result["load_avg_before"], result["load_avg_after"]
-    print(f"load average {la[0]:.2f} before, {lb[0]:.2f} after ({os.cpu_count()} CPUs)")
+    dram = "lean DRAM tier (no prefault, no mlock)" if args.lean else "DRAM tier prefaulted"
+    print(
+        f"load average {la[0]:.2f} before, {lb[0]:.2f} after ({os.cpu_count()} CPUs); "
+        f"kvfs transport {args.transport}, {dram}"
+    )
     return 0
 
 

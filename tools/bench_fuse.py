@@ -59,6 +59,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--rss-rounds", type=at_least(0), default=0, metavar="N", help="measure daemon memory over N more passes"
     )
+    parser.add_argument(
+        "--transport",
+        default="auto",
+        choices=["auto", "kernel", "pyfuse3"],
+        help="kvfs's FUSE transport ([mount] transport; default auto)",
+    )
+    parser.add_argument(
+        "--ceiling-transport",
+        default="pyfuse3",
+        choices=["pyfuse3", "kernel"],
+        help="the ceiling filesystem's transport (default pyfuse3: what any pyfuse3 daemon costs)",
+    )
+    parser.add_argument(
+        "--lean", action="store_true", help="a DRAM tier without prefault and mlock (faster to mount, slower seals)"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--dir", default=None, help="where to make the mountpoint and disk tier (default: a temp dir)")
 
@@ -87,6 +102,38 @@ def read_blocks(d: Path, n: int, buf: bytearray) -> float:
             got = f.readinto(buf)
             assert got == BLOCK, got
     return n * BLOCK / (time.perf_counter() - t0) / 1e9
+
+
+def read_files(paths: list[Path], buf: bytearray) -> float:
+    """GB/s of open, read whole, close of each of *paths* (each a block of ``len(buf)``)."""
+    t0 = time.perf_counter()
+    for p in paths:
+        with open(p, "rb", buffering=0) as f:
+            got = f.readinto(buf)
+            assert got == len(buf), (p, got)
+    return len(paths) * len(buf) / (time.perf_counter() - t0) / 1e9
+
+
+def disk_first_reads(mp: Path, disk: Path, n: int, payloads: list[bytes]) -> tuple[float, float, float]:
+    """(GB/s of the first reads through the mount, of the second, of the same files read
+    directly): blocks written through the mount, then evicted from DRAM (only the disk
+    tier holds them), read through the mount twice, and the disk tier's files of the same
+    blocks read the same way. All from the page cache of those files (the daemon wrote
+    them): the cost measured is the mount's, not the device's."""
+    d = mp / "disk-first"
+    write_blocks(d, n, payloads)
+    names = [f"disk-first/blk{i:05d}" for i in range(n)]
+    subprocess.run(
+        [sys.executable, "-m", "kvfs.tools.cli", "evict", "--tier", "dram", str(d)],
+        capture_output=True,
+        check=True,
+        timeout=600,
+    )
+    buf = bytearray(BLOCK)
+    first = read_files([mp / nm for nm in names], buf)
+    again = read_files([mp / nm for nm in names], buf)
+    direct = max(read_files([disk / "blocks" / nm for nm in names], buf) for _ in range(2))
+    return first, again, direct
 
 
 def small_latency(d: Path, n: int) -> tuple[float, float]:
@@ -186,13 +233,16 @@ def _rss_anon(pid: int) -> int:
     return 0
 
 
-def mount_ceiling(mp: Path) -> subprocess.Popen:
-    """The ceiling filesystem (:mod:`kvfs.mount.ceiling`) mounted at *mp* in a subprocess."""
+def mount_ceiling(mp: Path, transport: str = "pyfuse3") -> subprocess.Popen:
+    """The ceiling filesystem (:mod:`kvfs.mount.ceiling`) mounted at *mp* in a subprocess,
+    on *transport* (pyfuse3, or kvfs's kernel transport)."""
     from kvfs.mount.ceiling import FSTYPE
     from kvfs.mount.daemon import mount_type
 
     mp.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.Popen([sys.executable, "-m", "kvfs.mount.ceiling", str(mp)], stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvfs.mount.ceiling", str(mp), "--transport", transport], stderr=subprocess.PIPE
+    )
     deadline = time.monotonic() + 30
     while mount_type(mp) != FSTYPE:
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -222,16 +272,26 @@ def run(args: argparse.Namespace) -> int:
     dram = (2 * blocks * BLOCK + 2 * 1000 * 4096 + entries * 4096 + 64 * MiB + MiB - 1) // MiB * MiB
     base = Path(tempfile.mkdtemp(prefix="kvfs-bench-fuse-", dir=args.dir))
     shm = Path(tempfile.mkdtemp(prefix="kvfs-bench-tmpfs-", dir="/dev/shm"))
-    result: dict = {"blocks": blocks, "block_bytes": BLOCK, "entries": entries, "load": os.getloadavg()[0]}
+    result: dict = {
+        "blocks": blocks,
+        "block_bytes": BLOCK,
+        "entries": entries,
+        "load": os.getloadavg()[0],
+        "transport": args.transport,
+        "lean": args.lean,
+        "ceiling_transport": args.ceiling_transport,
+    }
     try:
-        cfg = dram_disk_config(base, dram, 4 * dram)
+        # the DRAM tier as deployed (prefaulted and locked: its defaults), unless --lean: an
+        # arena whose pages are faulted in by the seals themselves costs ~8x per copy
+        cfg = dram_disk_config(base, dram, 4 * dram, lean=args.lean, extra=f'[mount]\ntransport = "{args.transport}"\n')
         mp = base / "mnt"
         _progress(args, "tmpfs")
         tmpfs = run_suite(shm, blocks, entries, payloads)
         shutil.rmtree(shm, ignore_errors=True)
-        _progress(args, "ceiling (a minimal pyfuse3 filesystem)")
+        _progress(args, f"ceiling (a minimal filesystem on {args.ceiling_transport})")
         cmp = base / "ceiling"
-        proc = mount_ceiling(cmp)
+        proc = mount_ceiling(cmp, args.ceiling_transport)
         try:
             ceiling = run_suite(cmp, blocks, entries, payloads)
         finally:
@@ -240,6 +300,15 @@ def run(args: argparse.Namespace) -> int:
         pid = mount(mp, cfg)
         try:
             kvfs = run_suite(mp, blocks, entries, payloads)
+            _progress(args, "kvfs: first reads of blocks only on the disk tier, and the same files directly")
+            first, again, direct = disk_first_reads(mp, base / "disk", blocks, payloads)
+            result["disk_first"] = {
+                "kvfs_GBps": first,
+                "kvfs_again_GBps": again,
+                "direct_GBps": direct,
+                "ratio": first / direct,
+                "ratio_again": again / direct,
+            }
             if args.rss_rounds:
                 _progress(args, f"kvfs daemon memory over {args.rss_rounds} rounds")
                 result["rss"] = _rss_run(mp, pid, blocks, args.rss_rounds, payloads)
@@ -329,6 +398,14 @@ def _print(r: dict) -> None:
             f"{label + ' (' + unit + ')':36} {fmt.format(a)} {fmt.format(c)} {fmt.format(b)} "
             f"{r['ratio_ceiling'][k]:>8.2f}x {r['ratio'][k]:>7.2f}x"
         )
+    if "disk_first" in r:
+        d = r["disk_first"]
+        print(
+            f"\nblocks only on the disk tier, read through the mount: first {d['kvfs_GBps']:.2f} GB/s, "
+            f"again {d['kvfs_again_GBps']:.2f} GB/s; the same files read directly {d['direct_GBps']:.2f} GB/s: "
+            f"{d['ratio']:.2f}x, {d['ratio_again']:.2f}x"
+        )
+    print(f"kvfs transport: {r['transport']}; ceiling transport: {r['ceiling_transport']}")
     if "settings" in r:
         print("\nper-file FUSE settings (kvfs only)")
         print(f"{'':36} {'write':>8} {'cold rd':>8} {'rep. rd':>8}  GB/s")
