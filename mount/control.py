@@ -42,6 +42,7 @@ from kvfs.events import Event
 from kvfs.names import normalize
 from kvfs.policies import Hint
 from kvfs.protocol import (
+    MAX_VALUES,
     Advise,
     Advised,
     ControlError,
@@ -93,7 +94,7 @@ from kvfs.protocol import (
 from kvfs.store import LastCopy, Store
 
 from .clientserver import ClientOps, MountSide
-from .session import AccessPolicy, Connection, Peer, Session, call_store, is_request
+from .session import AccessPolicy, Connection, Peer, Session, batch_size, call_store, is_request
 
 __all__ = ["ControlError", "ControlHandler", "EventHub", "Server", "SubscriberTooSlow", "serve"]
 
@@ -104,6 +105,7 @@ _PROGRESS_EVERY = 0.1  # seconds between progress items
 _EVENT_POLL = 0.02  # seconds between drains of the store's event queue
 _MAX_ADVICE = 65536  # names one hint may carry
 _ADVICE_ON_LOOP = 4096  # names a hint handles on the loop when the store's lock is free
+_ENCODE_ON_LOOP = 4096  # names or ids of a request whose reply is encoded on the loop; more in a worker thread
 
 
 class EventHub:
@@ -560,8 +562,10 @@ class Server:
         conn.refused = self.access.authorize(conn.peer, request)
 
     async def _answer(self, conn: Connection, frame: bytes) -> None:
+        big = False
         try:
-            request = is_request(decode(frame))
+            request = is_request(decode(frame, max_values=MAX_VALUES))
+            big = batch_size(request) > _ENCODE_ON_LOOP
             self.authorize(conn, request)
             op = self._ops[request.kind]
             reply = await op(conn, request)
@@ -575,7 +579,7 @@ class Server:
             await conn.send_error(InternalError(f"internal error: {exc!r}"))
             return
         if reply is not None:
-            await conn.send(reply)
+            await conn.send(reply, big=big)
 
     async def serve_connection(self, stream: trio.SocketStream) -> None:
         """Serve one accepted connection until the peer hangs up; then give back what its

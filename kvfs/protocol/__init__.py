@@ -3,7 +3,20 @@
 (:mod:`.codec`) and the one table of errors that cross it (:mod:`.errors`).
 docs/client.md describes the protocol; docs/tools.md the operator commands."""
 
-from .codec import MAX_FRAME, VERSION, LineBuffer, Message, ProtocolError, UnknownKind, VersionMismatch, decode, encode
+from .codec import (
+    MAX_FRAME,
+    MAX_ITEMS,
+    MAX_VALUES,
+    VERSION,
+    Bounds,
+    LineBuffer,
+    Message,
+    ProtocolError,
+    UnknownKind,
+    VersionMismatch,
+    decode,
+    encode,
+)
 from .errors import (
     ERRORS,
     ControlError,
@@ -88,12 +101,15 @@ from .messages import (
 __all__ = [
     "ERRORS",
     "MAX_FRAME",
+    "MAX_ITEMS",
+    "MAX_VALUES",
     "VERSION",
     "Abort",
     "Aborted",
     "Advise",
     "Advised",
     "ArenaInfo",
+    "Bounds",
     "Commit",
     "Committed",
     "ControlError",
