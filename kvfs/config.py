@@ -265,6 +265,11 @@ class EventsConfig:
     zmq: str | None = None
     topic: str = ""
     block_size: int = 0
+    audience: str = "everyone"
+    """Who may subscribe, and so which block names are sent: ``everyone`` (names every
+    local user may read), ``group:NAME`` (an ``ipc://`` socket of that group: what it may
+    read), ``owner`` (an ``ipc://`` socket of the daemon's user: every name), ``all``
+    (every name, to whoever can connect)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -335,7 +340,18 @@ def _convert(where: str, f: dataclasses.Field[Any], value: Any) -> Any:
             if isinstance(value, bool) or not isinstance(value, int) or value < (1 if name in _POSITIVE else 0):
                 raise ValueError("expected a positive whole number")
             return value
-        if name in ("name", "bucket", "prefix", "endpoint_url", "region", "eviction", "group", "zmq", "topic"):
+        if name in (
+            "name",
+            "bucket",
+            "prefix",
+            "endpoint_url",
+            "region",
+            "eviction",
+            "group",
+            "zmq",
+            "topic",
+            "audience",
+        ):
             if not isinstance(value, str):
                 raise ValueError("expected a string")
             return value
@@ -433,6 +449,14 @@ def parse_config(data: dict[str, Any]) -> Config:
     events = _build(EventsConfig, "events", data.get("events", {}))
     if events.zmq is not None and "://" not in events.zmq:
         raise ConfigError("events.zmq", f'{events.zmq!r} is not a ZMQ address; e.g. "tcp://127.0.0.1:5557"')
+    if events.audience not in ("everyone", "owner", "all") and not events.audience.startswith("group:"):
+        raise ConfigError("events.audience", f"{events.audience!r} is not one of everyone, owner, all, group:NAME")
+    if events.audience.startswith(("owner", "group:")) and not (events.zmq or "").startswith("ipc://"):
+        raise ConfigError(
+            "events.audience",
+            f"{events.audience!r} needs an ipc:// address (a socket file kvfs gives that audience): any local user "
+            f"can connect to {events.zmq!r}",
+        )
     namespaces = _parse_namespaces(data.get("namespaces", []), [t.name for t in tiers])
     return Config(tiers=tuple(tiers), policy=policy, mount=mount, client=client, events=events, namespaces=namespaces)
 

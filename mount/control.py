@@ -29,8 +29,7 @@ import grp
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +37,6 @@ import trio
 
 from kvfs.config import ClientConfig
 from kvfs.errors import BlockNotFound, KvfsError
-from kvfs.events import Event
 from kvfs.names import normalize
 from kvfs.policies import Hint
 from kvfs.protocol import (
@@ -94,6 +92,7 @@ from kvfs.protocol import (
 from kvfs.store import LastCopy, Store
 
 from .clientserver import ClientOps, MountSide
+from .eventhub import EventHub, Gap
 from .session import AccessPolicy, Connection, Peer, Session, batch_size, call_store, is_request
 
 __all__ = ["ControlError", "ControlHandler", "EventHub", "Server", "SubscriberTooSlow", "serve"]
@@ -106,52 +105,6 @@ _EVENT_POLL = 0.02  # seconds between drains of the store's event queue
 _MAX_ADVICE = 65536  # names one hint may carry
 _ADVICE_ON_LOOP = 4096  # names a hint handles on the loop when the store's lock is free
 _ENCODE_ON_LOOP = 4096  # names or ids of a request whose reply is encoded on the loop; more in a worker thread
-
-
-class EventHub:
-    """Fan-out of block events: every subscriber gets every published event, in order.
-
-    Each subscriber has its own bounded buffer (*buffer* events). A subscriber that falls
-    that far behind is cut off (its channel closed) instead of slowing the others. The
-    buffer must also hold one publish's burst: :meth:`ControlHandler.pump_events` drains
-    every 20 ms, so 10k events keep up with 500k events/s.
-    """
-
-    def __init__(self, buffer: int = 10_000) -> None:
-        self.buffer = buffer
-        self._subs: dict[trio.MemorySendChannel[Event], bool] = {}  # channel -> cut off
-
-    @property
-    def subscribers(self) -> int:
-        """Subscribers receiving events (not counting any cut off but not yet gone)."""
-        return sum(1 for cut in self._subs.values() if not cut)
-
-    @contextmanager
-    def subscribe(self) -> Iterator[trio.MemoryReceiveChannel[Event]]:
-        """A channel receiving every event published while the ``with`` block is open."""
-        send, receive = trio.open_memory_channel[Event](self.buffer)
-        self._subs[send] = False
-        try:
-            yield receive
-        finally:
-            self._subs.pop(send, None)
-            send.close()
-            receive.close()
-
-    def publish(self, events: list[Event]) -> None:
-        for send in list(self._subs):
-            if self._subs[send]:
-                continue
-            for ev in events:
-                try:
-                    send.send_nowait(ev)
-                except trio.WouldBlock:
-                    log.warning("an events subscriber fell %d events behind; cutting it off", self.buffer)
-                    self._subs[send] = True
-                    send.close()
-                    break
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    break
 
 
 class _Progress:
@@ -487,8 +440,10 @@ class ControlHandler:
     async def op_events(self, conn: Connection, req: Events) -> None:
         """Stream an :class:`EventItem` for every block event from now on, until the
         client hangs up (noticed at once, even with no events flowing). A client that
-        falls too far behind gets a :class:`SubscriberTooSlow` error."""
+        falls too far behind gets, after the events it was sent, a
+        :class:`SubscriberTooSlow` error saying how many it lost."""
         hung_up = False
+        lost = 0
 
         async def until_hangup(cancel: trio.CancelScope) -> None:
             # The client sends nothing more; EOF means it is gone. Noticing that now,
@@ -499,18 +454,23 @@ class ControlHandler:
             cancel.cancel()
 
         owner = conn.session.owner
-        with self.hub.subscribe() as events:
+        with self.hub.subscribe(cut_off=True) as events:
             await conn.send(Subscribed())
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(until_hangup, nursery.cancel_scope)
-                async for ev in events:
-                    if owner or self.access.may_read(conn.peer, ev.name):  # never another tenant's names
-                        await conn.send(EventItem(event=ev))
-                nursery.cancel_scope.cancel()  # the hub cut us off: stop watching
+                while not lost:
+                    for ev in await events.receive():
+                        if isinstance(ev, Gap):
+                            lost = events.lost
+                            break
+                        if owner or self.access.may_read(conn.peer, ev.name):  # never another tenant's names
+                            await conn.send(EventItem(event=ev))
+                nursery.cancel_scope.cancel()  # it fell behind: stop watching
         if hung_up:
             return
         raise SubscriberTooSlow(
-            f"this subscriber fell more than {self.hub.buffer} events behind and was cut off; events were lost"
+            f"this subscriber fell more than {self.hub.buffer} events behind and was cut off; "
+            f"{lost} events were lost; subscribe again (and read faster)"
         )
 
     async def pump_events(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:

@@ -170,9 +170,14 @@ async def _serve(ops, store, mountpoint: str, sock: Path, on_ready, config: Conf
     server = Server(store, mountpoint, opstats=ops.opstats, client=config.client, mount=ops)
     publisher = None
     if config.events.zmq is not None:  # bound before anything starts: a bad address fails the mount
-        from .kv_events import KvEventPublisher
+        from .kv_events import Audience, KvEventPublisher
 
-        publisher = KvEventPublisher(config.events.zmq, topic=config.events.topic)
+        def rule_of(name: str) -> Any:
+            ns = store.namespaces.of(name)
+            return None if ns is None else ns.access
+
+        audience = Audience(config.events.audience, rule_of)
+        publisher = KvEventPublisher(config.events.zmq, topic=config.events.topic, mode=audience.socket_mode())
     async with trio.open_nursery() as nursery:
         ops.attach_nursery(nursery)
         shutdown = trio.Event()
@@ -182,13 +187,21 @@ async def _serve(ops, store, mountpoint: str, sock: Path, on_ready, config: Conf
         nursery.start_soon(_write_through, store)
         nursery.start_soon(_on_signals, nursery.cancel_scope)
         if publisher is not None:
-            from .kv_events import publish_hub
-
-            await nursery.start(publish_hub, server.control.hub, store.tiers, config.events, publisher)
+            await nursery.start(_publish_events, server.control.hub, store.tiers, config.events, publisher, audience)
         on_ready()
         await pyfuse3.main(min_tasks=4, max_tasks=64)
         log.info("the kernel ended the session (unmounted from outside)")
         nursery.cancel_scope.cancel()
+
+
+async def _publish_events(hub, tiers, config, publisher, audience, *, task_status) -> None:
+    """The KV event publisher; a failure of it is logged and ends it, never the daemon."""
+    from .kv_events import publish_hub
+
+    try:
+        await publish_hub(hub, tiers, config, publisher, audience, task_status=task_status)
+    except Exception:
+        log.exception("the KV event publisher failed and stopped; the mount goes on without it")
 
 
 def _set_read_ahead(mountpoint: str, kb: int) -> None:
