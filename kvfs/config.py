@@ -199,6 +199,10 @@ class MountConfig:
     negative_ttl: float = 2.0
     listing_ttl: float = 5.0
     write_buffer: int | None = None
+    open_copies: int | None = None
+    """Bytes of daemon memory for copies of blocks read whole from persistent tiers
+    while they are open (one per version, shared by its readers; ``None``: a quarter of
+    physical memory); an open past it is ``ENOMEM``."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -245,7 +249,11 @@ class ClientConfig:
     lifetime (seconds, at most 600); ``max_reserved``: bytes of the arena one session may
     hold reserved for puts at once (default: half the DRAM tier); ``copy_buffer``: bytes of
     the private buffer a session gets instead of the arena when a namespace's rule keeps
-    it from mapping the arena (default: ``max_reserved``)."""
+    it from mapping the arena (default: ``max_reserved``). ``max_connections`` (in all)
+    and ``max_connections_per_user``: connections open at once (capped lower when the
+    descriptor limit is low); ``max_inflight`` (in all) and ``max_inflight_per_user``: bytes
+    of frames received and not yet answered, and of replies being sent (docs/SEMANTICS.md,
+    "Limits")."""
 
     socket: Path | None = None
     group: str | None = None
@@ -253,6 +261,10 @@ class ClientConfig:
     lease_ttl: float = 60.0
     max_reserved: int | None = None
     copy_buffer: int | None = None
+    max_connections: int = 1024
+    max_connections_per_user: int = 64
+    max_inflight: int = 256 << 20
+    max_inflight_per_user: int = 64 << 20
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -289,6 +301,7 @@ class Config:
 
 
 _MIN_WRITE_BUFFER = 16 << 20
+_MIN_INFLIGHT = 40 << 20  # the largest frame (kvfs.protocol.MAX_FRAME, 32 MiB) and a read's chunk, with room
 
 _KIND_CLASSES: dict[str, type[TierConfig]] = {
     "dram": DramConfig,
@@ -298,7 +311,7 @@ _KIND_CLASSES: dict[str, type[TierConfig]] = {
 }
 
 
-_POSITIVE = ("concurrency", "max_attempts")
+_POSITIVE = ("concurrency", "max_attempts", "max_connections", "max_connections_per_user")
 
 
 def _convert(where: str, f: dataclasses.Field[Any], value: Any) -> Any:
@@ -309,6 +322,8 @@ def _convert(where: str, f: dataclasses.Field[Any], value: Any) -> Any:
             if value in ("unlimited", "unbounded"):
                 return None
             return parse_size(value)
+        if name == "open_copies":
+            return None if value == "auto" else parse_size(value)
         if name == "write_buffer":
             if value == "auto":
                 return None
@@ -322,7 +337,7 @@ def _convert(where: str, f: dataclasses.Field[Any], value: Any) -> Any:
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1:
                 raise ValueError("expected a share from 0 (admit every block) up to, not including, 1")
             return float(value)
-        if name in ("multipart_threshold", "max_reserved", "copy_buffer"):
+        if name in ("multipart_threshold", "max_reserved", "copy_buffer", "max_inflight", "max_inflight_per_user"):
             return parse_size(value)
         if name == "write":
             return WriteMode(value)
@@ -336,7 +351,14 @@ def _convert(where: str, f: dataclasses.Field[Any], value: Any) -> Any:
             if not isinstance(value, bool):
                 raise ValueError("expected true or false")
             return value
-        if name in ("concurrency", "max_attempts", "metrics_port", "block_size"):
+        if name in (
+            "concurrency",
+            "max_attempts",
+            "metrics_port",
+            "block_size",
+            "max_connections",
+            "max_connections_per_user",
+        ):
             if isinstance(value, bool) or not isinstance(value, int) or value < (1 if name in _POSITIVE else 0):
                 raise ValueError("expected a positive whole number")
             return value
@@ -446,6 +468,11 @@ def parse_config(data: dict[str, Any]) -> Config:
         raise ConfigError("client.group", "a group needs client.socket: the path of the socket to give it")
     if not 0 < client.lease_ttl <= 600:
         raise ConfigError("client.lease_ttl", "must be more than 0 and at most 600 seconds")
+    for key in ("max_inflight", "max_inflight_per_user"):
+        if getattr(client, key) < _MIN_INFLIGHT:
+            raise ConfigError(
+                f"client.{key}", f"must be at least {_MIN_INFLIGHT >> 20}MiB: one frame of the largest size"
+            )
     events = _build(EventsConfig, "events", data.get("events", {}))
     if events.zmq is not None and "://" not in events.zmq:
         raise ConfigError("events.zmq", f'{events.zmq!r} is not a ZMQ address; e.g. "tcp://127.0.0.1:5557"')

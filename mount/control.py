@@ -36,7 +36,7 @@ from typing import Any
 import trio
 
 from kvfs.config import ClientConfig
-from kvfs.errors import BlockNotFound, KvfsError
+from kvfs.errors import BlockNotFound, KvfsError, LimitReached
 from kvfs.names import normalize
 from kvfs.policies import Hint
 from kvfs.protocol import (
@@ -93,6 +93,7 @@ from kvfs.store import LastCopy, Store
 
 from .clientserver import ClientOps, MountSide
 from .eventhub import EventHub, Gap
+from .limits import PeerLimits
 from .session import AccessPolicy, Connection, Peer, Session, batch_size, call_store, is_request
 
 __all__ = ["ControlError", "ControlHandler", "EventHub", "Server", "SubscriberTooSlow", "serve"]
@@ -500,9 +501,11 @@ class Server:
         client: ClientConfig = ClientConfig(),
         access: AccessPolicy | None = None,
         mount: MountSide | None = None,
+        limits: PeerLimits | None = None,
     ) -> None:
         self.store = store
         self.config = client
+        self.limits = limits if limits is not None else PeerLimits(client)
         self.access = access or AccessPolicy(group_writes=client.group_writes, store=store)
         self.control = ControlHandler(store, mountpoint, opstats, self.access, mount)
         self.clients = ClientOps(store, mountpoint, client, self.access, mount)
@@ -545,13 +548,25 @@ class Server:
         """Serve one accepted connection until the peer hangs up; then give back what its
         session holds (leases, reservations)."""
         peer = Peer.of_socket(stream.socket)  # type: ignore[arg-type]  # a trio socket has getsockopt
-        conn = Connection(stream, Session(peer=peer, owner=self.access.is_owner(peer)))
+        conn = Connection(stream, Session(peer=peer, owner=self.access.is_owner(peer)), self.limits)
+        try:
+            self.limits.admit(peer.uid)
+        except LimitReached as exc:  # answered and closed at once: its descriptor is back
+            n = self.limits.refused
+            if n & (n - 1) == 0:  # the 1st, 2nd, 4th, 8th...: a flood does not flood the log
+                log.warning("connection of pid %s (uid %d) refused (%d so far): %s", peer.pid, peer.uid, n, exc)
+            async with stream:
+                with trio.move_on_after(1):
+                    await conn.send_error(exc)
+            return
         try:
             async with stream:
                 while True:
                     try:
                         frame = await conn.receive()
-                    except ProtocolError as exc:  # a frame over the limit: the stream is lost
+                    except (ProtocolError, LimitReached) as exc:  # the stream is lost
+                        if isinstance(exc, LimitReached):
+                            log.warning("connection of pid %s (uid %d) closed: %s", peer.pid, peer.uid, exc)
                         await conn.send_error(exc)
                         return
                     if frame is None:
@@ -560,6 +575,8 @@ class Server:
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the client hung up mid-reply (how ``events`` normally ends)
         finally:
+            conn.close()
+            self.limits.leave(peer.uid)
             if conn.session.holds_anything:
                 with trio.CancelScope(shield=True):
                     await trio.to_thread.run_sync(conn.session.close, self.store)

@@ -166,8 +166,10 @@ async def _serve(ops, store, mountpoint: str, sock: Path, on_ready, config: Conf
     import trio
 
     from .control import Server, serve
+    from .limits import PeerLimits
 
-    server = Server(store, mountpoint, opstats=ops.opstats, client=config.client, mount=ops)
+    limits = PeerLimits(config.client)  # under the descriptor limit raised at start (raise_nofile)
+    server = Server(store, mountpoint, opstats=ops.opstats, client=config.client, mount=ops, limits=limits)
     publisher = None
     if config.events.zmq is not None:  # bound before anything starts: a bad address fails the mount
         from .kv_events import Audience, KvEventPublisher
@@ -236,11 +238,13 @@ def serve_foreground(mountpoint: str, config: Config, on_ready: Any = lambda: No
     import trio
 
     from .fs import KvfsOperations
+    from .limits import raise_nofile
 
     mountpoint = check_mountpoint(mountpoint)
     options = fs_options_from_env()
     for warning in capacity_warnings(config):
         log.warning("%s", warning)
+    log.info("descriptor limit: %d", raise_nofile())
     # every path derived from the mountpoint is computed before mounting: resolving it
     # afterwards would stat our own mount before its loop serves (a deadlock)
     pidfile = pid_path(mountpoint)

@@ -32,7 +32,7 @@ from kvfs.blockfile import file_length, header_length
 from kvfs.config import DiskConfig, TierKind
 from kvfs.errors import BlockCorrupt, BlockNotFound, TierFull, TierUnavailable
 from kvfs.ownership import lock_exclusive
-from kvfs.tier import BlockInfo, BlockRef, Location, Tier
+from kvfs.tier import BlockInfo, BlockRef, Location, Tier, os_error
 
 from .blockdir import BlockDirectory
 
@@ -74,31 +74,31 @@ class DiskTier(Tier):
         except OSError as exc:
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise TierFull(f"disk tier {self.name!r} is out of space: {exc.strerror}") from exc
-            raise TierUnavailable(f"disk tier {self.name!r}: write of {name} failed: {exc}") from exc
+            raise os_error(f"disk tier {self.name!r}: write of {name}", exc) from exc
 
     def open(self, name: str) -> BlockRef:
         try:
             return self.dir.read(name)
         except OSError as exc:
-            raise TierUnavailable(f"disk tier {self.name!r}: read of {name} failed: {exc}") from exc
+            raise os_error(f"disk tier {self.name!r}: read of {name}", exc) from exc
 
     def read_into(self, name: str, out: Any) -> tuple[int, int]:
         try:
             return self.dir.read_into(name, out)
         except OSError as exc:
-            raise TierUnavailable(f"disk tier {self.name!r}: read of {name} failed: {exc}") from exc
+            raise os_error(f"disk tier {self.name!r}: read of {name}", exc) from exc
 
     def delete(self, name: str) -> None:
         try:
             self.dir.delete(name)
         except OSError as exc:
-            raise TierUnavailable(f"disk tier {self.name!r}: delete of {name} failed: {exc}") from exc
+            raise os_error(f"disk tier {self.name!r}: delete of {name}", exc) from exc
 
     def rename(self, old: str, new: str) -> None:
         try:
             self.dir.rename(old, new)
         except OSError as exc:
-            raise TierUnavailable(f"disk tier {self.name!r}: rename failed: {exc}") from exc
+            raise os_error(f"disk tier {self.name!r}: rename", exc) from exc
 
     def stat(self, name: str) -> BlockInfo | None:
         try:
@@ -106,7 +106,7 @@ class DiskTier(Tier):
         except BlockCorrupt:
             return None
         except OSError as exc:
-            raise TierUnavailable(f"disk tier {self.name!r}: stat of {name} failed: {exc}") from exc
+            raise os_error(f"disk tier {self.name!r}: stat of {name}", exc) from exc
 
     def scan(self, prefix: str = "") -> Iterator[BlockInfo]:
         return self.dir.scan(prefix)

@@ -47,7 +47,7 @@ from kvfs.blockfile import file_length
 from kvfs.config import PosixConfig, TierKind
 from kvfs.deadline import DeadlineExecutor
 from kvfs.errors import BlockCorrupt, BlockNotFound, TierFull, TierUnavailable
-from kvfs.tier import BlockInfo, BlockRef, StoredObject, Tier
+from kvfs.tier import BlockInfo, BlockRef, StoredObject, Tier, os_error
 
 from .blockdir import BlockDirectory
 
@@ -113,7 +113,7 @@ class PosixTier(Tier):
                 raise BlockNotFound(f"{self._what}: {op}: {exc.strerror}") from exc
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise TierFull(f"{self._what} is out of space: {exc.strerror}") from exc
-            raise TierUnavailable(f"{self._what}: {op} failed: {exc}") from exc
+            raise os_error(f"{self._what}: {op}", exc) from exc
 
     def footprint(self, name: str, size: int) -> int:
         return file_length(name, size)

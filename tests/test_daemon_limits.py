@@ -1,0 +1,205 @@
+"""What another user can make the daemon hold (issue 20, item 9): copies of blocks held
+open, connections, bytes of unfinished frames, descriptors -- each bounded, with a clear
+error past the bound, on real mounts and a real daemon socket."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from kvfs.client import Client
+from kvfs.config import ClientConfig
+from kvfs.runtime import control_socket_path, pid_path
+
+from conftest import KVFS, wait_for
+from control_harness import ControlServer, make_store
+
+MiB = 1 << 20
+
+CONFIG = """\
+[[tiers]]
+kind = "dram"
+capacity = "16MiB"
+prefault = false
+mlock = false
+
+[[tiers]]
+kind = "disk"
+capacity = "512MiB"
+path = "{data}/disk"
+
+[mount]
+{mount}
+
+[client]
+{client}
+"""
+
+
+def _rss(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def _daemon(mp: Path) -> int:
+    return int(pid_path(mp).read_text())
+
+
+def _statistics(mp: Path):
+    with Client(mp) as c:
+        from kvfs.protocol import Statistics
+
+        return c._request(Statistics()).statistics
+
+
+def _write(path: Path, size: int, seed: int) -> bytes:
+    data = (bytes([seed]) * 4096) * (size // 4096)
+    path.write_bytes(data)
+    return data
+
+
+def test_opens_of_a_disk_only_block_share_one_copy_and_copies_are_bounded(kvfs_mount, tmp_path):
+    mp = kvfs_mount(CONFIG.format(data=tmp_path, mount='open_copies = "100MiB"', client=""))
+    (mp / "big").mkdir()
+    a = _write(mp / "big" / "a", 40 * MiB, 1)  # larger than DRAM: it lives on disk only
+    _write(mp / "big" / "b", 40 * MiB, 2)
+    _write(mp / "big" / "c", 40 * MiB, 3)
+    wait_for(lambda: _statistics(mp).tiers[0].used == 0, timeout=30)
+    pid = _daemon(mp)
+    before = _rss(pid)
+    files = [open(mp / "big" / "a", "rb") for _ in range(12)]
+    try:
+        for f in files:
+            assert f.read(4096) == a[:4096]
+        grown = _rss(pid) - before
+        assert grown < 100 * MiB, f"12 opens of one 40 MiB block took {grown >> 20} MiB"  # one copy, not twelve
+        with open(mp / "big" / "b", "rb") as b:  # 80 MiB of copies: within open_copies
+            assert b.read(1) == b"\x02"
+            with pytest.raises(OSError) as info:  # 120 MiB would pass it
+                open(mp / "big" / "c", "rb")
+            assert info.value.errno == errno.ENOMEM
+    finally:
+        for f in files:
+            f.close()
+    with open(mp / "big" / "c", "rb") as c:  # the copies were let go with their readers
+        assert c.read(1) == b"\x03"
+    assert files[0].closed and (mp / "big" / "a").read_bytes() == a
+
+
+def test_connections_per_user_and_in_all_are_bounded(tmp_path):
+    store = make_store(tmp_path, dram=8 * MiB)
+    try:
+        for cfg, why in (
+            (ClientConfig(max_connections=8, max_connections_per_user=8), "the daemon has 8 connections open"),
+            (
+                ClientConfig(max_connections=100, max_connections_per_user=8),
+                "has 8 connections open, the limit per user",
+            ),
+        ):
+            with ControlServer(store, client=cfg) as srv:
+                held = []
+                for _ in range(8):
+                    s = socket.socket(socket.AF_UNIX)
+                    s.connect(str(srv.socket))
+                    s.sendall(b'{"v":2,"kind":"ping"}\n')
+                    assert b'"pong"' in s.recv(4096)
+                    held.append(s)
+                extra = socket.socket(socket.AF_UNIX)
+                extra.connect(str(srv.socket))
+                reply = json.loads(extra.makefile().readline())
+                assert reply["type"] == "LimitReached" and why in reply["message"], reply
+                assert extra.recv(10) == b""  # and closed
+                held.pop().close()
+                wait_for(lambda srv=srv: srv.server.limits.open == 7)
+                with Client(srv.socket) as c:  # room again
+                    assert c.lookup(["x"]).prefix == 0
+                for s in held:
+                    s.close()
+    finally:
+        store.close()
+
+
+def test_bytes_of_unfinished_frames_are_bounded_per_user_and_in_all(tmp_path):
+    store = make_store(tmp_path, dram=8 * MiB)
+    try:
+        for cfg, why in (
+            (ClientConfig(max_inflight_per_user=48 * MiB), "more than the limit per user"),
+            (ClientConfig(max_inflight=48 * MiB, max_inflight_per_user=64 * MiB), "more than its limit"),
+        ):
+            with ControlServer(store, client=cfg) as srv:
+                first = socket.socket(socket.AF_UNIX)
+                first.connect(str(srv.socket))
+                first.sendall(b'{"v":2,"kind":"lookup","names":["' + b"x" * (30 * MiB))  # never finished
+                wait_for(lambda srv=srv: srv.server.limits.bytes >= 30 * MiB, timeout=30)
+                second = socket.socket(socket.AF_UNIX)
+                second.connect(str(srv.socket))
+                try:
+                    second.sendall(b'{"v":2,"kind":"lookup","names":["' + b"y" * (30 * MiB))
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # closed while it was still sending
+                reply = json.loads(second.makefile().readline())
+                assert reply["type"] == "LimitReached" and why in reply["message"], reply
+                assert srv.server.limits.bytes <= 48 * MiB
+                first.close()
+                second.close()
+                wait_for(lambda srv=srv: srv.server.limits.bytes == 0)
+                with Client(srv.socket) as c:
+                    assert c.lookup(["a"]).sizes == [-1]
+    finally:
+        store.close()
+
+
+def test_a_flood_of_connections_never_makes_a_tier_unhealthy(kvfs_mount, tmp_path):
+    """A daemon with a low descriptor limit, flooded with idle connections: the ones past
+    the cap are refused, the disk tier keeps its reserve of descriptors, and reads of
+    disk-only blocks go on (never EHOSTDOWN, never EMFILE)."""
+    cfg = tmp_path / "kvfs.toml"
+    cfg.write_text(CONFIG.format(data=tmp_path, mount="", client=""))
+    mp = tmp_path / "mnt"
+    mp.mkdir()
+    logfile = tmp_path / "daemon.log"
+    with open(logfile, "wb") as out:
+        proc = subprocess.Popen(
+            ["prlimit", "--nofile=320:320", *KVFS, "mount", str(mp), "--config", str(cfg), "--foreground"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    kvfs_mount.mounts.append(mp)
+    kvfs_mount.foreground[mp] = proc
+    wait_for(lambda: control_socket_path(mp).exists() and proc.poll() is None, timeout=60)
+    (mp / "d").mkdir()
+    blocks = {f"d/{i}": _write(mp / "d" / str(i), 20 * MiB, i) for i in range(4)}  # on disk: DRAM is 16 MiB
+    flood = []
+    try:
+        for _ in range(400):  # past the daemon's descriptor limit
+            s = socket.socket(socket.AF_UNIX)
+            s.setblocking(False)  # a full backlog is EAGAIN, not a wait
+            try:
+                s.connect(str(control_socket_path(mp)))
+            except OSError:
+                s.close()
+                continue
+            flood.append(s)
+        # the daemon has met the flood: it refused connections, or (without limits) ran out of descriptors
+        wait_for(lambda: "refused" in logfile.read_text() or len(os.listdir(f"/proc/{proc.pid}/fd")) >= 310, timeout=60)
+        for name, data in blocks.items():
+            assert (mp / name).read_bytes() == data  # never EHOSTDOWN or EMFILE
+    finally:
+        for s in flood:
+            s.close()
+    st = _statistics(mp)
+    disk = next(t for t in st.tiers if t.name == "disk")
+    assert disk.healthy and disk.errors == 0, disk
+    kvfs_mount.umount(mp)
+    out = logfile.read_text()
+    assert "connections (not [client] max_connections = 1024): the descriptor limit is 320" in out
+    assert "refused" in out and "is unhealthy" not in out
