@@ -49,7 +49,7 @@ from .errors import ConfigError, InvalidName
 from .hashing import Namespace
 from .names import TierName, is_under, normalize
 from .policies import DEFAULT_POLICY, POLICIES, PolicyContext
-from .units import parse_duration, parse_size
+from .units import format_size, parse_duration, parse_size
 
 __all__ = [
     "ClientConfig",
@@ -411,6 +411,26 @@ def _build(cls: type, where: str, table: Any, skip: tuple[str, ...] = ()) -> Any
     return cls(**kwargs)
 
 
+def _check_room_below_dram(tiers: list[TierConfig]) -> None:
+    """Refuse persistent tiers that together cannot hold the DRAM tier: DRAM is exclusive
+    (a block's only copy may be there), so a clean unmount could not write every block
+    only in DRAM down and would lose some. A DRAM-only stack (no persistent tier) is a
+    cache that keeps nothing by choice: ``kvfs mount`` warns of it."""
+    dram = sum(t.capacity or 0 for t in tiers if isinstance(t, DramConfig))
+    below = [t for t in tiers if not isinstance(t, DramConfig)]
+    if not dram or not below or any(t.capacity is None for t in below):
+        return
+    room = sum(t.capacity or 0 for t in below)
+    if room < dram:
+        names = ", ".join(f"{t.name}: {format_size(t.capacity or 0)}" for t in below)
+        raise ConfigError(
+            "tiers",
+            f"the persistent tiers ({names}) are smaller than the DRAM tier ({format_size(dram)}): a clean unmount "
+            f"could not write every block only in DRAM down; give them at least {format_size(dram)} together, "
+            "or make the DRAM tier smaller",
+        )
+
+
 def parse_config(data: dict[str, Any]) -> Config:
     """Build a :class:`Config` from a parsed TOML document; raises :class:`ConfigError`."""
     unknown = sorted(set(data) - {"tiers", "policy", "mount", "client", "events", "namespaces"})
@@ -457,6 +477,7 @@ def parse_config(data: dict[str, Any]) -> Config:
     for i, tier in enumerate(tiers):
         if isinstance(tier, DramConfig) and i != 0:
             raise ConfigError(f"tiers[{i}].kind", "a dram tier must be the first (hottest) tier")
+    _check_room_below_dram(tiers)
     policy = _build(PolicyConfig, "policy", data.get("policy", {}))
     if policy.eviction not in POLICIES:
         raise ConfigError("policy.eviction", f"{policy.eviction!r} is not one of {', '.join(POLICIES)}")
