@@ -306,6 +306,10 @@ class ControlHandler:
             return await trio.to_thread.run_sync(apply)
         except ValueError as exc:
             raise ControlError(str(exc)) from exc
+        except KeyError:  # nothing to set, and no namespace there to show
+            raise ControlError(
+                f"{req.name or '/'}: not a namespace; give a quota (or a retention) to make one"
+            ) from None
 
     async def op_top(self, conn: Connection, req: Top) -> TopResult:
         """A snapshot for ``kvfs top``: wall time, store statistics, events lost by the

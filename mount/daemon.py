@@ -263,7 +263,7 @@ def serve_foreground(mountpoint: str, config: Config, on_ready: Any = lambda: No
             from .metrics import start_metrics
 
             try:
-                metrics_server, port = start_metrics(store, ops.opstats, config.mount.metrics_port)
+                metrics_server, port = start_metrics(store, ops.opstats, config.mount.metrics_port, inodes=ops.inodes)
             except OSError as exc:
                 raise MountError(f"cannot serve metrics on port {config.mount.metrics_port}: {exc.strerror}") from exc
             log.info("Prometheus metrics on http://127.0.0.1:%d/metrics", port)

@@ -285,6 +285,7 @@ class KvfsOperations(pyfuse3.Operations):
         if node is None:
             return self.attrs.negative()
         self.inodes.looked_up(node)
+        self.notices.shed(self.options.max_inodes)  # past it the kernel forgets the idlest names
         return self.attrs.of(node)
 
     async def forget(self, inode_list):

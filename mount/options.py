@@ -31,5 +31,10 @@ class FsOptions:
     """Set on the mount's backing device (sysfs; needs root): the kernel's default of
     128 KiB splits a page-cache miss into 128 KiB requests; 2 MiB lets them reach the
     1 MiB FUSE maximum (2.3x faster uncached reads, docs/benchmarks-fuse.md). 0: leave."""
+    max_inodes: int = 65536
+    """Inodes the daemon keeps for the kernel at most (about 350 bytes each): past it the
+    kernel is asked to forget the names of the longest idle files (no handle open), and
+    looks them up again when they are used. The kernel's own cache of names could
+    otherwise grow the daemon's table without bound (one inode per name ever looked up)."""
     uid: int = field(default_factory=os.getuid)
     gid: int = field(default_factory=os.getgid)

@@ -203,3 +203,41 @@ def test_a_flood_of_connections_never_makes_a_tier_unhealthy(kvfs_mount, tmp_pat
     out = logfile.read_text()
     assert "connections (not [client] max_connections = 1024): the descriptor limit is 320" in out
     assert "refused" in out and "is unhealthy" not in out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _gauge(port: int, name: str) -> float:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+        for line in resp.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    raise AssertionError(f"no {name} in /metrics")
+
+
+def test_the_inodes_kept_for_the_kernel_are_bounded(kvfs_mount, tmp_path):
+    """A load that writes, reads and keeps ever new names (item 10: the daemon grew with
+    every name the kernel had cached, one inode each): past max_inodes the kernel is asked
+    to forget the idlest names, the table shrinks back, and every file still reads."""
+    port = _free_port()
+    mp = kvfs_mount(
+        CONFIG.format(data=tmp_path, mount=f"metrics_port = {port}", client=""),
+        env={"KVFS_FUSE_OPTIONS": json.dumps({"max_inodes": 400})},
+    )
+    written = {}
+    for i in range(1500):
+        d = mp / "n" / f"{i % 64:02x}"
+        d.mkdir(parents=True, exist_ok=True)
+        p = d / f"f{i}"
+        p.write_bytes(i.to_bytes(4, "big") * 1024)
+        assert p.stat().st_size == 4096  # looked up: an inode the kernel holds
+        written[p] = i
+    wait_for(lambda: _gauge(port, "kvfs_fuse_inodes") <= 400 + 64 + 16, timeout=60)  # files, their dirs, a few more
+    for p, i in list(written.items())[::50]:
+        assert p.read_bytes() == i.to_bytes(4, "big") * 1024

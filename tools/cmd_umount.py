@@ -2,7 +2,10 @@
 that is done.
 
 Asks the daemon over its control socket (op ``shutdown``) and waits for the daemon
-process to exit, which it does after unmounting and flushing. A stale mount left by a
+process to exit, which it does after unmounting and flushing -- every thread of it: a
+thread blocked in the kernel in a call into a stalled filesystem keeps the process (and
+its memory) after its main thread exited, and ``kvfs umount`` says so and waits for it
+(up to ``--timeout``) rather than report a daemon gone that is not. A stale mount left by a
 killed daemon (no one answers the socket) is detached with ``fusermount3 -u -z``.
 
 Then it reads what the daemon could not do (its unmount report): blocks only in DRAM that
@@ -25,6 +28,7 @@ import time
 from kvfs.errors import KvfsError
 
 _NAMES_SHOWN = 20  # lost blocks named on the terminal (all of them are in the daemon's log)
+_STUCK_SAY = 2.0  # seconds a thread of an exiting daemon stays blocked in the kernel before it is named
 
 
 class UnmountError(KvfsError):
@@ -57,12 +61,50 @@ def _ask_shutdown(sock_path: str) -> int:
             raise UnmountError(f"the daemon refused to shut down: {exc}") from None
 
 
+def _threads(pid: int) -> list[tuple[int, str, str]]:
+    """The live threads of process *pid*: ``(tid, state, where it waits in the kernel)``.
+    A process lives while any of its threads does: after its main thread exits (a zombie)
+    one blocked in an uninterruptible call keeps it, with everything it holds."""
+    out = []
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+            with open(f"/proc/{pid}/task/{tid}/wchan") as f:
+                wchan = f.read().strip()
+        except OSError:
+            continue
+        if state not in ("Z", "X"):
+            out.append((int(tid), state, wchan))
+    return out
+
+
 def _alive(pid: int) -> bool:
+    return bool(_threads(pid))
+
+
+def _stuck(pid: int) -> str | None:
+    """Why the daemon, done with its exit path (main thread gone), has not ended: a
+    thread blocked in the kernel (a call into a stalled filesystem); None otherwise."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+            if f.read().rsplit(")", 1)[1].split()[0] != "Z":
+                return None  # still at work (flushing, unmounting)
     except OSError:
-        return False
+        return None
+    left = [t for t in _threads(pid) if t[1] == "D"]  # in an uninterruptible wait: not just finishing
+    if not left:
+        return None
+    where = ", ".join(f"thread {tid} ({state}, waiting in {wchan or '?'})" for tid, state, wchan in left)
+    return (
+        f"the daemon (pid {pid}) has unmounted and written its blocks down, but it cannot end yet: {where} "
+        "is blocked in the kernel in a call into a tier's filesystem that does not answer (a stalled shared tier); "
+        "the process ends when that filesystem answers or is unmounted"
+    )
 
 
 def _lazy_unmount(mountpoint: str) -> None:
@@ -134,8 +176,19 @@ def run(args: argparse.Namespace) -> int:
         print(f"kvfs: {mp}: the daemon did not answer ({exc.why}); detached the stale mount", file=sys.stderr)
         return 0
     deadline = time.monotonic() + args.timeout
+    said = False
+    stuck_since: float | None = None
     while _alive(pid) or mount_type(mp) == FSTYPE:
+        stuck = _stuck(pid)
         if time.monotonic() > deadline:
-            raise UnmountError(f"{mp}: the daemon (pid {pid}) did not finish flushing within {args.timeout:.0f}s")
+            raise UnmountError(
+                f"{mp}: {stuck}"
+                if stuck
+                else f"{mp}: the daemon (pid {pid}) did not finish flushing within {args.timeout:.0f}s"
+            )
+        stuck_since = (stuck_since or time.monotonic()) if stuck else None
+        if stuck and not said and time.monotonic() - stuck_since >= _STUCK_SAY:
+            print(f"kvfs: {mp}: {stuck}; waiting for it (--timeout {args.timeout:.0f}s)", file=sys.stderr)
+            said = True
         time.sleep(0.05)
     return _report(mp, pid)
