@@ -451,7 +451,7 @@ def run(args: argparse.Namespace) -> int:
         "client_puts": clients.puts,
         "client_reads": clients.reads,
         "client_misses": clients.misses,
-        "client_errors": len(clients.errors),
+        "client_errors": clients.sessions_cut,
         "close_to_open_checks": f.c2o_checks,
         "close_to_open_failures": len(f.c2o_failures),
         "listings": f.listings,
@@ -462,6 +462,7 @@ def run(args: argparse.Namespace) -> int:
         "rss_mib": [round(rss / MiB, 1) for _, rss, _ in sampler.samples],
         "rss_slope_mib_per_min": rss_slope,
         "fds": [fds for _, _, fds in steady],
+        "fds_start_end": [steady[0][2], steady[-1][2]] if steady else [],
         **store,
         "examples": (f.wrong + clients.wrong + f.c2o_failures + f.errors + clients.errors)[:10],
     }
@@ -512,7 +513,11 @@ def _print(r: dict) -> None:
             f"{r['rss_mib'][0] if r['rss_mib'] else 0} -> {r['rss_mib'][-1] if r['rss_mib'] else 0} MiB",
             "",
         ),
-        ("daemon descriptors", f"{min(fds)}-{max(fds)}", "after the warm-up"),
+        (
+            "daemon descriptors",
+            f"{min(fds)}-{max(fds)}",
+            f"after the warm-up (first and last sample: {r['fds_start_end']})",
+        ),
         ("tier errors", json.dumps(r.get("tier_errors", {})), f"unhealthy at the end: {r.get('unhealthy_at_end', [])}"),
     ]
     print(f"kvfs bench soak: {r['seconds']:.0f} s, load average {r['load']:.2f} at the start")

@@ -77,7 +77,7 @@ class Sampler:
     every: float = 10.0
     samples: list[tuple[float, int, int]] = field(default_factory=list)
 
-    def run(self, stop: threading.Event, t0: float) -> None:
+    def run(self, t0: float, stop: threading.Event) -> None:
         while not stop.is_set():
             try:
                 rss, fds = rss_fds(self.pid)
@@ -106,6 +106,7 @@ class ClientLoad:
         self.misses = 0
         self.wrong: list[str] = []
         self.errors: list[str] = []
+        self.sessions_cut = 0
         self._version = 0
 
     def worker(self, seed: int, stop: threading.Event) -> None:
@@ -113,7 +114,8 @@ class ClientLoad:
         from kvfs.errors import KvfsError
 
         rng = random.Random(seed)
-        names = [f"{self.ns}/c{seed}/{i % 16:02x}/b{i}" for i in range(48)]
+        hashes = [f"{seed:02x}{i:030x}" for i in range(48)]  # hash-shaped: published as KV events
+        names = [f"{self.ns}/{h[:2]}/{h}" for h in hashes]
         while not stop.is_set():
             try:
                 with Client(self.mp, write=True, name=f"soak {seed}") as c:
@@ -121,9 +123,12 @@ class ClientLoad:
                         if stop.is_set():
                             return
                         self._round(c, rng, names, BatchError)
-            except KvfsError as exc:  # a session cut (a flood, a limit): a fresh one
+            except KvfsError as exc:  # a session cut or refused (a flood, a limit): a fresh one, soon
                 with self.lock:
-                    self.errors.append(f"client session: {exc}")
+                    self.sessions_cut += 1
+                    if len(self.errors) < 20:
+                        self.errors.append(f"client session: {exc}")
+                stop.wait(0.2)
 
     def _round(self, c: Any, rng: random.Random, names: list[str], batch_error: type) -> None:
         batch = rng.sample(names, 6)
@@ -207,7 +212,7 @@ class Faults:
         self.log: list[str] = []
         self.flood_refused = 0
 
-    def run(self, stop: threading.Event, t0: float) -> None:
+    def run(self, t0: float, stop: threading.Event) -> None:
         i = 0
         while not stop.wait(self.every):
             kind = FAULTS[i % len(FAULTS)]
