@@ -83,6 +83,17 @@ def test_a_bad_ttl_is_a_clear_error_naming_the_field(server, kind, body, field, 
     c.close()
 
 
+@pytest.mark.parametrize("value", ["0", "0.0", "-0.0"])
+def test_a_soft_pin_of_no_time_is_a_clear_error(server, value):
+    """``kvfs bench fuzz`` found a pin with ttl 0 answered InternalError (the store's
+    ValueError): a soft pin must last some time, and the refusal names the field."""
+    c = Raw(server.socket)
+    typ, msg = _error(c.ask(f'{{"v": 2, "kind": "pin", "paths": ["a/b"], "ttl": {value}}}'.encode()))
+    assert typ == "ProtocolError" and msg.startswith("pin.ttl: ") and "not more than 0" in msg, msg
+    assert c.ask({"kind": "ping"})["kind"] == "pong"
+    c.close()
+
+
 def test_deep_nesting_wide_integers_and_huge_batches_are_refused_by_name(server):
     c = Raw(server.socket)
     typ, msg = _error(c.ask(b"[" * 200_000 + b"]" * 200_000))

@@ -85,12 +85,13 @@ class VersionMismatch(ProtocolError):
 class Bounds:
     """What a field's decoded value must keep besides its type, checked at decode (a
     frame that breaks it is a :class:`ProtocolError` naming the field): ``min``/``max``
-    for a number or each number of a list; ``items``: a list's or a mapping's most
+    for a number or each number of a list (``above``: a bound it must exceed); ``items``: a list's or a mapping's most
     entries; ``length``: a string's (or each string's of a list) most characters. Put on
     a message's field with ``field(metadata=Bounds(...).meta())``."""
 
     min: float | None = None
     max: float | None = None
+    above: float | None = None
     items: int | None = None
     length: int | None = None
     why: str = ""
@@ -124,6 +125,8 @@ class Bounds:
             return
         if self.min is not None and x < self.min:
             raise ProtocolError(f"{where}: {x!r} is less than {_num(self.min)}{hint}")
+        if self.above is not None and not x > self.above:
+            raise ProtocolError(f"{where}: {x!r} is not more than {_num(self.above)}{hint}")
         if self.max is not None and x > self.max:
             raise ProtocolError(f"{where}: {x!r} is more than {_num(self.max)}{hint}")
 
@@ -132,7 +135,7 @@ class Bounds:
         if isinstance(v, (list, tuple, dict)):
             if self.items is not None and len(v) > self.items:
                 return False
-            if not v or (self.min is None and self.max is None and self.length is None):
+            if not v or (self.min is None and self.max is None and self.above is None and self.length is None):
                 return True
             values = list(v.values()) if isinstance(v, dict) else v
             try:
@@ -147,6 +150,8 @@ class Bounds:
         if self.length is not None and max(map(len, values)) > self.length:
             return False
         if self.min is not None and min(values) < self.min:
+            return False
+        if self.above is not None and not min(values) > self.above:
             return False
         return not (self.max is not None and max(values) > self.max)
 

@@ -103,6 +103,7 @@ _MSG = {"frozen": True, "kw_only": True, "slots": True}
 # What a request's fields must keep besides their types (checked at decode: kvfs.protocol.codec.Bounds)
 _BATCH = Bounds(items=MAX_ITEMS).meta()
 _TTL = Bounds(min=0, why="seconds from now").meta()
+_PIN_TTL = Bounds(above=0, why="seconds a soft pin lasts; leave ttl out for a pin until unpinned").meta()
 _SIZES = Bounds(items=MAX_ITEMS, min=0, why="bytes").meta()
 _CHECKSUMS = Bounds(items=MAX_ITEMS, min=0, max=2**64 - 1, why="an xxh3-64 checksum").meta()
 _TEXT = Bounds(length=MAX_STRING).meta()
@@ -411,7 +412,7 @@ class Pin(Request):
     reply: ClassVar[type[Message]] = PinResult
     paths: list[str] = field(metadata=_BATCH)
     pinned: bool = True
-    ttl: float | None = field(default=None, metadata=_TTL)
+    ttl: float | None = field(default=None, metadata=_PIN_TTL)
     """A soft pin: it ends by itself after *ttl* seconds (None: until unpinned)."""
 
 
