@@ -220,6 +220,10 @@ class MountConfig:
     listing_ttl: float = 5.0
     write_buffer: int | None = None
     transport: Transport = Transport.AUTO
+    open_copies: int | None = None
+    """Bytes of daemon memory for copies of blocks read whole from persistent tiers
+    while they are open (one per version, shared by its readers; ``None``: a quarter of
+    physical memory); an open past it is ``ENOMEM``."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -268,7 +272,10 @@ class ClientConfig:
     bytes of the arena one session may hold reserved for puts at once (default: half the
     DRAM tier); ``copy_buffer``: bytes of the private buffer a session gets instead of the
     arena when a namespace's rule keeps it from mapping the arena (default:
-    ``max_reserved``)."""
+    ``max_reserved``). ``max_connections`` (in all) and ``max_connections_per_user``:
+    connections open at once (capped lower when the descriptor limit is low);
+    ``max_inflight`` (in all) and ``max_inflight_per_user``: bytes of frames received and
+    not yet answered, and of replies being sent (docs/SEMANTICS.md, "Limits")."""
 
     socket: Path | None = None
     group: str | None = None
@@ -276,6 +283,10 @@ class ClientConfig:
     lease_ttl: float = 60.0
     max_reserved: int | None = None
     copy_buffer: int | None = None
+    max_connections: int = 1024
+    max_connections_per_user: int = 64
+    max_inflight: int = 256 << 20
+    max_inflight_per_user: int = 64 << 20
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -288,6 +299,11 @@ class EventsConfig:
     zmq: str | None = None
     topic: str = ""
     block_size: int = 0
+    audience: str = "everyone"
+    """Who may subscribe, and so which block names are sent: ``everyone`` (names every
+    local user may read), ``group:NAME`` (an ``ipc://`` socket of that group: what it may
+    read), ``owner`` (an ``ipc://`` socket of the daemon's user: every name), ``all``
+    (every name, to whoever can connect)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -366,6 +382,7 @@ class Config:
 
 
 _MIN_WRITE_BUFFER = 16 << 20
+_MIN_INFLIGHT = 40 << 20  # the largest frame (kvfs.protocol.MAX_FRAME, 32 MiB) and a read's chunk, with room
 
 _KIND_CLASSES: dict[str, type[TierConfig]] = {
     "dram": DramConfig,
@@ -375,7 +392,7 @@ _KIND_CLASSES: dict[str, type[TierConfig]] = {
 }
 
 
-_POSITIVE = ("concurrency", "max_attempts")
+_POSITIVE = ("concurrency", "max_attempts", "max_connections", "max_connections_per_user")
 
 
 def _did_you_mean(word: object, choices: Iterable[str]) -> str:
@@ -405,6 +422,8 @@ def _convert(where: str, f: dataclasses.Field[Any], value: Any) -> Any:
             if value in ("unlimited", "unbounded"):
                 return None
             return parse_size(value)
+        if name == "open_copies":
+            return None if value == "auto" else parse_size(value)
         if name == "write_buffer":
             if value == "auto":
                 return None
@@ -418,7 +437,7 @@ def _convert(where: str, f: dataclasses.Field[Any], value: Any) -> Any:
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1:
                 raise ValueError("expected a share from 0 (admit every block) up to, not including, 1")
             return float(value)
-        if name in ("multipart_threshold", "max_reserved", "copy_buffer"):
+        if name in ("multipart_threshold", "max_reserved", "copy_buffer", "max_inflight", "max_inflight_per_user"):
             return parse_size(value)
         if name == "write":
             return WriteMode(value)
@@ -434,11 +453,29 @@ def _convert(where: str, f: dataclasses.Field[Any], value: Any) -> Any:
             if not isinstance(value, bool):
                 raise ValueError("expected true or false")
             return value
-        if name in ("concurrency", "max_attempts", "metrics_port", "block_size"):
+        if name in (
+            "concurrency",
+            "max_attempts",
+            "metrics_port",
+            "block_size",
+            "max_connections",
+            "max_connections_per_user",
+        ):
             if isinstance(value, bool) or not isinstance(value, int) or value < (1 if name in _POSITIVE else 0):
                 raise ValueError("expected a positive whole number")
             return value
-        if name in ("name", "bucket", "prefix", "endpoint_url", "region", "eviction", "group", "zmq", "topic"):
+        if name in (
+            "name",
+            "bucket",
+            "prefix",
+            "endpoint_url",
+            "region",
+            "eviction",
+            "group",
+            "zmq",
+            "topic",
+            "audience",
+        ):
             if not isinstance(value, str):
                 raise ValueError("expected a string")
             return value
@@ -472,6 +509,26 @@ def _build(cls: type, where: str, table: Any, skip: tuple[str, ...] = ()) -> Any
     if missing:
         raise ConfigError(f"{where}.{missing[0]}" if where else missing[0], "missing required key")
     return cls(**kwargs)
+
+
+def _check_room_below_dram(tiers: list[TierConfig]) -> None:
+    """Refuse persistent tiers that together cannot hold the DRAM tier: DRAM is exclusive
+    (a block's only copy may be there), so a clean unmount could not write every block
+    only in DRAM down and would lose some. A DRAM-only stack (no persistent tier) is a
+    cache that keeps nothing by choice: ``kvfs mount`` warns of it."""
+    dram = sum(t.capacity or 0 for t in tiers if isinstance(t, DramConfig))
+    below = [t for t in tiers if not isinstance(t, DramConfig)]
+    if not dram or not below or any(t.capacity is None for t in below):
+        return
+    room = sum(t.capacity or 0 for t in below)
+    if room < dram:
+        names = ", ".join(f"{t.name}: {format_size(t.capacity or 0)}" for t in below)
+        raise ConfigError(
+            "tiers",
+            f"the persistent tiers ({names}) are smaller than the DRAM tier ({format_size(dram)}): a clean unmount "
+            f"could not write every block only in DRAM down; give them at least {format_size(dram)} together, "
+            "or make the DRAM tier smaller",
+        )
 
 
 def parse_config(data: dict[str, Any]) -> Config:
@@ -537,6 +594,7 @@ def parse_config(data: dict[str, Any]) -> Config:
     for i, tier in enumerate(tiers):
         if isinstance(tier, DramConfig) and i != 0:
             raise ConfigError(f"tiers[{i}].kind", "a dram tier must be the first (hottest) tier")
+    _check_room_below_dram(tiers)
     policy = _build(PolicyConfig, "policy", data.get("policy", {}))
     if policy.eviction not in POLICIES:
         raise ConfigError(
@@ -551,9 +609,22 @@ def parse_config(data: dict[str, Any]) -> Config:
         raise ConfigError("client.group", "a group needs client.socket: the path of the socket to give it")
     if not 0 < client.lease_ttl <= 600:
         raise ConfigError("client.lease_ttl", "must be more than 0 and at most 600 seconds")
+    for key in ("max_inflight", "max_inflight_per_user"):
+        if getattr(client, key) < _MIN_INFLIGHT:
+            raise ConfigError(
+                f"client.{key}", f"must be at least {_MIN_INFLIGHT >> 20}MiB: one frame of the largest size"
+            )
     events = _build(EventsConfig, "events", data.get("events", {}))
     if events.zmq is not None and "://" not in events.zmq:
         raise ConfigError("events.zmq", f'{events.zmq!r} is not a ZMQ address; e.g. "tcp://127.0.0.1:5557"')
+    if events.audience not in ("everyone", "owner", "all") and not events.audience.startswith("group:"):
+        raise ConfigError("events.audience", f"{events.audience!r} is not one of everyone, owner, all, group:NAME")
+    if events.audience.startswith(("owner", "group:")) and not (events.zmq or "").startswith("ipc://"):
+        raise ConfigError(
+            "events.audience",
+            f"{events.audience!r} needs an ipc:// address (a socket file kvfs gives that audience): any local user "
+            f"can connect to {events.zmq!r}",
+        )
     namespaces = _parse_namespaces(data.get("namespaces", []), [t.name for t in tiers])
     cluster = None if "cluster" not in data else _parse_cluster(data["cluster"], tiers)
     return Config(

@@ -85,6 +85,27 @@ class TierUnavailable(KvfsError):
     """
 
 
+class DescriptorsExhausted(TierUnavailable):
+    """Raised when a tier's call failed because the daemon is out of file descriptors
+    (``EMFILE``, ``ENFILE``): the daemon's limit, not the tier's fault. The tier stays
+    healthy (the health breaker ignores it) and the call fails alone (``EMFILE`` on the
+    mount); the daemon keeps descriptors in reserve for its tiers (docs/SEMANTICS.md,
+    "Limits")."""
+
+
+class LimitReached(KvfsError):
+    """Raised when a request would take a bounded resource of the daemon past its limit:
+    connections (per user, in all), bytes of frames in flight, memory for copies of blocks
+    held open. The message names the limit, its value and what to do; nothing of the
+    request was done."""
+
+
+class OutOfMemory(LimitReached):
+    """Raised when opening a block would take the daemon's memory for open copies of
+    blocks read from persistent tiers past ``[mount] open_copies`` (``ENOMEM`` on the
+    mount): close some, or raise the limit."""
+
+
 class NotADirectory(KvfsError):
     """Raised when a path component that must be a directory is a block."""
 

@@ -18,6 +18,8 @@ import logging
 import threading
 from collections.abc import Callable
 
+from .errors import DescriptorsExhausted
+
 __all__ = ["HealthBreaker"]
 
 log = logging.getLogger("kvfs.store")
@@ -59,7 +61,10 @@ class HealthBreaker:
         return self.healthy
 
     def failed(self, exc: BaseException) -> None:
-        """A call raised *exc* (a TierUnavailable): count it, mark the tier unhealthy."""
+        """A call raised *exc* (a TierUnavailable): count it, mark the tier unhealthy --
+        unless the daemon was out of file descriptors, which says nothing of the tier."""
+        if isinstance(exc, DescriptorsExhausted):
+            return
         with self._lock:
             self.errors += 1
             was = self.healthy

@@ -18,6 +18,7 @@ nothing else can collide.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import NewType
 
 from .errors import InvalidName
@@ -32,6 +33,7 @@ __all__ = [
     "is_reserved",
     "is_under",
     "normalize",
+    "normalize_valid",
     "parent_of",
     "split",
 ]
@@ -79,6 +81,17 @@ def normalize(path: str) -> BlockName:
     if len(name.encode()) > _MAX_PATH:
         raise InvalidName(f"{path[:60]!r}…: the path is longer than {_MAX_PATH} bytes")
     return BlockName(name)
+
+
+def normalize_valid(paths: Iterable[str]) -> list[BlockName]:
+    """Each of *paths* that is a valid name, normalized; the invalid ones are skipped."""
+    out = []
+    for p in paths:
+        try:
+            out.append(normalize(p))
+        except InvalidName:
+            continue
+    return out
 
 
 def parent_of(name: str) -> BlockName:

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from .backlog import WriteThroughQueue
 from .catalog import BlockRecord, Catalog
-from .errors import BlockCorrupt, BlockNotFound, NoSpace, StoreBusy, TierFull, TierUnavailable
+from .errors import BlockCorrupt, BlockNotFound, DescriptorsExhausted, NoSpace, StoreBusy, TierFull, TierUnavailable
 from .events import EventKind, EventLog
 from .namespaces import Namespaces, NamespaceState, PartitionedPolicy
 from .policies import EvictionPolicy
@@ -301,6 +301,8 @@ class Placement:
         # renamed while read (or being renamed: moving, both names held): a missing file,
         # or a header already naming the new name, says nothing about the copy; bytes
         # that were read are still the block's. (A demotion sets moving but holds nothing.)
+        if isinstance(error, DescriptorsExhausted):
+            raise error  # the daemon's limit, not the copy's or the tier's: the read fails alone
         renamed = rec.name != name or (rec.moving & slot.bit and slot.is_busy(name))
         if isinstance(error, (BlockNotFound, BlockCorrupt)) and renamed:
             return None

@@ -9,6 +9,7 @@ shared tier never stalls the caller.
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING
 
 from .errors import BlockCorrupt, BlockNotFound, IsADirectory, StoreBusy, TierUnavailable
@@ -24,6 +25,12 @@ if TYPE_CHECKING:
 __all__ = ["Renames"]
 
 log = logging.getLogger("kvfs.store")
+
+_BUSY_WAIT = 10.0  # seconds a rename waits for a busy copy of either name before it gives up
+
+
+class _CopyBusy(StoreBusy):
+    """A copy a rename must move is busy now (its move to or from another tier)."""
 
 
 class Renames:
@@ -64,8 +71,20 @@ class Renames:
         Local copies are renamed in place (a DRAM entry under the lock, a disk file with
         the lock let go); shared copies are deleted under the old name and written under
         the new one in the background, unless the block has no local copy, when they are
-        renamed now (outside the lock).
+        renamed now (outside the lock). A local copy of either name that is busy (being
+        copied to another tier, say) is waited for, up to :data:`_BUSY_WAIT` seconds;
+        where waiting is forbidden (``Store.nowait``) it is :class:`StoreBusy` at once.
         """
+        deadline = time.monotonic() + _BUSY_WAIT
+        while True:
+            try:
+                return self._rename(old, new)
+            except _CopyBusy:
+                if self.store.placement.waiting_forbidden or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)  # a copy's move takes a file write: it ends soon
+
+    def _rename(self, old: str, new: str) -> None:
         old, new = normalize(old), normalize(new)
         check_creatable(new)
         src, dst = self.store.namespaces.of(old), self.store.namespaces.of(new)
@@ -93,7 +112,7 @@ class Renames:
             for slot in moves:
                 p.require_io(slot.index, "renaming a copy")
                 if slot.is_busy(old) or slot.is_busy(new):
-                    raise StoreBusy(f"the copy of {old!r} or {new!r} in {slot.name!r} is in use; try again", slot.index)
+                    raise _CopyBusy(f"the copy of {old!r} or {new!r} in {slot.name!r} is in use; try again", slot.index)
             if self.store.catalog.get(new) is None:
                 self.store.catalog.ensure_dir(parent_of(new))
             moved = self._rename_copies(rec, old, new, moves)

@@ -68,6 +68,7 @@ from .namespaces import (
     NamespaceState,
     NamespaceStatistics,
 )
+from .opencopies import OpenCopies
 from .peers import Elsewhere
 from .placement import Placement
 from .policies import EvictionPolicy, Hint, make_policy
@@ -116,6 +117,8 @@ class Store:
     0, the daemon's setting, never waits. *namespaces* are the ``[[namespaces]]`` of the
     config (quotas, access, retention; docs/tenants.md); *owner* is ``(uid, gid)`` for
     their rules' owner or group when the config leaves one out (the mounting user).
+    *open_copies* bounds the memory of copies :meth:`open` reads from persistent tiers
+    (:mod:`kvfs.opencopies`).
     """
 
     def __init__(
@@ -132,6 +135,7 @@ class Store:
         lease_clock: Callable[[], float] = time.monotonic,
         namespaces: Sequence[NamespaceConfig] = (),
         owner: tuple[int, int] | None = None,
+        open_copies: int | None = None,
     ) -> None:
         if not tiers:
             raise ValueError("a store needs at least one tier")
@@ -145,6 +149,7 @@ class Store:
             for i, t in enumerate(self.tiers)
         ]
         self.catalog = Catalog(len(self.slots))
+        self.copies = OpenCopies(self.catalog, open_copies)  # what Store.open reads from persistent tiers
         self.events = EventLog()
         self.queue = WriteThroughQueue()
         uid, gid = owner if owner is not None else (os.getuid(), os.getgid())
@@ -345,7 +350,7 @@ class Store:
         readable: never partial or wrong bytes; :class:`TierUnavailable` when the only
         copies are in tiers that do not answer now.
         """
-        return self._read(name, count_hit, _open, _unpack_ref)
+        return self._read(name, count_hit, self.copies.fetch, _unpack_ref)
 
     def read_into(self, name: str, out: Any) -> int:
         """Copy the block into the writable buffer *out*; returns its length. Copies from
@@ -784,10 +789,6 @@ class Store:
         self.shared.close()
         for slot in self.slots:
             slot.close()
-
-
-def _open(tier: Tier, name: str) -> BlockRef:
-    return tier.open(name)
 
 
 def _unpack_ref(ref: BlockRef) -> tuple[memoryview, int]:

@@ -21,15 +21,31 @@ must ask one, the wait is this deadline.
 from __future__ import annotations
 
 import abc
+import errno
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar, Self
 
 from .config import TierConfig, TierKind
+from .errors import DescriptorsExhausted, TierUnavailable
 from .names import TierName
 
-__all__ = ["BackingFile", "BlockInfo", "BlockRef", "HeldChange", "Location", "StoredObject", "Tier"]
+__all__ = ["BackingFile", "BlockInfo", "BlockRef", "HeldChange", "Location", "StoredObject", "Tier", "os_error"]
+
+_NO_DESCRIPTORS = (errno.EMFILE, errno.ENFILE)
+
+
+def os_error(what: str, exc: OSError) -> TierUnavailable:
+    """The error a tier raises for *exc* from its backend (*what*: the tier and the call):
+    :class:`~kvfs.errors.DescriptorsExhausted` when the process is out of descriptors
+    (the daemon's limit, never the tier's fault), else :class:`TierUnavailable`."""
+    if exc.errno in _NO_DESCRIPTORS:
+        return DescriptorsExhausted(
+            f"{what} failed: the daemon is out of file descriptors ({exc.strerror}); its connections are capped "
+            "to keep a reserve for the tiers: raise the daemon's RLIMIT_NOFILE (ulimit -n) or close clients"
+        )
+    return TierUnavailable(f"{what} failed: {exc}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,6 +45,7 @@ def open_store(config: Config, **kwargs: Any) -> Store:
     try:
         kwargs.setdefault("negative_ttl", config.mount.negative_ttl)
         kwargs.setdefault("listing_ttl", config.mount.listing_ttl)
+        kwargs.setdefault("open_copies", config.mount.open_copies)
         return Store(tiers, policy=config.policy, namespaces=config.namespaces, **kwargs)
     except BaseException:
         for t in reversed(tiers):

@@ -29,22 +29,36 @@ CHUNK = 1 << 20
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
+_M_ARENA_MAX = -8
 
 
-def keep_freed_memory(mmap_threshold: int = 32 << 20, trim_threshold: int = 128 << 20) -> bool:
-    """Make glibc's malloc keep freed memory for reuse instead of returning it at once.
+def keep_freed_memory(mmap_threshold: int = 32 << 20, trim_threshold: int = 128 << 20, arena_max: int = 2) -> bool:
+    """Make glibc's malloc keep freed memory for reuse instead of returning it at once,
+    in at most *arena_max* arenas.
 
     Every FUSE write arrives as a fresh ``bytes`` of up to 1 MiB, and every seal joins a
     block; by default glibc serves such sizes with fresh ``mmap``s (or trims them off the
     heap when freed), so each block costs the daemon a page fault per 4 KiB, which was
     two thirds of the time of writing a 2 MiB block (docs/benchmarks-fuse.md). Allocations
     below *mmap_threshold* come from the heap, and up to *trim_threshold* bytes of freed
-    heap stay mapped, warm. Returns False where this is not glibc (nothing changes)."""
+    heap stay mapped, warm.
+
+    glibc also gives each thread that allocates an arena of its own (up to 8 per core),
+    each keeping its freed memory: with the daemon's many threads (FUSE, the store's
+    workers, the tiers' pools) its RSS climbed with every burst they served -- 2.7 MiB/min
+    over a 30-minute ``kvfs bench soak``, in steps at its faults, into 15 arenas (issue
+    20, item 10). Two arenas held it flat (+0.3 MiB/min, 148 MiB against 300): the
+    interpreter serializes most allocation anyway. Returns False where this is not glibc
+    (nothing changes)."""
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
         return False
-    ok = mallopt(_M_MMAP_THRESHOLD, mmap_threshold) == 1 and mallopt(_M_TRIM_THRESHOLD, trim_threshold) == 1
+    ok = (
+        mallopt(_M_MMAP_THRESHOLD, mmap_threshold) == 1
+        and mallopt(_M_TRIM_THRESHOLD, trim_threshold) == 1
+        and mallopt(_M_ARENA_MAX, arena_max) == 1
+    )
     if not ok:  # pragma: no cover - glibc accepts these values
         log.info("mallopt refused the thresholds; freed buffers go back to the kernel")
     return ok

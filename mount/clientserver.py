@@ -83,9 +83,9 @@ log = logging.getLogger("kvfs.mount.client")
 T = TypeVar("T")
 
 _RESERVE_TTL = 30.0  # seconds a reservation may wait for its commit
-_MAX_NAMES = 65536  # names one lease or reserve may carry (a batch, not a scan)
 _COPY_BUFFER = 64 << 20  # a copy buffer's size where [client] sets none and the mount takes no puts
-_ON_LOOP = 4096  # names a lookup or lease answers on the loop; more go to a worker thread
+_ON_LOOP = 4096  # names or ids a request handles on the loop; more go to a worker thread
+_BIG_WORKERS = 2  # worker threads for big batches, all sessions together (the others queue)
 
 
 def _wire(exc: BaseException) -> WireError:
@@ -140,6 +140,7 @@ class ClientOps:
         self.copy_buffer = config.copy_buffer or self.max_reserved or _COPY_BUFFER
         self._arena_rw: memoryview | None = None  # the arena file, writable: puts of copy-buffer sessions
         self.lease_ttl = min(config.lease_ttl, MAX_TTL)
+        self._big: trio.CapacityLimiter | None = None  # made on the loop, at the first big batch
 
     # -- the session ---------------------------------------------------------------------
 
@@ -206,13 +207,21 @@ class ClientOps:
         """*fn(names)* on the loop when the batch is small enough to hold the store's lock
         briefly, else in a worker thread (the FUSE loop never waits behind a big batch)."""
         if len(names) > _ON_LOOP:
-            return await trio.to_thread.run_sync(functools.partial(fn, names, **kwargs))
+            return await self._in_worker(functools.partial(fn, names, **kwargs))
         return await call_store(self.store, fn, names, **kwargs)
 
-    @staticmethod
-    def _capped(what: str, names: list[str]) -> None:
-        if len(names) > _MAX_NAMES:
-            raise ProtocolError(f"{what}: {len(names)} names in one request, at most {_MAX_NAMES}; split the batch")
+    async def _sized(self, n: int, fn: Callable[[], T]) -> T:
+        """*fn()*, the part of a request of *n* names or ids that runs at memory speed: on
+        the loop for a small batch, in a worker thread for a big one."""
+        return fn() if n <= _ON_LOOP else await self._in_worker(fn)
+
+    async def _in_worker(self, fn: Callable[[], T]) -> T:
+        """*fn()* in a worker thread under the limiter of big batches: however many
+        sessions send big batches, they share a few threads and wait their turn, while
+        the loop (FUSE, every other client) goes on."""
+        if self._big is None:
+            self._big = trio.CapacityLimiter(_BIG_WORKERS)
+        return await trio.to_thread.run_sync(fn, limiter=self._big)
 
     async def _settle(self, names: list[str]) -> None:
         if self.mount is not None:
@@ -243,7 +252,6 @@ class ClientOps:
     async def op_lease(self, conn: Connection, req: Lease) -> Leased:
         if req.promote not in Promote.ALL:
             raise ProtocolError(f"lease.promote: {req.promote!r} is not one of {', '.join(Promote.ALL)}")
-        self._capped("lease", req.names)
         promote = req.promote
         names = _allowed(req.names, conn.refused)
         await self._settle(names)
@@ -252,9 +260,15 @@ class ClientOps:
         leased = await self._batch(
             self.store.lease_many, names, ttl=self._ttl(req.ttl), promote=promote, count_hits=req.count_hits
         )
-        results = _spread(conn.refused, len(req.names), leased, lambda e: e)
+        refused, n = conn.refused, len(req.names)
+        results = await self._sized(n, lambda: _spread(refused, n, leased, lambda e: e))
         if conn.session.copies is not None:
             results = await trio.to_thread.run_sync(self._copy_out, conn.session, results)
+        return await self._sized(n, functools.partial(self._leased, conn.session, results))
+
+    def _leased(self, s: Session, results: list[StoreLease | KvfsError]) -> Leased:
+        """The reply to a lease: a grant per lease taken (now held by session *s*), an
+        error per name that failed."""
         now = self.store.leases.clock()
         grants: list[Grant | None] = []
         errors: list[WireError | None] = []
@@ -265,8 +279,8 @@ class ClientOps:
                 continue
             loc = r.location
             assert loc is not None  # local copies (DRAM, disk) always have a place
-            conn.session.leases.add(r.id)
-            slot = conn.session.copy_slots.get(r.id)
+            s.leases.add(r.id)
+            slot = s.copy_slots.get(r.id)
             grants.append(
                 Grant(
                     id=r.id,
@@ -420,24 +434,38 @@ class ClientOps:
         return [i for i in ids if i in held]
 
     async def op_release(self, conn: Connection, req: Release) -> Released:
+        s = conn.session
+
+        def release() -> int:
+            ids = self._own(conn, req.ids)
+            s.leases.difference_update(ids)
+            s.free_slots(leases=ids)
+            return self.store.leases.release_many(ids)
+
+        if len(req.ids) > _ON_LOOP:
+            return Released(count=await self._in_worker(release))
         ids = self._own(conn, req.ids)
-        conn.session.leases.difference_update(ids)
-        conn.session.free_slots(leases=ids)
-        n = await call_store(self.store, self.store.leases.release_many, ids)
-        return Released(count=n)
+        s.leases.difference_update(ids)
+        s.free_slots(leases=ids)
+        return Released(count=await call_store(self.store, self.store.leases.release_many, ids))
 
     async def op_renew(self, conn: Connection, req: Renew) -> Renewed:
         ttl = self._ttl(req.ttl)
-        now = self.store.leases.clock()
-        held = conn.session.leases
-        out: list[float | None] = []
-        for i in req.ids:
-            expires = self.store.leases.renew(i, ttl) if i in held else None
-            if expires is None and i in held:  # it ended by its deadline: so does its slot
-                held.discard(i)
-                conn.session.free_slots(leases=[i])
-            out.append(None if expires is None else expires - now)
-        return Renewed(ttls=out)
+        s = conn.session
+
+        def renew() -> Renewed:
+            now = self.store.leases.clock()
+            held = s.leases
+            out: list[float | None] = []
+            for i in req.ids:
+                expires = self.store.leases.renew(i, ttl) if i in held else None
+                if expires is None and i in held:  # it ended by its deadline: so does its slot
+                    held.discard(i)
+                    s.free_slots(leases=[i])
+                out.append(None if expires is None else expires - now)
+            return Renewed(ttls=out)
+
+        return await self._sized(len(req.ids), renew)
 
     async def op_suspect(self, conn: Connection, req: Suspect) -> SuspectResult:
         if req.lease not in conn.session.leases:
@@ -463,35 +491,38 @@ class ClientOps:
         return s
 
     async def op_reserve(self, conn: Connection, req: Reserve) -> Reserved:
+        """Reserve an extent per name (all or none, but names a rule refused fail alone),
+        in a worker thread: making room may evict, and a batch may be long."""
         s = self._writer(conn)
-        self._capped("reserve", req.names)
         n = len(req.names)
         if len(req.sizes) != n or (req.parents and len(req.parents) != n):
             raise ProtocolError("reserve: names, sizes and parents must be lists of the same length")
-        for name, size in zip(req.names, req.sizes):
-            if size < 0:
-                raise ProtocolError(f"reserve: {name!r} has a negative size ({size})")
-            if size > self.max_put:
-                raise NoSpace(
-                    f"a put of {name!r} ({size} bytes) is larger than this mount takes from a client "
-                    f"({self.max_put} bytes: [client] max_reserved, at most the DRAM tier); write it through the mount"
-                )
         refused = conn.refused
-        parents = req.parents or [None] * n
-        todo = [t for i, t in enumerate(zip(req.names, req.sizes, parents)) if i not in refused]
-        total = sum(size for _, size, _ in todo)
-        if s.reserved_bytes + total > self.max_reserved:
-            raise NoSpace(
-                f"this session would hold {s.reserved_bytes + total} bytes reserved, more than the "
-                f"{self.max_reserved} bytes one session may ([client] max_reserved); commit or abort first, or put fewer at once"
-            )
-
         copies = s.copies
 
-        def reserve_all() -> list[tuple[Reservation, int]]:
+        def check() -> list[tuple[str, int, str | None]]:
+            for name, size in zip(req.names, req.sizes, strict=True):
+                if size > self.max_put:
+                    raise NoSpace(
+                        f"a put of {name!r} ({size} bytes) is larger than this mount takes from a client "
+                        f"({self.max_put} bytes: [client] max_reserved, at most the DRAM tier); "
+                        "write it through the mount"
+                    )
+            parents = req.parents or [None] * n
+            todo = [t for i, t in enumerate(zip(req.names, req.sizes, parents)) if i not in refused]
+            total = sum(size for _, size, _ in todo)
+            if s.reserved_bytes + total > self.max_reserved:
+                raise NoSpace(
+                    f"this session would hold {s.reserved_bytes + total} bytes reserved, more than the "
+                    f"{self.max_reserved} bytes one session may ([client] max_reserved); commit or abort first, "
+                    "or put fewer at once"
+                )
+            return todo
+
+        def reserve_all() -> Reserved:
             made: list[tuple[Reservation, int]] = []
             try:
-                for name, size, parent in todo:
+                for name, size, parent in check():
                     r = self.store.reserve(name, size, parent=parent, ttl=_RESERVE_TTL)
                     off = r.location.offset
                     if copies is not None:  # the client writes a slot of its copy buffer; commit copies it in
@@ -511,57 +542,75 @@ class ClientOps:
                     if copies is not None:
                         copies.give_back(off)
                 raise
-            return made
+            now = self.store.ingest.clock()
+            for r, off in made:  # held by the session from here: given back when it ends
+                s.reservations[r.id] = r
+                if copies is not None:
+                    s.put_slots[r.id] = off
+            return Reserved(
+                slots=[Slot(id=r.id, offset=off, length=r.size, ttl=r.expires - now) for r, off in made],
+                errors=_spread(refused, n, [None] * len(made), _wire) if refused else [],
+            )
 
-        made = await trio.to_thread.run_sync(reserve_all)
-        now = self.store.ingest.clock()
-        for r, off in made:
-            s.reservations[r.id] = r
-            if copies is not None:
-                s.put_slots[r.id] = off
-        return Reserved(
-            slots=[Slot(id=r.id, offset=off, length=r.size, ttl=r.expires - now) for r, off in made],
-            errors=_spread(refused, n, [None] * len(made), _wire) if refused else [],
-        )
-
-    def _reservations(self, conn: Connection, ids: list[int]) -> list[Reservation]:
-        s = self._writer(conn)
-        out = []
-        for i in ids:
-            r = s.reservations.pop(i, None)
-            if r is None:
-                raise LeaseEnded(f"reservation {i} is not held by this session (committed, aborted or never made)")
-            out.append(r)
-        return out
+        if n > _ON_LOOP:
+            return await self._in_worker(reserve_all)
+        return await trio.to_thread.run_sync(reserve_all)
 
     async def op_commit(self, conn: Connection, req: Commit) -> Committed:
+        """Seal each reservation named, on its own: an id the session does not hold, or one
+        named a second time, fails alone (the others are committed); a reservation whose
+        commit fails is given back. Nothing leaves the session before it was handled, so
+        whatever an error leaves behind is given back when the session ends."""
         if len(req.checksums) != len(req.ids):
             raise ProtocolError("commit: ids and checksums must be lists of the same length")
-        todo = self._reservations(conn, req.ids)
-        s = conn.session
+        s = self._writer(conn)
+        errors: list[WireError | None] = [None] * len(req.ids)
+        published: list[str] = []
 
-        def commit_all() -> list[WireError | None]:
-            out: list[WireError | None] = []
-            for r, csum in zip(todo, req.checksums):
+        def commit_all() -> None:
+            seen: set[int] = set()
+            for i, (rid, csum) in enumerate(zip(req.ids, req.checksums, strict=True)):
+                r = s.reservations.get(rid)
+                if rid in seen:
+                    errors[i] = _wire(
+                        ProtocolError(f"commit: reservation {rid} is named twice; the first is committed")
+                    )
+                    continue
+                seen.add(rid)
+                if r is None:
+                    errors[i] = _wire(
+                        LeaseEnded(f"reservation {rid} is not held by this session (committed, aborted or never made)")
+                    )
+                    continue
+                done = False
                 try:
                     if s.copies is not None:  # into the arena extent only the daemon reaches; then verified there
                         self._copy_in(s.copies, s.put_slots[r.id], r)
                     self.store.commit(r, csum)
-                    out.append(None)
+                    done = True
+                    published.append(r.name)
                 except KvfsError as exc:
-                    self.store.abort(r)  # a commit refused before it claimed the extent leaves it reserved
-                    out.append(_wire(exc))
+                    errors[i] = _wire(exc)
                 finally:
+                    if not done:
+                        self.store.abort(r)  # a commit refused before it claimed the extent leaves it reserved
+                    s.reservations.pop(r.id, None)
                     s.free_slots(reservations=[r.id])
-            return out
 
-        errors = await trio.to_thread.run_sync(commit_all)
-        if self.mount is not None:
-            await self.mount.published_outside([r.name for r, e in zip(todo, errors, strict=True) if e is None])
+        if len(req.ids) > _ON_LOOP:
+            await self._in_worker(commit_all)
+        else:
+            await trio.to_thread.run_sync(commit_all)
+        if self.mount is not None and published:
+            await self.mount.published_outside(published)
         return Committed(errors=errors)
 
     async def op_abort(self, conn: Connection, req: Abort) -> Aborted:
-        todo = self._reservations(conn, req.ids)
-        conn.session.free_slots(reservations=[r.id for r in todo])
+        """Give back each reservation named that the session holds (once, however often it
+        is named); ids it does not hold are skipped, as a release skips leases. ``count``:
+        how many were given back."""
+        s = self._writer(conn)
+        todo = [s.reservations.pop(i) for i in dict.fromkeys(req.ids) if i in s.reservations]
+        s.free_slots(reservations=[r.id for r in todo])
         n = await trio.to_thread.run_sync(lambda: sum(self.store.abort(r) for r in todo))
         return Aborted(count=n)

@@ -29,8 +29,7 @@ import grp
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,11 +37,11 @@ import trio
 
 from kvfs import __version__
 from kvfs.config import ClientConfig
-from kvfs.errors import BlockNotFound, KvfsError
-from kvfs.events import Event
+from kvfs.errors import BlockNotFound, KvfsError, LimitReached
 from kvfs.names import normalize
 from kvfs.policies import Hint
 from kvfs.protocol import (
+    MAX_VALUES,
     Advise,
     Advised,
     ControlError,
@@ -94,7 +93,9 @@ from kvfs.protocol import (
 from kvfs.store import LastCopy, Pinned, Store
 
 from .clientserver import ClientOps, MountSide
-from .session import AccessPolicy, Connection, Peer, Session, call_store, is_request
+from .eventhub import EventHub, Gap
+from .limits import PeerLimits
+from .session import AccessPolicy, Connection, Peer, Session, batch_size, call_store, is_request
 
 __all__ = ["ControlError", "ControlHandler", "EventHub", "Server", "SubscriberTooSlow", "serve"]
 
@@ -106,69 +107,7 @@ _EVENT_POLL = 0.02  # seconds between drains of the store's event queue while so
 _EVENT_IDLE_DRAIN = 1.0  # with no subscriber: the queue is emptied (nobody's events) this often
 _MAX_ADVICE = 65536  # names one hint may carry
 _ADVICE_ON_LOOP = 4096  # names a hint handles on the loop when the store's lock is free
-
-
-class EventHub:
-    """Fan-out of block events: every subscriber gets every published event, in order.
-
-    Each subscriber has its own bounded buffer (*buffer* events). A subscriber that falls
-    that far behind is cut off (its channel closed) instead of slowing the others. The
-    buffer must also hold one publish's burst: :meth:`ControlHandler.pump_events` drains
-    every 20 ms while anyone subscribes, so 10k events keep up with 500k events/s.
-    """
-
-    def __init__(self, buffer: int = 10_000) -> None:
-        self.buffer = buffer
-        self._subs: dict[trio.MemorySendChannel[Event], bool] = {}  # channel -> cut off
-        self._after: dict[trio.MemorySendChannel[Event], int] = {}  # channel -> last seq it must not get
-        self._joined = trio.Event()  # set when a subscriber joins
-
-    @property
-    def subscribers(self) -> int:
-        """Subscribers receiving events (not counting any cut off but not yet gone)."""
-        return sum(1 for cut in self._subs.values() if not cut)
-
-    @contextmanager
-    def subscribe(self, after: int = 0) -> Iterator[trio.MemoryReceiveChannel[Event]]:
-        """A channel receiving every event published while the ``with`` block is open
-        whose ``seq`` is above *after* (the store's :attr:`~kvfs.events.EventLog.seq` when
-        subscribing: nothing that happened before)."""
-        send, receive = trio.open_memory_channel[Event](self.buffer)
-        self._subs[send] = False
-        self._after[send] = after
-        self._joined.set()
-        try:
-            yield receive
-        finally:
-            self._subs.pop(send, None)
-            self._after.pop(send, None)
-            send.close()
-            receive.close()
-
-    async def until_subscribed(self) -> None:
-        """Return once someone subscribes (at once if someone does)."""
-        while not self.subscribers:
-            if self._joined.is_set():
-                self._joined = trio.Event()
-            await self._joined.wait()
-
-    def publish(self, events: list[Event]) -> None:
-        for send in list(self._subs):
-            if self._subs[send]:
-                continue
-            after = self._after.get(send, 0)
-            for ev in events:
-                if ev.seq <= after:
-                    continue
-                try:
-                    send.send_nowait(ev)
-                except trio.WouldBlock:
-                    log.warning("an events subscriber fell %d events behind; cutting it off", self.buffer)
-                    self._subs[send] = True
-                    send.close()
-                    break
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    break
+_ENCODE_ON_LOOP = 4096  # names or ids of a request whose reply is encoded on the loop; more in a worker thread
 
 
 class _Progress:
@@ -372,6 +311,10 @@ class ControlHandler:
             return await trio.to_thread.run_sync(apply)
         except ValueError as exc:
             raise ControlError(str(exc)) from exc
+        except KeyError:  # nothing to set, and no namespace there to show
+            raise ControlError(
+                f"{req.name or '/'}: not a namespace; give a quota (or a retention) to make one"
+            ) from None
 
     async def op_top(self, conn: Connection, req: Top) -> TopResult:
         """A snapshot for ``kvfs top``: wall time, store statistics, events lost by the
@@ -507,8 +450,10 @@ class ControlHandler:
     async def op_events(self, conn: Connection, req: Events) -> None:
         """Stream an :class:`EventItem` for every block event from now on, until the
         client hangs up (noticed at once, even with no events flowing). A client that
-        falls too far behind gets a :class:`SubscriberTooSlow` error."""
+        falls too far behind gets, after the events it was sent, a
+        :class:`SubscriberTooSlow` error saying how many it lost."""
         hung_up = False
+        lost = 0
 
         async def until_hangup(cancel: trio.CancelScope) -> None:
             # The client sends nothing more; EOF means it is gone. Noticing that now,
@@ -519,18 +464,23 @@ class ControlHandler:
             cancel.cancel()
 
         owner = conn.session.owner
-        with self.hub.subscribe(after=self.store.events.seq) as events:
+        with self.hub.subscribe(cut_off=True, after=self.store.events.seq) as events:
             await conn.send(Subscribed())
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(until_hangup, nursery.cancel_scope)
-                async for ev in events:
-                    if owner or self.access.may_read(conn.peer, ev.name):  # never another tenant's names
-                        await conn.send(EventItem(event=ev))
-                nursery.cancel_scope.cancel()  # the hub cut us off: stop watching
+                while not lost:
+                    for ev in await events.receive():
+                        if isinstance(ev, Gap):
+                            lost = events.lost
+                            break
+                        if owner or self.access.may_read(conn.peer, ev.name):  # never another tenant's names
+                            await conn.send(EventItem(event=ev))
+                nursery.cancel_scope.cancel()  # it fell behind: stop watching
         if hung_up:
             return
         raise SubscriberTooSlow(
-            f"this subscriber fell more than {self.hub.buffer} events behind and was cut off; events were lost"
+            f"this subscriber fell more than {self.hub.buffer} events behind and was cut off; "
+            f"{lost} events were lost; subscribe again (and read faster)"
         )
 
     async def pump_events(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -568,9 +518,11 @@ class Server:
         access: AccessPolicy | None = None,
         mount: MountSide | None = None,
         origin: str = "",
+        limits: PeerLimits | None = None,
     ) -> None:
         self.store = store
         self.config = client
+        self.limits = limits if limits is not None else PeerLimits(client)
         self.access = access or AccessPolicy(group_writes=client.group_writes, store=store)
         self.control = ControlHandler(store, mountpoint, opstats, self.access, mount, origin=origin)
         self.clients = ClientOps(store, mountpoint, client, self.access, mount)
@@ -590,8 +542,10 @@ class Server:
         conn.refused = self.access.authorize(conn.peer, request)
 
     async def _answer(self, conn: Connection, frame: bytes) -> None:
+        big = False
         try:
-            request = is_request(decode(frame))
+            request = is_request(decode(frame, max_values=MAX_VALUES))
+            big = batch_size(request) > _ENCODE_ON_LOOP
             self.authorize(conn, request)
             op = self._ops[request.kind]
             reply = await op(conn, request)
@@ -605,19 +559,31 @@ class Server:
             await conn.send_error(InternalError(f"internal error: {exc!r}"))
             return
         if reply is not None:
-            await conn.send(reply)
+            await conn.send(reply, big=big)
 
     async def serve_connection(self, stream: trio.SocketStream) -> None:
         """Serve one accepted connection until the peer hangs up; then give back what its
         session holds (leases, reservations)."""
         peer = Peer.of_socket(stream.socket)  # type: ignore[arg-type]  # a trio socket has getsockopt
-        conn = Connection(stream, Session(peer=peer, owner=self.access.is_owner(peer)))
+        conn = Connection(stream, Session(peer=peer, owner=self.access.is_owner(peer)), self.limits)
+        try:
+            self.limits.admit(peer.uid)
+        except LimitReached as exc:  # answered and closed at once: its descriptor is back
+            n = self.limits.refused
+            if n & (n - 1) == 0:  # the 1st, 2nd, 4th, 8th...: a flood does not flood the log
+                log.warning("connection of pid %s (uid %d) refused (%d so far): %s", peer.pid, peer.uid, n, exc)
+            async with stream:
+                with trio.move_on_after(1):
+                    await conn.send_error(exc)
+            return
         try:
             async with stream:
                 while True:
                     try:
                         frame = await conn.receive()
-                    except ProtocolError as exc:  # a frame over the limit: the stream is lost
+                    except (ProtocolError, LimitReached) as exc:  # the stream is lost
+                        if isinstance(exc, LimitReached):
+                            log.warning("connection of pid %s (uid %d) closed: %s", peer.pid, peer.uid, exc)
                         await conn.send_error(exc)
                         return
                     if frame is None:
@@ -626,6 +592,8 @@ class Server:
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the client hung up mid-reply (how ``events`` normally ends)
         finally:
+            conn.close()
+            self.limits.leave(peer.uid)
             if conn.session.holds_anything:
                 with trio.CancelScope(shield=True):
                     await trio.to_thread.run_sync(conn.session.close, self.store)

@@ -172,13 +172,22 @@ async def _serve(ops, store, mountpoint: str, sock: Path, on_ready, config: Conf
     import trio
 
     from .control import Server, serve
+    from .limits import PeerLimits
 
-    server = Server(store, mountpoint, opstats=ops.opstats, client=config.client, mount=ops, origin=config.origin)
+    limits = PeerLimits(config.client)  # under the descriptor limit raised at start (raise_nofile)
+    server = Server(
+        store, mountpoint, opstats=ops.opstats, client=config.client, mount=ops, origin=config.origin, limits=limits
+    )
     publisher = None
     if config.events.zmq is not None:  # bound before anything starts: a bad address fails the mount
-        from .kv_events import KvEventPublisher
+        from .kv_events import Audience, KvEventPublisher
 
-        publisher = KvEventPublisher(config.events.zmq, topic=config.events.topic)
+        def rule_of(name: str) -> Any:
+            ns = store.namespaces.of(name)
+            return None if ns is None else ns.access
+
+        audience = Audience(config.events.audience, rule_of)
+        publisher = KvEventPublisher(config.events.zmq, topic=config.events.topic, mode=audience.socket_mode())
     async with trio.open_nursery() as nursery:
         ops.attach_nursery(nursery, transport)
         shutdown = trio.Event()
@@ -188,13 +197,21 @@ async def _serve(ops, store, mountpoint: str, sock: Path, on_ready, config: Conf
         nursery.start_soon(_write_through, store)
         await nursery.start(_on_signals, nursery.cancel_scope)
         if publisher is not None:
-            from .kv_events import publish_hub
-
-            await nursery.start(publish_hub, server.control.hub, store.tiers, config.events, publisher)
+            await nursery.start(_publish_events, server.control.hub, store.tiers, config.events, publisher, audience)
         on_ready()
         await transport.serve()
         log.info("the kernel ended the session (unmounted from outside)")
         nursery.cancel_scope.cancel()
+
+
+async def _publish_events(hub, tiers, config, publisher, audience, *, task_status) -> None:
+    """The KV event publisher; a failure of it is logged and ends it, never the daemon."""
+    from .kv_events import publish_hub
+
+    try:
+        await publish_hub(hub, tiers, config, publisher, audience, task_status=task_status)
+    except Exception:
+        log.exception("the KV event publisher failed and stopped; the mount goes on without it")
 
 
 def _set_read_ahead(mountpoint: str, kb: int) -> None:
@@ -229,11 +246,13 @@ def serve_foreground(mountpoint: str, config: Config, on_ready: Any = lambda: No
     from .fs import KvfsOperations
     from .kernel.device import MountFailed
     from .transport import open_transport
+    from .limits import raise_nofile
 
     mountpoint = check_mountpoint(mountpoint)
     options = fs_options_from_env()
     for warning in capacity_warnings(config):
         log.warning("%s", warning)
+    log.info("descriptor limit: %d", raise_nofile())
     # every path derived from the mountpoint is computed before mounting: resolving it
     # afterwards would stat our own mount before its loop serves (a deadlock)
     pidfile = pid_path(mountpoint)
@@ -258,7 +277,7 @@ def serve_foreground(mountpoint: str, config: Config, on_ready: Any = lambda: No
             from .metrics import start_metrics
 
             try:
-                metrics_server, port = start_metrics(store, ops.opstats, config.mount.metrics_port)
+                metrics_server, port = start_metrics(store, ops.opstats, config.mount.metrics_port, inodes=ops.inodes)
             except OSError as exc:
                 raise MountError(f"cannot serve metrics on port {config.mount.metrics_port}: {exc.strerror}") from exc
             log.info("Prometheus metrics on http://127.0.0.1:%d/metrics", port)

@@ -22,12 +22,14 @@ from kvfs.errors import (
     BlockExists,
     BlockNotFound,
     ConfigError,
+    DescriptorsExhausted,
     DirectoryNotEmpty,
     InvalidName,
     IsADirectory,
     KvfsError,
     NoSpace,
     NotADirectory,
+    OutOfMemory,
     ReadOnlyBlock,
     TierFull,
     TierUnavailable,
@@ -51,6 +53,8 @@ _ERRNO: tuple[tuple[type[BaseException], int], ...] = (
     (ReadOnlyBlock, errno.EPERM),
     (InvalidName, errno.EINVAL),
     (ConfigError, errno.EINVAL),
+    (DescriptorsExhausted, errno.EMFILE),  # the daemon's descriptors, not the tier: it stays healthy
+    (OutOfMemory, errno.ENOMEM),  # [mount] open_copies
     (TierUnavailable, errno.EHOSTDOWN),  # the block exists, but the tiers holding it are down
     (CrossNamespace, errno.EXDEV),  # mv copies and removes instead
     (NamespaceRetired, errno.EROFS),

@@ -27,10 +27,10 @@ import pyfuse3
 import trio
 from pyfuse3 import FUSEError
 
-from kvfs.access import Operation, Peer
+from kvfs.access import Operation, Peer, check
 from kvfs.errors import InvalidName, KvfsError
-from kvfs.names import check_creatable, normalize
-from kvfs.store import BlockStat, Store
+from kvfs.names import check_creatable, normalize, normalize_valid
+from kvfs.store import BlockStat, Store, StoreBusy
 from kvfs.tier import BlockRef
 
 from .attrs import Attributes
@@ -53,6 +53,7 @@ log = logging.getLogger("kvfs.mount.fs")
 
 _NAME_MAX = 255
 _UNBOUNDED_BLOCK = 5 << 40  # the largest block an unbounded tier takes (S3's largest object)
+_SETTLE_ON_LOOP = 4096  # names of a batch-client request normalized on the loop; more in a worker thread
 
 
 class KvfsOperations(pyfuse3.Operations):
@@ -121,14 +122,15 @@ class KvfsOperations(pyfuse3.Operations):
         returned), so close-to-open holds between a program writing through the mount and
         an engine reading through the client. Names as the caller got them: one that is not a
         valid kvfs name is skipped (the store's call answers it with its error)."""
-        pending = []
-        for n in names:
-            try:
-                key = normalize(n)
-            except InvalidName:
-                continue
-            if self.writes.has(key):
-                pending.append(key)
+        if not self.writes.writing:
+            return
+        # a big batch's names are normalized in a worker thread: the loop serves FUSE meanwhile
+        keys = (
+            normalize_valid(names)
+            if len(names) <= _SETTLE_ON_LOOP
+            else await trio.to_thread.run_sync(normalize_valid, names)
+        )
+        pending = [k for k in keys if self.writes.has(k)]
         if pending:
             await self._settle(*pending)
 
@@ -204,6 +206,7 @@ class KvfsOperations(pyfuse3.Operations):
         if node is None:
             return self.attrs.negative()
         self.inodes.looked_up(node)
+        self.notices.shed(self.options.max_inodes)  # past it the kernel forgets the idlest names
         return self.attrs.of(node)
 
     async def forget(self, inode_list):

@@ -14,12 +14,18 @@ The rules (docs/mount-internals.md states them with the reasons):
 - **Lookup counts are exact.** Every reply that hands the kernel an inode (lookup,
   create, mkdir, each readdirplus entry) counts one lookup; ``forget`` subtracts what the
   kernel says. An inode is dropped when its count is zero and no handle is open on it.
+- **Bounded.** The kernel forgets an inode only when it drops its dentry, which it may
+  never do for a name it caches (one of millions, without memory pressure). So the table
+  keeps file inodes with no open handle in least-recently-looked-up order
+  (:meth:`InodeTable.idle_over`): past ``max_inodes`` the mount asks the kernel to drop
+  the oldest names, and their inodes go with the kernel's ``forget``.
 """
 
 from __future__ import annotations
 
 import errno
 import logging
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -79,6 +85,22 @@ class InodeTable:
         self.by_ino: dict[int, Inode] = {ROOT_INODE: root}
         self.by_name: dict[str, Inode] = {"": root}
         self._next = ROOT_INODE + 1
+        self._idle: OrderedDict[int, None] = OrderedDict()  # file inodes with no handle: least recently looked up first
+
+    def __len__(self) -> int:
+        return len(self.by_ino)
+
+    def idle_over(self, cap: int) -> list[Inode]:
+        """The least recently looked-up file inodes with a name and no open handle, as
+        many as the table holds past *cap*: the kernel is to be asked to drop their names
+        (they leave the idle order; a lookup brings one back)."""
+        out: list[Inode] = []
+        while len(self.by_ino) - len(out) > cap and self._idle:
+            ino, _ = self._idle.popitem(last=False)
+            node = self.by_ino.get(ino)
+            if node is not None and node.name is not None and node.handles == 0:
+                out.append(node)
+        return out
 
     def get(self, ino: int) -> Inode:
         node = self.by_ino.get(ino)
@@ -149,6 +171,9 @@ class InodeTable:
 
     def looked_up(self, node: Inode) -> None:
         node.nlookup += 1
+        if not node.is_dir and node.handles == 0:
+            self._idle[node.ino] = None
+            self._idle.move_to_end(node.ino)
 
     def forget(self, ino: int, n: int) -> None:
         node = self.by_ino.get(ino)
@@ -162,13 +187,17 @@ class InodeTable:
 
     def opened(self, node: Inode) -> None:
         node.handles += 1
+        self._idle.pop(node.ino, None)
 
     def closed(self, node: Inode) -> None:
         node.handles -= 1
         self._collect(node)
+        if node.handles == 0 and node.nlookup and not node.is_dir and node.ino in self.by_ino:
+            self._idle[node.ino] = None
 
     def _collect(self, node: Inode) -> None:
         if node.nlookup == 0 and node.handles == 0 and node.ino != ROOT_INODE:
             self.by_ino.pop(node.ino, None)
+            self._idle.pop(node.ino, None)
             if node.name is not None and self.by_name.get(node.name) is node:
                 del self.by_name[node.name]

@@ -23,26 +23,45 @@ so a router can send a request to the node whose kvfs has its prefix.
   sends it again when it stops (the daemon unmounts).
 - kvfs knows no token ids: ``token_ids`` is empty and ``block_size`` is ``[events]
   block_size`` (the engine's tokens per block; 0 when not set).
+- **Who sees the names** (:class:`Audience`, ``[events] audience``): a block's name says
+  what a tenant cached, so the publisher sends only the names its audience may read under
+  the namespaces' access rules. ``everyone`` (the default: any local user can connect to a
+  ``tcp://`` port) sends names outside every namespace and in namespaces whose rule lets
+  others read; ``group:NAME`` (an ``ipc://`` socket given to that group, 0660) what the
+  group's bits let it read; ``owner`` (an ``ipc://`` socket of the daemon's user, 0600)
+  everything; ``all`` everything, to whoever can connect (a router elsewhere, on a trusted
+  network: the operator's explicit choice, logged at start).
+- **A subscriber that falls behind** loses events (the hub's queue for the publisher is
+  bounded, :mod:`kvfs.mount.eventhub`) and is told with ``AllBlocksCleared``: it forgets
+  what it knew of this node and learns again from the events that follow. Dropped events
+  are counted (``KvEventPublisher.lost``); the daemon never waits for the publisher.
 
 Run by the daemon with ``[events] zmq = "tcp://127.0.0.1:5557"`` (:func:`publish_hub`), or
-by ``kvfs events --zmq ADDR`` beside a running daemon (:func:`publish_stream`).
+by ``kvfs events --zmq ADDR`` beside a running daemon (:func:`publish_stream`: what the
+user running it may read, to whoever can connect to its address).
 """
 
 from __future__ import annotations
 
+import grp
 import logging
+import os
 import re
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kvfs.access import AccessRule, Operation, Peer, decide
 from kvfs.errors import KvfsError
 from kvfs.events import Event, EventKind
+
+from .eventhub import Gap
 
 __all__ = [
     "MEDIUM_CPU",
     "MEDIUM_STORAGE",
+    "Audience",
     "EventsUnavailable",
     "KvEventPublisher",
     "TierPlace",
@@ -60,10 +79,61 @@ MEDIUM_STORAGE = "STORAGE"
 LOCAL, REMOTE = "LOCAL", "REMOTE"
 
 _HASHED = re.compile(r"(?:^|/)([0-9a-f]{2})/(\1[0-9a-f]{6,126})$")
+_NOBODY = 2**32 - 2  # a uid no namespace names: a subscriber judged by a rule's group or other bits
+_IN_THREAD = 256  # events of one burst translated and sent on the loop; more in a worker thread
 
 
 class EventsUnavailable(KvfsError):
-    """The ZMQ publisher cannot run (pyzmq or msgpack missing, an address that cannot be bound)."""
+    """The ZMQ publisher cannot run (pyzmq or msgpack missing, an address that cannot be
+    bound, an audience whose group does not exist)."""
+
+
+class Audience:
+    """Who may subscribe to a publisher (``[events] audience``), and so which block names
+    it may send them (see the module doc). *rule_of(name)*: the access rule of the
+    namespace holding a name (None: none, or no rule)."""
+
+    KINDS = ("everyone", "owner", "all")
+
+    def __init__(self, spec: str, rule_of: Callable[[str], AccessRule | None]) -> None:
+        self.spec = spec
+        self.rule_of = rule_of
+        self.gid: int | None = None
+        if spec.startswith("group:"):
+            group = spec.removeprefix("group:")
+            try:
+                self.gid = int(group) if group.isdigit() else grp.getgrnam(group).gr_gid
+            except KeyError:
+                raise EventsUnavailable(f"events.audience: no group named {group!r} on this machine") from None
+        elif spec not in self.KINDS:
+            raise EventsUnavailable(f"events.audience: {spec!r} is not one of everyone, owner, all, group:NAME")
+        self._peer = Peer(_NOBODY, _NOBODY if self.gid is None else self.gid)
+        self._decided: dict[AccessRule, bool] = {}
+
+    @property
+    def everything(self) -> bool:
+        """Every name may be sent (the audience is the daemon's user, or the operator chose all)."""
+        return self.spec in ("owner", "all")
+
+    def may_see(self, name: str) -> bool:
+        """Whether every member of the audience may read block *name*."""
+        if self.everything:
+            return True
+        rule = self.rule_of(name)
+        if rule is None:
+            return True  # outside every namespace, or in one without a rule: the mount's defaults
+        ok = self._decided.get(rule)
+        if ok is None:
+            ok = self._decided[rule] = decide(self._peer, rule, Operation.READ)
+        return ok
+
+    def socket_mode(self) -> tuple[int, int | None]:
+        """The mode (and group) of an ``ipc://`` socket file for this audience."""
+        if self.spec == "owner":
+            return 0o600, None
+        if self.gid is not None:
+            return 0o660, self.gid
+        return 0o666, None
 
 
 def block_hash_of(name: str) -> bytes | None:
@@ -150,7 +220,9 @@ class KvEventPublisher:
     ``(topic, seq, msgpack([ts, [event, ...]]))``, seq counting from 0. A PUB socket never
     blocks: a subscriber that cannot keep up loses messages (it sees the gap in seq)."""
 
-    def __init__(self, address: str, *, topic: str = "") -> None:
+    def __init__(self, address: str, *, topic: str = "", mode: tuple[int, int | None] | None = None) -> None:
+        """*mode*: for an ``ipc://`` address, the socket file's mode and group (it is
+        created closed to everyone and opened only once they are set)."""
         try:
             import msgpack
             import zmq
@@ -163,15 +235,26 @@ class KvEventPublisher:
         self._sock = self._ctx.socket(zmq.PUB)
         self._sock.setsockopt(zmq.LINGER, 500)
         self._sock.setsockopt(zmq.SNDHWM, 100_000)
+        ipc = address.startswith("ipc://")
+        old_umask = os.umask(0o077) if ipc and mode is not None else None
         try:
             self._sock.bind(address)
-        except zmq.ZMQError as exc:
+            if ipc and mode is not None:
+                path = address.removeprefix("ipc://")
+                if mode[1] is not None:
+                    os.chown(path, -1, mode[1])
+                os.chmod(path, mode[0])
+        except (zmq.ZMQError, OSError) as exc:
             self._sock.close(linger=0)
             raise EventsUnavailable(f"cannot publish KV events on {address!r}: {exc}") from None
+        finally:
+            if old_umask is not None:
+                os.umask(old_umask)
         self.address = self._sock.getsockopt(zmq.LAST_ENDPOINT).decode()
         self._topic = topic.encode()
         self.seq = 0
         self.sent = 0  # events sent
+        self.lost = 0  # events the hub dropped before they reached this publisher (each gap: AllBlocksCleared)
 
     def send(self, events: Sequence[dict[str, Any]]) -> None:
         if not events:
@@ -193,28 +276,45 @@ def tier_places(tiers: Iterable[tuple[str, str, bool]]) -> dict[str, TierPlace]:
     return {name: TierPlace.of(kind, shared) for name, kind, shared in tiers}
 
 
-async def publish_hub(hub: Any, tiers: Any, config: Any, pub: KvEventPublisher, *, task_status: Any = None) -> None:
+async def publish_hub(
+    hub: Any, tiers: Any, config: Any, pub: KvEventPublisher, audience: Audience, *, task_status: Any = None
+) -> None:
     """The daemon's publisher (``[events] zmq``): every event of *hub* (the daemon's
-    :class:`~kvfs.mount.control.EventHub`), translated, one batch per burst, on *pub*
-    until cancelled (then it is closed). *tiers*: the store's tiers."""
+    :class:`~kvfs.mount.eventhub.EventHub`) whose name *audience* may see, translated,
+    one batch per burst, on *pub* until cancelled (then it is closed). *tiers*: the
+    store's tiers. A gap (events the hub dropped while this publisher was behind) is sent
+    as ``AllBlocksCleared``."""
     import trio
 
     places = tier_places((t.name, t.kind.value, t.shared) for t in tiers)
     tr = Translator(places, block_size=config.block_size)
-    log.info("publishing KV events on %s", pub.address)
+    log.info("publishing KV events on %s (audience: %s)", pub.address, audience.spec)
+    if audience.spec == "all":
+        log.warning("KV events on %s carry every namespace's block names to whoever can connect", pub.address)
+
+    def send(items: list[Event | Gap]) -> None:
+        batch: list[dict[str, Any]] = []
+        for it in items:
+            if isinstance(it, Gap):
+                pub.lost += it.count
+                log.warning("the KV event publisher fell behind: %d events lost; sending AllBlocksCleared", it.count)
+                pub.send(batch)
+                batch = [ALL_CLEARED]
+            elif audience.may_see(it.name) and (it.kind is not EventKind.RENAMED or audience.may_see(it.detail)):
+                batch.extend(tr.translate(it))
+        pub.send(batch)
+
     try:
-        with hub.subscribe() as events:
+        with hub.subscribe(cut_off=False) as events:
             pub.send([ALL_CLEARED])
             if task_status is not None:
                 task_status.started(pub.address)
-            async for ev in events:
-                batch = tr.translate(ev)
-                while True:  # the rest of this burst in the same batch
-                    try:
-                        batch.extend(tr.translate(events.receive_nowait()))
-                    except trio.WouldBlock:
-                        break
-                pub.send(batch)
+            while True:
+                items = await events.receive()
+                if len(items) > _IN_THREAD:  # a burst's translation leaves the loop
+                    await trio.to_thread.run_sync(send, items)
+                else:
+                    send(items)
     finally:
         pub.close()
 

@@ -48,7 +48,7 @@ FUSE (label ``op``): ``kvfs_fuse_operations_total``, ``kvfs_fuse_errors_total``,
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sized
 
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -76,17 +76,25 @@ _TIER_COUNTERS = (
 
 
 class KvfsCollector(Collector):
-    """Reads *store* and *opstats* (either may be None for a partial view) at each scrape."""
+    """Reads *store* and *opstats* (either may be None for a partial view) at each scrape;
+    *inodes*, the mount's inode table, gives ``kvfs_fuse_inodes``."""
 
-    def __init__(self, store, opstats: OpStats | None = None) -> None:
+    def __init__(self, store, opstats: OpStats | None = None, inodes: Sized | None = None) -> None:
         self.store = store
         self.opstats = opstats
+        self.inodes = inodes
 
     def collect(self) -> Iterator[Metric]:
         if self.store is not None:
             yield from self._store_metrics()
         if self.opstats is not None:
             yield from self._op_metrics()
+        if self.inodes is not None:
+            yield GaugeMetricFamily(
+                "kvfs_fuse_inodes",
+                "Inodes the mount keeps for the kernel (at most max_inodes).",
+                value=len(self.inodes),
+            )
 
     def _store_metrics(self) -> Iterator[Metric]:
         st = self.store.statistics()
@@ -220,18 +228,18 @@ def _le(bound: float) -> str:
     return repr(float(bound))
 
 
-def make_registry(store, opstats: OpStats | None = None) -> CollectorRegistry:
+def make_registry(store, opstats: OpStats | None = None, inodes: Sized | None = None) -> CollectorRegistry:
     """A fresh registry holding only this mount's collector."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(KvfsCollector(store, opstats))
+    registry.register(KvfsCollector(store, opstats, inodes))
     return registry
 
 
-def start_metrics(store, opstats: OpStats | None, port: int, host: str = "127.0.0.1"):
+def start_metrics(store, opstats: OpStats | None, port: int, host: str = "127.0.0.1", inodes: Sized | None = None):
     """Serve ``/metrics`` for *store* and *opstats* on *host*:*port* (0: any free port) in a
     daemon thread. Returns ``(server, port)``; ``server.shutdown()`` stops it (the daemon
     does so on unmount). Raises ``OSError`` when the port cannot be bound."""
-    server, _thread = start_http_server(port, addr=host, registry=make_registry(store, opstats))
+    server, _thread = start_http_server(port, addr=host, registry=make_registry(store, opstats, inodes))
     bound = server.server_address[1]
     log.info("metrics on http://%s:%d/metrics", host, bound)
     return server, bound

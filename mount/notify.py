@@ -61,6 +61,32 @@ class KernelNotices:
 
         self._nursery.start_soon(trio.to_thread.run_sync, notify)
 
+    def shed(self, cap: int) -> None:
+        """When the inode table holds more than *cap* inodes, ask the kernel to drop the
+        names of the idlest files, down to 7/8 of *cap* (their inodes go when it forgets them)."""
+        if len(self.inodes) > cap:
+            self.entries([n.name for n in self.inodes.idle_over(cap * 7 // 8) if n.name is not None])
+
+    def entries(self, names: list[str]) -> None:
+        """Make the kernel drop its dentries of *names*, in one background thread."""
+        todo = []
+        for name in names:
+            parent, _, base = name.rpartition("/")
+            pnode = self.inodes.bound(parent)
+            if pnode is not None:
+                todo.append((pnode.ino, base.encode(), name))
+        if not todo or self._nursery is None:
+            return
+
+        def notify() -> None:
+            for pino, base, name in todo:
+                try:
+                    pyfuse3.invalidate_entry(pino, base)
+                except OSError as exc:  # the kernel may have dropped it already
+                    log.debug("invalidate_entry(%s) failed: %s", name, exc)
+
+        self._nursery.start_soon(trio.to_thread.run_sync, notify)
+
     async def entries_now(self, names: list[str]) -> None:
         """Make the kernel drop its dentries of *names* and of the directories leading to
         them (a miss it cached — of the block, or of a directory the change created — or

@@ -37,5 +37,10 @@ class FsOptions:
     passthrough: bool = True
     """Blocks whose hottest copy is a disk file of the payload alone are read by the
     kernel from that file (kernel transport, with ``CAP_SYS_ADMIN``)."""
+    max_inodes: int = 65536
+    """Inodes the daemon keeps for the kernel at most (about 350 bytes each): past it the
+    kernel is asked to forget the names of the longest idle files (no handle open), and
+    looks them up again when they are used. The kernel's own cache of names could
+    otherwise grow the daemon's table without bound (one inode per name ever looked up)."""
     uid: int = field(default_factory=os.getuid)
     gid: int = field(default_factory=os.getgid)

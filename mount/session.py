@@ -69,8 +69,9 @@ from kvfs.protocol import (
 from kvfs.store import Store
 
 from .copybuffer import CopyBuffer
+from .limits import PeerLimits
 
-__all__ = ["AccessPolicy", "Connection", "Peer", "Refused", "Session", "call_store", "is_request"]
+__all__ = ["AccessPolicy", "Connection", "Peer", "Refused", "Session", "batch_size", "call_store", "is_request"]
 
 T = TypeVar("T")
 
@@ -280,11 +281,13 @@ class Connection:
     """The frames of one accepted stream: :meth:`receive` the next request, :meth:`send`
     a message (with descriptors passed alongside, SCM_RIGHTS). Holds the :class:`Session`."""
 
-    def __init__(self, stream: trio.SocketStream, session: Session) -> None:
+    def __init__(self, stream: trio.SocketStream, session: Session, limits: PeerLimits | None = None) -> None:
         self.stream = stream
         self.session = session
+        self.limits = limits
         self._frames = LineBuffer()
         self._lines: list[bytes] = []
+        self._held = 0  # bytes of frames received and not answered yet, charged to the peer's uid
         self.refused: Refused = {}
         """The names of the request being answered that were refused (by position)."""
 
@@ -294,7 +297,9 @@ class Connection:
 
     async def receive(self) -> bytes | None:
         """The next frame, or None when the peer hung up (a partial frame is dropped).
-        :class:`ProtocolError` for a frame over the limit (close the connection then)."""
+        :class:`ProtocolError` for a frame over the limit, :class:`LimitReached` for bytes
+        in flight past the peer's or the daemon's limit (close the connection then)."""
+        self._charge(sum(map(len, self._lines)) + self._frames.pending)  # the frame answered is given back
         while not self._lines:
             try:
                 chunk = await self.stream.receive_some(1 << 20)
@@ -303,19 +308,54 @@ class Connection:
             if not chunk:
                 return None
             self._lines = self._frames.feed(chunk)
+            self._charge(sum(map(len, self._lines)) + self._frames.pending)
         return self._lines.pop(0)
 
-    async def send(self, msg: Message, fds: list[int] | None = None) -> None:
-        data = encode(msg)
-        if fds:
-            ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
-            sent = await self.stream.socket.sendmsg([data], ancillary)
-            data = data[sent:]
-        if data:
-            await self.stream.send_all(data)
+    def _charge(self, held: int) -> None:
+        """Charge the bytes this connection holds now (*held*, with the frame being
+        answered) to its peer's uid; :class:`LimitReached` past a limit."""
+        if self.limits is not None and held != self._held:
+            self.limits.charge(self.peer.uid, held - self._held, refuse=True)
+        self._held = held
+
+    def close(self) -> None:
+        """Give back what this connection held against its peer's limits."""
+        if self.limits is not None and self._held:
+            self.limits.charge(self.peer.uid, -self._held, refuse=False)
+        self._held = 0
+        self._lines = []
+
+    async def send(self, msg: Message, fds: list[int] | None = None, *, big: bool = False) -> None:
+        """Send *msg*; *big*: it answers a big batch, and is encoded in a worker thread
+        (a reply of 65,536 grants takes a quarter of a second to encode). The reply counts
+        in the peer's bytes in flight until it is sent."""
+        data = await trio.to_thread.run_sync(encode, msg) if big else encode(msg)
+        n = len(data)
+        if self.limits is not None:
+            self.limits.charge(self.peer.uid, n, refuse=False)
+        try:
+            if fds:
+                ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
+                sent = await self.stream.socket.sendmsg([data], ancillary)
+                data = data[sent:]
+            if data:
+                await self.stream.send_all(data)
+        finally:
+            if self.limits is not None:
+                self.limits.charge(self.peer.uid, -n, refuse=False)
 
     async def send_error(self, exc: BaseException) -> None:
         await self.send(Error.of(exc))
+
+
+def batch_size(request: Request) -> int:
+    """How many names, ids or paths *request* carries (its longest list of them)."""
+    n = 0
+    for attr in ("names", "ids", "paths"):
+        v = getattr(request, attr, None)
+        if isinstance(v, list):
+            n = max(n, len(v))
+    return n
 
 
 def is_request(msg: Message) -> Request:

@@ -224,6 +224,11 @@ class Writes:
     def has(self, name: str) -> bool:
         return name in self._by_name
 
+    @property
+    def writing(self) -> bool:
+        """Whether any file is being written (a batch of names has nothing to wait for when none is)."""
+        return bool(self._by_name)
+
     def newest(self, name: str) -> Version | None:
         """The most recently started live version of *name*."""
         vs = self._by_name.get(name)

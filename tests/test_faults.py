@@ -23,7 +23,7 @@ from kvfs.tools.bench_faults import measure
 from kvfs.tools.faultrig import SCENARIOS, FaultRig
 from kvfs.tools.scratch import start_moto
 
-from conftest import fuse_missing, run_kvfs
+from conftest import fuse_missing
 from s3server import FAKE_ENV
 
 
@@ -101,30 +101,3 @@ def test_umount_with_s3_down_names_every_lost_block_and_fails(kvfs_mount, tmp_pa
     assert all(n in log.rsplit("could not be written", 1)[1] for n in names)
     report = json.loads(umount_report_path(mp).read_text())
     assert sorted(e["name"] for e in report["lost"]) == sorted(names)
-
-
-def test_a_mount_warns_when_persistent_tiers_cannot_hold_dram(kvfs_mount, tmp_path):
-    """DRAM is exclusive (write-back): with a disk tier smaller than DRAM, kvfs mount warns,
-    and the unmount writes down what fits and names the rest, never claiming it flushed all."""
-    (tmp_path / "m").mkdir()
-    text = (
-        '[[tiers]]\nkind = "dram"\ncapacity = "8MiB"\nmlock = false\nprefault = false\n\n'
-        f'[[tiers]]\nkind = "disk"\ncapacity = "4MiB"\npath = "{tmp_path / "disk"}"\n'
-    )
-    (tmp_path / "c.toml").write_text(text)
-    res = run_kvfs("mount", str(tmp_path / "m"), "--config", str(tmp_path / "c.toml"))
-    kvfs_mount.mounts.append(tmp_path / "m")
-    assert res.returncode == 0, res.stderr
-    assert "kvfs: warning: the persistent tiers (disk: 4 MiB) are smaller than DRAM (8 MiB)" in res.stderr
-    blocks = {f"b{i}": random.Random(i).randbytes(1 << 20) for i in range(7)}
-    for n, data in blocks.items():
-        (tmp_path / "m" / n).write_bytes(data)
-    res = kvfs_mount.umount(tmp_path / "m")
-    lost = [line.split(":")[0].strip() for line in res.stderr.splitlines() if line.startswith("  b")]
-    assert res.returncode == 1 and lost, res.stderr
-    mp = kvfs_mount(text, mountpoint=tmp_path / "m", data=tmp_path)
-    for n, data in blocks.items():  # what was not reported lost is there, byte-exact
-        if n in lost:
-            assert not (mp / n).exists()
-        else:
-            assert (mp / n).read_bytes() == data

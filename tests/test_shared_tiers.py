@@ -17,7 +17,7 @@ from kvfs.blockfile import checksum
 from kvfs.config import PosixConfig, S3Config
 from kvfs.errors import BlockCorrupt, BlockNotFound, TierUnavailable
 from kvfs.names import TierName
-from kvfs.tiers.posix import TMP_PREFIX, PosixTier
+from kvfs.tiers.posix import TMP_PREFIX, PosixOps, PosixTier
 
 from conftest import DEADLINE, HANG, TIER_TIMEOUT, wait_for
 from s3server import moto  # noqa: F401 - moto is a fixture
@@ -122,14 +122,18 @@ def posix(tmp_path, **kw) -> PosixTier:
 
 
 def test_posix_publishes_by_rename_in_the_same_directory(tmp_path, monkeypatch):
-    t = posix(tmp_path)
+    """What the tier's helper process runs for a write (PosixOps.write), run here to watch it."""
+    ops = PosixOps(str(tmp_path / "shared"), True)
     renames = []
     real = os.rename
     monkeypatch.setattr(os, "rename", lambda a, b: (renames.append((a, b)), real(a, b)))
-    put(t, "ns/ab/abc", b"x")
+    ops.write("ns/ab/abc", b"x", checksum(b"x"))
     ((src, dst),) = renames
-    assert os.path.dirname(src) == os.path.dirname(dst) == str(t.dir.blocks / "ns/ab")
+    assert os.path.dirname(src) == os.path.dirname(dst) == str(tmp_path / "shared" / "blocks" / "ns/ab")
     assert os.path.basename(src).startswith(TMP_PREFIX)
+    t = posix(tmp_path)  # and the tier, through its helper, reads what was published
+    with t.open("ns/ab/abc") as ref:
+        assert bytes(ref.data) == b"x"
     t.close()
 
 
@@ -156,33 +160,35 @@ def test_posix_two_nodes_see_each_other(tmp_path):
     a.close(), b.close()
 
 
-def test_posix_hung_filesystem_times_out(tmp_path, monkeypatch):
-    put(posix(tmp_path), "h/1", b"x")  # written by a node whose tier answers
-    t = posix(tmp_path, timeout=0.3, concurrency=1)
-    gate = threading.Event()
-    real_read = t.dir.read
-    monkeypatch.setattr(t.dir, "read", lambda name: (gate.wait(), real_read(name))[1])  # stalled until let go
-    # more calls than the pool admits: each gives up (one that waited for the stuck call
-    # would get the bytes once the gate opens, below); how long each waits is a figure of
-    # kvfs bench faults, not a timed assertion that a loaded machine can break
-    for _ in range(4):
-        with pytest.raises(TierUnavailable, match="posix tier 'nfs'"):
-            t.open("h/1")
-    gate.set()
-    monkeypatch.setattr(t.dir, "read", real_read)
-    deadline = time.monotonic() + DEADLINE
-    while t._exec.running and time.monotonic() < deadline:  # the stuck calls end
-        time.sleep(0.01)
+def test_posix_hung_filesystem_times_out(tmp_path):
+    """A real filesystem that stops answering (tools/stallfs.py): each call gives up after
+    the deadline (more calls than the pool admits too), the tier answers again once it
+    does, and a call stuck in the kernel holds the tier's helper process, not this one."""
+    from kvfs.tools.stallfs import StallingMount
 
-    def answers() -> bool:  # again; a read the loaded machine made late is tried again
-        try:
-            with t.open("h/1") as ref:
-                return bytes(ref.data) == b"x"
-        except TierUnavailable:
-            return False
-
-    wait_for(answers)
-    t.close()
+    with StallingMount(tmp_path / "stall") as st:
+        t = PosixTier(
+            PosixConfig(name=TierName("nfs"), capacity=1 << 30, path=st.mountpoint, timeout=0.3, concurrency=1)
+        )
+        put(t, "h/1", b"x")
+        st.stall()
+        # how long each waits is a figure of kvfs bench faults, not a timed assertion
+        for _ in range(4):
+            with pytest.raises(TierUnavailable, match="posix tier 'nfs'"):
+                t.open("h/1")
+        assert t._helper.pid != os.getpid() and os.path.exists(f"/proc/{t._helper.pid}")
+        st.resume()
+        deadline = time.monotonic() + DEADLINE
+        while time.monotonic() < deadline:  # the stuck calls end, and free their slots
+            try:
+                with t.open("h/1") as ref:  # answers again
+                    assert bytes(ref.data) == b"x"
+                break
+            except TierUnavailable:
+                time.sleep(0.05)
+        else:
+            raise AssertionError("the tier did not answer again")
+        t.close()
 
 
 def test_posix_unusable_path_is_unavailable(tmp_path):

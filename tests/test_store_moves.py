@@ -667,3 +667,30 @@ def test_a_write_through_reading_a_block_being_renamed_copies_it_under_the_new_n
     assert s.stat("m/x").tiers == ("disk", "posix")
     assert s.slots[2].tier.stat("m/x") is not None and s.slots[2].tier.stat("m/.x.tmp") is None
     s.close()
+
+
+def test_a_rename_waits_for_a_busy_copy_instead_of_failing(tmp_path, monkeypatch):
+    """A rename whose disk copy is busy (being copied to another tier) waits for it, then
+    renames: a program's os.replace must not fail with EIO because a demotion was in
+    flight (kvfs bench soak met it, issue 20)."""
+    import kvfs.renames
+
+    s = Store([dram(), disk(tmp_path / "d")])
+    s.put("r/.x.tmp", blob(4))
+    s.evict("r/.x.tmp", "dram")
+    slot = s.slots[1]
+    with s.placement.locked():
+        slot.hold("r/.x.tmp")  # as a copy to another tier holds it
+    real_sleep = time.sleep
+    waited = []
+
+    def release_then_sleep(seconds: float) -> None:  # the move ends while the rename waits
+        if not waited:
+            with s.placement.locked():
+                s.placement.release_hold(slot, "r/.x.tmp")
+        waited.append(seconds)
+        real_sleep(seconds)
+
+    monkeypatch.setattr(kvfs.renames.time, "sleep", release_then_sleep)
+    s.rename("r/.x.tmp", "r/x")
+    assert waited and s.read("r/x") == blob(4) and not s.exists("r/.x.tmp")

@@ -32,7 +32,7 @@ from kvfs.blockfile import align_up, file_length, header_length
 from kvfs.config import DiskConfig, TierKind
 from kvfs.errors import BlockCorrupt, BlockNotFound, TierFull, TierUnavailable
 from kvfs.ownership import lock_exclusive
-from kvfs.tier import BackingFile, BlockInfo, BlockRef, Location, Tier
+from kvfs.tier import BackingFile, BlockInfo, BlockRef, Location, Tier, os_error
 
 from .blockdir import BlockDirectory
 
@@ -76,13 +76,13 @@ class DiskTier(Tier):
         except OSError as exc:
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise TierFull(f"disk tier {self.name!r} is out of space: {exc.strerror}") from exc
-            raise TierUnavailable(f"disk tier {self.name!r}: write of {name} failed: {exc}") from exc
+            raise os_error(f"disk tier {self.name!r}: write of {name}", exc) from exc
 
     def open(self, name: str) -> BlockRef:
         try:
             return self.dir.read(name)
         except OSError as exc:
-            raise TierUnavailable(f"disk tier {self.name!r}: read of {name} failed: {exc}") from exc
+            raise os_error(f"disk tier {self.name!r}: read of {name}", exc) from exc
 
     def open_file(self, name: str) -> BackingFile | None:
         try:
@@ -94,19 +94,19 @@ class DiskTier(Tier):
         try:
             return self.dir.read_into(name, out)
         except OSError as exc:
-            raise TierUnavailable(f"disk tier {self.name!r}: read of {name} failed: {exc}") from exc
+            raise os_error(f"disk tier {self.name!r}: read of {name}", exc) from exc
 
     def delete(self, name: str) -> None:
         try:
             self.dir.delete(name)
         except OSError as exc:
-            raise TierUnavailable(f"disk tier {self.name!r}: delete of {name} failed: {exc}") from exc
+            raise os_error(f"disk tier {self.name!r}: delete of {name}", exc) from exc
 
     def rename(self, old: str, new: str) -> None:
         try:
             self.dir.rename(old, new)
         except OSError as exc:
-            raise TierUnavailable(f"disk tier {self.name!r}: rename failed: {exc}") from exc
+            raise os_error(f"disk tier {self.name!r}: rename", exc) from exc
 
     def stat(self, name: str) -> BlockInfo | None:
         try:
@@ -114,7 +114,7 @@ class DiskTier(Tier):
         except BlockCorrupt:
             return None
         except OSError as exc:
-            raise TierUnavailable(f"disk tier {self.name!r}: stat of {name} failed: {exc}") from exc
+            raise os_error(f"disk tier {self.name!r}: stat of {name}", exc) from exc
 
     def scan(self, prefix: str = "") -> Iterator[BlockInfo]:
         return self.dir.scan(prefix)

@@ -24,39 +24,40 @@ the same time:
   checked on the renamed inode, and a file another node published meanwhile is linked
   back into place. A reader on another node may miss the block for that instant, never
   get wrong bytes.
-- Every operation runs in a bounded pool of worker threads with the configured timeout
-  (:class:`~kvfs.deadline.DeadlineExecutor`): a stalled mount raises
-  :class:`TierUnavailable` after ``timeout`` seconds instead of hanging the caller. A call
-  that outlives its caller never touches the caller's buffers: writes send a copy, reads
-  fill a private buffer that the caller copies from.
+- Every operation runs in the tier's helper process (:class:`PosixOps` there,
+  :class:`~kvfs.helper.HelperProcess` here) with the configured timeout: a stalled mount
+  raises :class:`TierUnavailable` after ``timeout`` seconds instead of hanging the caller,
+  and a call stuck in the kernel (a FUSE-based filesystem waits for its server
+  uninterruptibly) holds the helper, never the daemon, which can always exit. A call that
+  outlives its caller never touches the caller's buffers: writes send a copy, reads come
+  back as bytes of their own.
 """
 
 from __future__ import annotations
 
 import errno
-import functools
 import logging
 import os
 import secrets
 import stat
 import time
-from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 from kvfs.blockfile import file_length
 from kvfs.config import PosixConfig, TierKind
-from kvfs.deadline import DeadlineExecutor
 from kvfs.errors import BlockCorrupt, BlockNotFound, TierFull, TierUnavailable
+from kvfs.helper import HelperProcess
 from kvfs.names import RESERVED_PREFIX
-from kvfs.tier import BlockInfo, BlockRef, StoredObject, Tier
+from kvfs.tier import BlockInfo, BlockRef, StoredObject, Tier, os_error
 
 from .blockdir import BlockDirectory
 
-__all__ = ["PosixTier", "SharedBlockDirectory"]
+__all__ = ["PosixOps", "PosixTier", "SharedBlockDirectory"]
 
 log = logging.getLogger("kvfs.tiers.posix")
 
-T = TypeVar("T")
 
 TMP_PREFIX = RESERVED_PREFIX + "tmp."  # within the reserved names no block or directory may have (kvfs.names)
 _ASIDE = TMP_PREFIX + "gc."  # a block being expired, renamed aside (a temporary if gc dies there)
@@ -86,40 +87,28 @@ class SharedBlockDirectory(BlockDirectory):
         return {e.name: e.is_dir() for e in entries if not e.name.startswith(TMP_PREFIX)}
 
 
-class PosixTier(Tier):
-    kind = TierKind.POSIX
-    persistent = True
-    shared = True
+class PosixOps:
+    """The posix tier's calls on its directory, run in the tier's helper process
+    (:class:`~kvfs.helper.HelperProcess`): a call into a filesystem that stopped answering
+    may block its thread in the kernel for good, and that holds the helper, never the
+    daemon. Answers are plain data (bytes, records, lists) that cross a socket."""
 
-    def __init__(self, config: PosixConfig) -> None:
-        super().__init__(config)
-        self._what = f"posix tier {config.name!r}"
-        self._exec = DeadlineExecutor(self._what, timeout=config.timeout, workers=config.concurrency)
-        try:
-            opener = functools.partial(SharedBlockDirectory, config.path, fsync=config.fsync)
-            self.dir = self._exec.call(opener, op=f"opening {config.path}")
-        except OSError as exc:
-            self._exec.close()
-            raise TierUnavailable(f"{self._what}: cannot use {config.path}: {exc.strerror}") from exc
-        except BaseException:
-            self._exec.close()
-            raise
+    def __init__(self, path: str, fsync: bool) -> None:
+        self.path = Path(path)
+        self.fsync = fsync
+        self._dir: SharedBlockDirectory | None = None
 
-    def _call(self, op: str, fn: Callable[..., T], *args: Any, on_abandon: Callable[[T], None] | None = None) -> T:
-        """Run ``fn(*args)`` with the deadline; OSError becomes a kvfs error."""
-        try:
-            return self._exec.call(fn, *args, op=op, on_abandon=on_abandon)
-        except OSError as exc:
-            if exc.errno in _MISSING:
-                raise BlockNotFound(f"{self._what}: {op}: {exc.strerror}") from exc
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise TierFull(f"{self._what} is out of space: {exc.strerror}") from exc
-            raise TierUnavailable(f"{self._what}: {op} failed: {exc}") from exc
+    @property
+    def dir(self) -> SharedBlockDirectory:
+        if self._dir is None:
+            self._dir = SharedBlockDirectory(self.path, fsync=self.fsync)
+        return self._dir
 
-    def footprint(self, name: str, size: int) -> int:
-        return file_length(name, size)
+    def open_dir(self) -> None:
+        """Make (or check) the directory tree."""
+        _ = self.dir
 
-    def _write(self, name: str, data: Any, checksum: int) -> None:
+    def write(self, name: str, data: bytes, checksum: int) -> None:
         try:
             self.dir.write(name, data, checksum)
         except FileNotFoundError:
@@ -127,44 +116,23 @@ class PosixTier(Tier):
             self.dir._known_dirs.clear()
             self.dir.write(name, data, checksum)
 
-    def put(self, name: str, data: Any, checksum: int) -> None:
-        # A copy, because a worker that outlives its timeout must not read the caller's
-        # buffer after the caller has let it go (a DRAM extent may be reused by then).
-        data = bytes(memoryview(data).cast("B"))
-        try:
-            self._call(f"write of {name}", self._write, name, data, checksum)
-        except BlockNotFound as exc:  # ENOENT twice: the tree itself is gone
-            raise TierUnavailable(f"{self._what}: write of {name} failed: {exc}") from exc
-
-    def open(self, name: str) -> BlockRef:
-        return self._call(f"read of {name}", self.dir.read, name, on_abandon=BlockRef.release)
-
-    # read_into is the Tier default (open, then copy in the caller's thread): a worker
-    # that outlives its timeout must never write into the caller's buffer.
+    def read(self, name: str) -> tuple[bytes, int]:
+        ref = self.dir.read(name)
+        return bytes(ref.data), ref.checksum
 
     def delete(self, name: str) -> None:
-        try:
-            self._call(f"delete of {name}", self.dir.delete, name)
-        except BlockNotFound:
-            pass  # another node won
+        self.dir.delete(name)
 
     def stat(self, name: str) -> BlockInfo | None:
-        try:
-            return self._call(f"stat of {name}", self.dir.stat, name)
-        except (BlockNotFound, BlockCorrupt):
-            return None
+        return self.dir.stat(name)
 
-    def scan(self, prefix: str = "") -> Iterator[BlockInfo]:
-        # Collected in the worker so the deadline covers the walk; scans are for tools
-        # and tests (rebuild skips shared tiers), the mount lists with listdir().
-        return iter(self._call(f"scan of {prefix or '/'}", lambda: list(self.dir.scan(prefix))))
+    def scan(self, prefix: str) -> list[BlockInfo]:
+        return list(self.dir.scan(prefix))
 
-    def listdir(self, directory: str = "") -> dict[str, bool]:
-        return self._call(f"listing of {directory or '/'}", self.dir.listdir, directory)
+    def listdir(self, directory: str) -> dict[str, bool]:
+        return self.dir.listdir(directory)
 
-    # -- lifetimes -------------------------------------------------------------------
-
-    def _list_dir(self, rel: str) -> list[tuple[str, bool, float, int]]:
+    def list_dir(self, rel: str) -> list[tuple[str, bool, float, int]]:
         """``(name, is_dir, mtime, size)`` of each entry of the directory *rel* (relative to
         the tier's root); symlinks and other odd entries are left out."""
         out = []
@@ -181,31 +149,7 @@ class PosixTier(Tier):
                 out.append((e.name, stat.S_ISDIR(st.st_mode), st.st_mtime, st.st_size))
         return out
 
-    def inventory(self, prefix: str = "") -> Iterator[StoredObject]:
-        """Block files and temporaries under ``blocks/<prefix>`` (and, for the whole tier,
-        the files in ``tmp/``); one deadline per directory."""
-        p = prefix.strip("/")
-        stack = [f"blocks/{p}" if p else "blocks"]
-        if not p:
-            for fn, is_dir, mtime, size in self._call("listing of tmp/", self._list_dir, "tmp"):
-                if not is_dir:
-                    yield StoredObject(f"tmp/{fn}", mtime, size, leftover=True)
-        while stack:
-            d = stack.pop()
-            entries = self._call(f"listing of {d}", self._list_dir, d)
-            for fn, is_dir, mtime, size in sorted(entries):
-                rel = f"{d}/{fn}"
-                if is_dir:
-                    stack.append(rel)
-                elif fn.startswith(TMP_PREFIX):
-                    yield StoredObject(rel, mtime, size, leftover=True)
-                else:
-                    yield StoredObject(rel[len("blocks/") :], mtime, size)
-
     def expire(self, name: str, cutoff: float) -> bool:
-        return self._call(f"expiry of {name}", self._expire, name, cutoff)
-
-    def _expire(self, name: str, cutoff: float) -> bool:
         path = self.dir.path(name)
         try:
             st = os.lstat(path)
@@ -229,43 +173,158 @@ class PosixTier(Tier):
         os.unlink(aside)
         return False
 
-    def remove_leftover(self, obj: StoredObject, cutoff: float) -> bool:
-        def remove() -> bool:
-            path = f"{self.dir.root}/{obj.name}"
-            try:
-                st = os.lstat(path)
-                if not stat.S_ISREG(st.st_mode) or st.st_mtime >= cutoff:
-                    return False  # a writer still at it (its file grew since)
-                os.unlink(path)
-                return True
-            except FileNotFoundError:
-                return False
+    def remove_leftover(self, name: str, cutoff: float) -> bool:
+        path = f"{self.dir.root}/{name}"
+        try:
+            st = os.lstat(path)
+            if not stat.S_ISREG(st.st_mode) or st.st_mtime >= cutoff:
+                return False  # a writer still at it (its file grew since)
+            os.unlink(path)
+            return True
+        except FileNotFoundError:
+            return False
 
+    def clean_stale_tmp(self, older_than: float) -> int:
+        cutoff = time.time() - older_than
+        n = 0
+        for dirpath, _dirs, files in os.walk(self.dir.blocks):
+            for fn in files:
+                if fn.startswith(TMP_PREFIX):
+                    p = f"{dirpath}/{fn}"
+                    try:
+                        if os.stat(p).st_mtime < cutoff:
+                            os.unlink(p)
+                            n += 1
+                    except FileNotFoundError:
+                        pass
+        return n
+
+
+class _Paths:
+    """Where a posix tier's files are, computed here without touching the filesystem
+    (the helper process does every call that does)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self.blocks = self.root / "blocks"
+        self.tmp = self.root / "tmp"
+
+    def path(self, name: str) -> str:
+        return f"{self.blocks}/{name}"
+
+
+class PosixTier(Tier):
+    kind = TierKind.POSIX
+    persistent = True
+    shared = True
+
+    def __init__(self, config: PosixConfig) -> None:
+        super().__init__(config)
+        self._what = f"posix tier {config.name!r}"
+        self.dir = _Paths(config.path)
+        self._helper = HelperProcess(
+            self._what,
+            "kvfs.tiers.posix:PosixOps",
+            (str(config.path), config.fsync),
+            timeout=config.timeout,
+            workers=config.concurrency,
+        )
+        try:
+            self._helper.call("open_dir", op=f"opening {config.path}")
+        except OSError as exc:
+            self._helper.close()
+            raise TierUnavailable(f"{self._what}: cannot use {config.path}: {exc.strerror}") from exc
+        except BaseException:
+            self._helper.close()
+            raise
+
+    def _call(self, op: str, method: str, *args: Any) -> Any:
+        """``method(*args)`` of the helper's :class:`PosixOps`, with the deadline; OSError
+        becomes a kvfs error."""
+        try:
+            return self._helper.call(method, *args, op=op)
+        except OSError as exc:
+            if exc.errno in _MISSING:
+                raise BlockNotFound(f"{self._what}: {op}: {exc.strerror}") from exc
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise TierFull(f"{self._what} is out of space: {exc.strerror}") from exc
+            raise os_error(f"{self._what}: {op}", exc) from exc
+
+    def footprint(self, name: str, size: int) -> int:
+        return file_length(name, size)
+
+    def put(self, name: str, data: Any, checksum: int) -> None:
+        # A copy, sent to the helper: nothing there ever reads the caller's buffer.
+        data = bytes(memoryview(data).cast("B"))
+        try:
+            self._call(f"write of {name}", "write", name, data, checksum)
+        except BlockNotFound as exc:  # ENOENT twice: the tree itself is gone
+            raise TierUnavailable(f"{self._what}: write of {name} failed: {exc}") from exc
+
+    def open(self, name: str) -> BlockRef:
+        data, checksum = self._call(f"read of {name}", "read", name)
+        return BlockRef(memoryview(data), checksum)
+
+    # read_into is the Tier default (open, then copy in the caller's thread).
+
+    def delete(self, name: str) -> None:
+        try:
+            self._call(f"delete of {name}", "delete", name)
+        except BlockNotFound:
+            pass  # another node won
+
+    def stat(self, name: str) -> BlockInfo | None:
+        try:
+            info: BlockInfo | None = self._call(f"stat of {name}", "stat", name)
+        except (BlockNotFound, BlockCorrupt):
+            return None
+        return info
+
+    def scan(self, prefix: str = "") -> Iterator[BlockInfo]:
+        # Collected in the helper so the deadline covers the walk; scans are for tools
+        # and tests (rebuild skips shared tiers), the mount lists with listdir().
+        return iter(self._call(f"scan of {prefix or '/'}", "scan", prefix))
+
+    def listdir(self, directory: str = "") -> dict[str, bool]:
+        out: dict[str, bool] = self._call(f"listing of {directory or '/'}", "listdir", directory)
+        return out
+
+    # -- lifetimes -------------------------------------------------------------------
+
+    def inventory(self, prefix: str = "") -> Iterator[StoredObject]:
+        """Block files and temporaries under ``blocks/<prefix>`` (and, for the whole tier,
+        the files in ``tmp/``); one deadline per directory."""
+        p = prefix.strip("/")
+        stack = [f"blocks/{p}" if p else "blocks"]
+        if not p:
+            for fn, is_dir, mtime, size in self._call("listing of tmp/", "list_dir", "tmp"):
+                if not is_dir:
+                    yield StoredObject(f"tmp/{fn}", mtime, size, leftover=True)
+        while stack:
+            d = stack.pop()
+            entries = self._call(f"listing of {d}", "list_dir", d)
+            for fn, is_dir, mtime, size in sorted(entries):
+                rel = f"{d}/{fn}"
+                if is_dir:
+                    stack.append(rel)
+                elif fn.startswith(TMP_PREFIX):
+                    yield StoredObject(rel, mtime, size, leftover=True)
+                else:
+                    yield StoredObject(rel[len("blocks/") :], mtime, size)
+
+    def expire(self, name: str, cutoff: float) -> bool:
+        return bool(self._call(f"expiry of {name}", "expire", name, cutoff))
+
+    def remove_leftover(self, obj: StoredObject, cutoff: float) -> bool:
         if not obj.leftover:
             raise ValueError(f"{obj.name} is a block, not a leftover; use expire()")
-        return self._call(f"removal of {obj.name}", remove)
+        return bool(self._call(f"removal of {obj.name}", "remove_leftover", obj.name, cutoff))
 
     def clean_stale_tmp(self, older_than: float = 3600.0) -> int:
         """Remove temporaries older than *older_than* seconds (left by crashed writers on
         any node); returns how many. Not run automatically: a slow writer elsewhere may
         still own a young one."""
-
-        def clean() -> int:
-            cutoff = time.time() - older_than
-            n = 0
-            for dirpath, _dirs, files in os.walk(self.dir.blocks):
-                for fn in files:
-                    if fn.startswith(TMP_PREFIX):
-                        p = f"{dirpath}/{fn}"
-                        try:
-                            if os.stat(p).st_mtime < cutoff:
-                                os.unlink(p)
-                                n += 1
-                        except FileNotFoundError:
-                            pass
-            return n
-
-        return self._call("cleaning temporaries", clean)
+        return int(self._call("cleaning temporaries", "clean_stale_tmp", older_than))
 
     def close(self) -> None:
-        self._exec.close()
+        self._helper.close()

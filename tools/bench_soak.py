@@ -1,7 +1,10 @@
-"""``kvfs bench soak``: mixed load on a real mount, every byte read checked.
+"""``kvfs bench soak``: mixed load on a real mount, every byte read checked, faults on a
+schedule, the daemon's memory and descriptors watched.
 
-Mounts kvfs in a temporary directory with small tiers (so eviction runs all the time) and,
-for ``--seconds``, runs at once:
+Mounts kvfs in a temporary directory with small tiers (so eviction runs all the time): DRAM
+over disk over a shared posix tier (a stallfs mount that can be stalled), two tenants
+(namespaces ``tenant-a`` and ``tenant-b`` with DRAM quotas) and KV events published (a ZMQ
+subscriber counts them). For ``--minutes`` (or ``--seconds``) it runs at once:
 
 - **writers** that publish new versions of a pool of shared names, each write with one of
   the patterns real programs use: plain ``open("wb")``; a temp name then ``os.replace``;
@@ -19,11 +22,21 @@ for ``--seconds``, runs at once:
   a header (name, version, length) and its payload is derived from it, so a read must be
   one whole version of that name — a partial, torn, mixed or foreign block is a *wrong
   read*, and so is an ``fstat`` size that is not the version's;
-- **listers** listing the directories.
+- **listers** listing the directories;
+- **batch clients** (tenant-b) putting and reading versions of their own names, every byte
+  checked the same way (tools/soak_parts.py);
+- **faults**, one per ``--fault-every`` seconds in turn: a client holding leases and
+  reservations SIGKILLed, the posix tier stalled, a byte of a disk block file flipped, a
+  flood of connections (tools/soak_parts.py).
 
-A missing name (never written, evicted, unlinked) is a miss, not an error. Prints the
-figures (``--json`` for a JSON object) and exits non-zero on any wrong read, close-to-open
-failure or unexpected error.
+The FUSE load is in tenant-a. A missing name (never written, evicted, unlinked) is a miss,
+not an error; so is a block whose only copy is in the stalled tier (``EHOSTDOWN``) and a
+write refused for room (``ENOSPC``): each is counted. The daemon's RSS and descriptors are
+sampled every 10 s; after the warm-up (``--warmup``, default a fifth of the run, at least
+2 minutes when the run is long enough) the RSS slope is fitted (aim: under 1 MiB/min) and
+the descriptors' range reported. Prints the figures (``--json`` for a JSON object) and
+exits non-zero on any wrong read, close-to-open failure, unexpected error, a daemon that
+died, or leases or reservations still held after every client is gone.
 """
 
 from __future__ import annotations
@@ -42,12 +55,14 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import xxhash
 
-from .flags import positive_int, seconds
+from .flags import duration, positive_int, seconds
 from .render import table
-from .scratch import dram_disk_config, mount, umount
+from .scratch import mount, umount
+from .soak_parts import ClientLoad, EventCounter, Faults, Sampler, slope
 
 MiB = 1 << 20
 _MAGIC = b"KVSOAK01"
@@ -57,8 +72,30 @@ PATTERNS = ("plain", "replace", "rename-open", "dup", "child", "rewrite", "fsync
 used on the close-to-open checkers' own names."""
 
 
+def _minutes(text: str) -> float:
+    """A number of minutes, more than 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a number of minutes more than 0 (got {text!r})")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seconds", type=seconds(), default=180.0, help="how long to run (default 180)")
+    parser.add_argument(
+        "--minutes", type=_minutes, default=None, help="how long to run, in minutes (overrides --seconds)"
+    )
+    parser.add_argument(
+        "--fault-every", type=duration, default=300.0, help="seconds between faults (default 300; 0: none)"
+    )
+    parser.add_argument(
+        "--stall", type=seconds(), default=30.0, help="how long a stall of the posix tier lasts (default 30)"
+    )
+    parser.add_argument("--warmup", type=seconds(), default=None, help="seconds left out of the RSS slope")
+    parser.add_argument("--clients", type=positive_int, default=2, help="batch-client workers (default 2)")
     parser.add_argument("--writers", type=positive_int, default=4, help="writer threads on shared names (default 4)")
     parser.add_argument("--readers", type=positive_int, default=4, help="reader threads (default 4)")
     parser.add_argument("--names", type=positive_int, default=64, help="shared names (default 64)")
@@ -102,6 +139,8 @@ class Figures:
     reads: int = 0
     bytes_read: int = 0
     misses: int = 0
+    unavailable: int = 0
+    nospace: int = 0
     wrong: list[str] = field(default_factory=list)
     c2o_checks: int = 0
     c2o_failures: list[str] = field(default_factory=list)
@@ -115,12 +154,13 @@ class Figures:
 
 
 class Soak:
-    def __init__(self, mp: Path, args: argparse.Namespace) -> None:
+    def __init__(self, mp: Path, args: argparse.Namespace, prefix: str = "s") -> None:
         self.mp = mp
         self.args = args
+        self.prefix = prefix
         self.fig = Figures()
         self.stop = threading.Event()
-        self.names = [f"s/{i % 8:02x}/blk{i:03d}" for i in range(args.names)]
+        self.names = [f"{prefix}/{i % 8:02x}/blk{i:03d}" for i in range(args.names)]
         self._version = 0
         self._vlock = threading.Lock()
         self._name_locks = {n: threading.Lock() for n in self.names}
@@ -132,13 +172,19 @@ class Soak:
             self._version += 1
             return self._version
 
+    def expected(self, exc: OSError) -> bool:
+        """Count an expected refusal (a miss, a block only in a stalled tier, no room)."""
+        key = {errno.ENOENT: "misses", errno.EHOSTDOWN: "unavailable", errno.ENOSPC: "nospace"}.get(exc.errno or 0)
+        if key is None:
+            return False
+        self.fig.add(**{key: 1})
+        return True
+
     def guard(self, what: str, fn, *args) -> None:
         try:
             fn(*args)
         except OSError as exc:
-            if exc.errno == errno.ENOENT:
-                self.fig.add(misses=1)
-            else:
+            if not self.expected(exc):
                 with self.fig.lock:
                     self.fig.errors.append(f"{what}: {exc}")
 
@@ -209,8 +255,8 @@ class Soak:
     def own_writer(self, seed: int) -> None:
         """Writes names nobody else writes and reads each back right after its close."""
         rng = random.Random(seed)
-        own = [f"own/w{seed}/f{i}" for i in range(8)]
-        os.makedirs(self.mp / f"own/w{seed}", exist_ok=True)
+        own = [f"{self.prefix}/own/w{seed}/f{i}" for i in range(8)]
+        os.makedirs(self.mp / f"{self.prefix}/own/w{seed}", exist_ok=True)
         while not self.stop.is_set():
             name = rng.choice(own)
             pattern = rng.choice(PATTERNS)
@@ -218,11 +264,9 @@ class Soak:
                 data = self.write(rng, name, pattern)
                 got = (self.mp / name).read_bytes()
             except OSError as exc:
-                if exc.errno != errno.ENOENT:  # evicted between the close and the read: a miss
+                if not self.expected(exc):  # evicted between the close and the read: a miss
                     with self.fig.lock:
                         self.fig.errors.append(f"own {pattern}: {exc}")
-                else:
-                    self.fig.add(misses=1)
                 continue
             self.fig.add(c2o_checks=1)
             if got != data:
@@ -247,12 +291,10 @@ class Soak:
                             break
                         n += k
                     data = bytes(buf[:n])
-            except FileNotFoundError:
-                self.fig.add(misses=1)
-                continue
             except OSError as exc:
-                with self.fig.lock:
-                    self.fig.errors.append(f"read {name}: {exc}")
+                if not self.expected(exc):
+                    with self.fig.lock:
+                        self.fig.errors.append(f"read {name}: {exc}")
                 continue
             why = check_version(name, data)
             if why is None and size != len(data):
@@ -270,29 +312,34 @@ class Soak:
             self.fig.add(listings=1)
             time.sleep(0.01)
 
-    def run(self) -> None:
+    def jobs(self) -> list[tuple[Any, int]]:
         a = self.args
-        jobs = (
+        return (
             [(self.writer, i) for i in range(a.writers)]
             + [(self.own_writer, 100 + i) for i in range(2)]
             + [(self.reader, 200 + i) for i in range(a.readers)]
             + [(self.lister, 300)]
         )
-        threads = [threading.Thread(target=fn, args=(seed,), daemon=True) for fn, seed in jobs]
+
+    def run(self, extra: list[tuple[Any, tuple]] = (), progress: Any = None) -> None:
+        """Run the load (and *extra* ``(fn, args)`` threads, each given the stop event
+        last) for ``args.seconds``; *progress()* is printed every 10 s."""
+        a = self.args
+        threads = [threading.Thread(target=fn, args=(seed,), daemon=True) for fn, seed in self.jobs()]
+        threads += [threading.Thread(target=fn, args=(*args, self.stop), daemon=True) for fn, args in extra]
         for t in threads:
             t.start()
         t0 = time.monotonic()
         try:
             while time.monotonic() - t0 < a.seconds:
-                time.sleep(min(10.0, a.seconds - (time.monotonic() - t0)))
+                time.sleep(min(10.0, max(0.0, a.seconds - (time.monotonic() - t0))))
                 if not a.json:
                     f = self.fig
-                    print(
+                    line = (
                         f"  {time.monotonic() - t0:5.0f} s: {sum(f.writes.values()):,} writes, {f.reads:,} reads, "
-                        f"{len(f.wrong)} wrong, {len(f.c2o_failures)} close-to-open failures",
-                        file=sys.stderr,
-                        flush=True,
+                        f"{len(f.wrong)} wrong, {len(f.c2o_failures)} close-to-open failures"
                     )
+                    print(line + (progress() if progress else ""), file=sys.stderr, flush=True)
         finally:
             self.stop.set()
             for t in threads:
@@ -312,71 +359,193 @@ def _store_figures(mp: Path) -> dict:
     return {
         "evictions": sum(t["evictions"] for t in tiers),
         "demotions": sum(t["demotions"] for t in tiers),
+        "corrupt_copies": sum(t["corrupt"] for t in tiers),
+        "tier_errors": {t["name"]: t["errors"] for t in tiers},
+        "unhealthy_at_end": [t["name"] for t in tiers if not t["healthy"]],
         "seals": ops.get("seal", {}).get("count", 0),
         "seal_failures": ops.get("seal", {}).get("errors", 0),
+        "held_leases": top["statistics"]["leases"],
+        "held_reserved": top["statistics"]["reserved"],
     }
 
 
+SOAK_CONFIG = """\
+[[tiers]]
+kind = "dram"
+capacity = "{dram}"
+mlock = false
+prefault = false
+
+[[tiers]]
+kind = "disk"
+capacity = "{disk}"
+path = "{base}/disk"
+
+[[tiers]]
+kind = "posix"
+capacity = "4GiB"
+path = "{shared}/blocks"
+write = "back"
+timeout = "2s"
+
+[events]
+zmq = "ipc://{base}/events"
+audience = "owner"
+
+[[namespaces]]
+path = "tenant-a"
+quota = {{ dram = "{quota}" }}
+
+[[namespaces]]
+path = "tenant-b"
+quota = {{ dram = "{quota}" }}
+"""
+
+
 def run(args: argparse.Namespace) -> int:
+    from kvfs.units import parse_size
+
+    from .stallfs import StallingMount
+
+    if args.minutes is not None:
+        args.seconds = args.minutes * 60
+    warmup = args.warmup if args.warmup is not None else max(min(120.0, args.seconds / 2), args.seconds / 5)
     base = Path(tempfile.mkdtemp(prefix="kvfs-bench-soak-", dir=args.dir))
     mp = base / "mnt"
     load = os.getloadavg()[0]
+    stall = StallingMount(base / "stall")
     try:
-        mount(mp, dram_disk_config(base, args.dram, args.disk, "soak.toml"))
+        cfg = base / "soak.toml"
+        quota = f"{parse_size(args.dram) * 3 // 5 >> 20}MiB"
+        cfg.write_text(
+            SOAK_CONFIG.format(dram=args.dram, disk=args.disk, base=base, shared=stall.mountpoint, quota=quota)
+        )
+        pid = mount(mp, cfg)
         try:
-            soak = Soak(mp, args)
-            if not args.json:
-                print(f"kvfs bench soak: {args.seconds:.0f} s on {mp} (load average {load:.2f})", file=sys.stderr)
+            soak = Soak(mp, args, prefix="tenant-a")
+            clients = ClientLoad(mp, "tenant-b", make_version, check_version)
+            events = EventCounter(f"ipc://{base}/events")
+            sampler = Sampler(pid)
+            faults = Faults(mp, "tenant-b", base / "disk", stall, every=args.fault_every, stall_for=args.stall)
             t0 = time.monotonic()
-            soak.run()
+            extra: list[tuple[Any, tuple]] = [(clients.worker, (i,)) for i in range(args.clients)]
+            extra += [(events.run, ()), (sampler.run, (t0,))]
+            if args.fault_every > 0:
+                extra.append((faults.run, (t0,)))
+            if not args.json:
+                print(
+                    f"kvfs bench soak: {args.seconds:.0f} s on {mp} (load average {load:.2f}), faults every "
+                    f"{args.fault_every:.0f} s",
+                    file=sys.stderr,
+                )
+
+            def progress() -> str:
+                rss = f", daemon RSS {sampler.samples[-1][1] / MiB:.0f} MiB" if sampler.samples else ""
+                return f"; client {clients.reads:,} reads, {len(clients.wrong)} wrong{rss}"
+
+            soak.run(extra, progress)
             seconds = time.monotonic() - t0
-            store = _store_figures(mp)
+            alive = os.path.exists(f"/proc/{pid}")
+            store = _store_figures(mp) if alive else {}
         finally:
             umount(mp)
     finally:
+        stall.close()
         shutil.rmtree(base, ignore_errors=True)
     f = soak.fig
+    steady = sampler.after(warmup)
+    rss_slope = slope([(t / 60, rss / MiB) for t, rss, _ in steady])
     result = {
         "seconds": seconds,
         "load": load,
+        "warmup": warmup,
         "writes": dict(f.writes),
         "unlinks": f.unlinks,
         "bytes_written": f.bytes_written,
         "reads": f.reads,
         "bytes_read": f.bytes_read,
         "misses": f.misses,
-        "wrong_reads": len(f.wrong),
+        "unavailable": f.unavailable,
+        "nospace": f.nospace,
+        "wrong_reads": len(f.wrong) + len(clients.wrong),
+        "client_puts": clients.puts,
+        "client_reads": clients.reads,
+        "client_misses": clients.misses,
+        "client_errors": clients.sessions_cut,
         "close_to_open_checks": f.c2o_checks,
         "close_to_open_failures": len(f.c2o_failures),
         "listings": f.listings,
         "errors": len(f.errors),
+        "events": {"messages": events.messages, "events": events.events, "resyncs": events.resyncs},
+        "faults": faults.log,
+        "daemon_alive": alive,
+        "rss_mib": [round(rss / MiB, 1) for _, rss, _ in sampler.samples],
+        "rss_slope_mib_per_min": rss_slope,
+        "fds": [fds for _, _, fds in steady],
+        "fds_start_end": [steady[0][2], steady[-1][2]] if steady else [],
         **store,
-        "examples": (f.wrong + f.c2o_failures + f.errors)[:10],
+        "examples": (f.wrong + clients.wrong + f.c2o_failures + f.errors + clients.errors)[:10],
     }
     if args.json:
         print(json.dumps(result, indent=2))
     else:
         _print(result)
-    return 1 if f.wrong or f.c2o_failures or f.errors else 0
+    held = store.get("held_leases", 0) + store.get("held_reserved", 0)
+    bad = result["wrong_reads"] or f.c2o_failures or f.errors or not alive or held
+    return 1 if bad else 0
 
 
 def _print(r: dict) -> None:
+    fds = r["fds"] or [0]
     rows = [
         ("writes", f"{sum(r['writes'].values()):,}", ", ".join(f"{k} {v:,}" for k, v in r["writes"].items() if v)),
         ("unlinks", f"{r['unlinks']:,}", ""),
         ("bytes written", f"{r['bytes_written'] / 1e9:.2f} GB", f"{r['bytes_written'] / r['seconds'] / 1e6:.0f} MB/s"),
         ("reads checked", f"{r['reads']:,}", f"{r['bytes_read'] / 1e9:.2f} GB"),
         ("misses (ENOENT)", f"{r['misses']:,}", "evicted, unlinked or not written yet"),
-        ("wrong reads", f"{r['wrong_reads']:,}", "partial, torn, mixed or foreign bytes; wrong size"),
+        ("unavailable (EHOSTDOWN)", f"{r['unavailable']:,}", "only in the stalled posix tier"),
+        ("no room (ENOSPC)", f"{r['nospace']:,}", "write buffers or a tenant's quota full"),
+        ("client puts / reads", f"{r['client_puts']:,} / {r['client_reads']:,}", f"{r['client_misses']:,} misses"),
+        ("wrong reads", f"{r['wrong_reads']:,}", "partial, torn, mixed or foreign bytes; wrong size (FUSE + client)"),
         ("close-to-open checks", f"{r['close_to_open_checks']:,}", f"{r['close_to_open_failures']} failed"),
         ("listings", f"{r['listings']:,}", ""),
-        ("evictions", f"{r['evictions']:,}", f"{r['demotions']:,} demotions"),
-        ("seals", f"{r['seals']:,}", f"{r['seal_failures']} failed"),
-        ("unexpected errors", f"{r['errors']:,}", ""),
+        ("evictions", f"{r.get('evictions', 0):,}", f"{r.get('demotions', 0):,} demotions"),
+        ("corrupt copies dropped", f"{r.get('corrupt_copies', 0):,}", "the flipped bytes, never read"),
+        ("seals", f"{r.get('seals', 0):,}", f"{r.get('seal_failures', 0)} failed"),
+        (
+            "KV events",
+            f"{r['events']['events']:,}",
+            f"{r['events']['messages']:,} messages, {r['events']['resyncs']} resyncs",
+        ),
+        ("unexpected errors", f"{r['errors']:,}", f"client sessions cut: {r['client_errors']}"),
+        (
+            "held after",
+            f"{r.get('held_leases', '-')} leases, {r.get('held_reserved', '-')} reserved",
+            "every client gone",
+        ),
+        (
+            "daemon RSS slope",
+            f"{r['rss_slope_mib_per_min']:+.2f} MiB/min",
+            f"after {r['warmup']:.0f} s of warm-up (aim < 1)",
+        ),
+        (
+            "daemon RSS",
+            f"{r['rss_mib'][0] if r['rss_mib'] else 0} -> {r['rss_mib'][-1] if r['rss_mib'] else 0} MiB",
+            "",
+        ),
+        (
+            "daemon descriptors",
+            f"{min(fds)}-{max(fds)}",
+            f"after the warm-up (first and last sample: {r['fds_start_end']})",
+        ),
+        ("tier errors", json.dumps(r.get("tier_errors", {})), f"unhealthy at the end: {r.get('unhealthy_at_end', [])}"),
     ]
     print(f"kvfs bench soak: {r['seconds']:.0f} s, load average {r['load']:.2f} at the start")
     print(table(["", "count", ""], rows, right=[1]))
+    for line in r["faults"]:
+        print(f"  fault at {line}")
     for e in r["examples"]:
         print(f"  ! {e}")
     verdict = r["wrong_reads"] + r["close_to_open_failures"] + r["errors"]
-    print("OK: every read was one whole version" if not verdict else "FAILED")
+    ok = not verdict and r["daemon_alive"] and not (r.get("held_leases") or r.get("held_reserved"))
+    print("OK: every read was one whole version" if ok else "FAILED")

@@ -56,6 +56,10 @@ BENCHES: dict[str, tuple[str, str]] = {
         "file I/O through a kvfs mount next to a minimal pyfuse3 filesystem and tmpfs: GB/s, latency, stat/s",
     ),
     "soak": ("kvfs.tools.bench_soak", "mixed load on a mount, every byte read checked: wrong reads must be 0"),
+    "fuzz": (
+        "kvfs.tools.bench_fuzz",
+        "the socket protocol fuzzed (hypothesis): the codec, and a real daemon's request handling",
+    ),
     "ttft": (
         "kvfs.tools.bench_ttft",
         "time to first token of a transformers model: cold, warm from each directory, ideal",

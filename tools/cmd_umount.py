@@ -4,8 +4,10 @@ that is done.
 Asks the daemon over its control socket (op ``shutdown``), waits for the ``flock`` the
 daemon holds on its pid file until it has unmounted, flushed and closed its store (a
 blocking lock: no polling, however long the flush), then for the process's exit (a
-pidfd); then it says what was done. A stale mount left by a killed
-daemon (no one answers the socket) is detached with ``fusermount3 -u -z``.
+pidfd); then it says what was done. Calls into a stalled shared filesystem block in the
+tier's helper process (kvfs.helper), not in the daemon, so the daemon does end; should
+a thread of it still be blocked in the kernel, ``kvfs umount`` says so. A stale mount
+left by a killed daemon (no one answers the socket) is detached with ``fusermount3 -u -z``.
 
 Then it reads what the daemon could not do (its unmount report): blocks only in DRAM that
 no persistent tier took are named and make the exit status 1; write-through copies not

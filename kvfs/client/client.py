@@ -41,6 +41,7 @@ from typing import Any, Self, TypeVar
 from kvfs.catalog import BlockStat
 from kvfs.errors import BlockCorrupt, KvfsError
 from kvfs.protocol import (
+    MAX_ITEMS,
     Abort,
     Advise,
     Advised,
@@ -241,12 +242,25 @@ class Client:
     # -- lookups -------------------------------------------------------------------------
 
     def lookup(self, names: Sequence[str]) -> LookupResult:
-        """Presence of every name and the cached prefix length, in one round trip."""
+        """Presence of every name and the cached prefix length, in one round trip (one per
+        :data:`~kvfs.protocol.MAX_ITEMS` names: a request carries at most that many)."""
         names = list(names)
-        r = self._request(Lookup(names=names))
-        found = LookupResult(names, r.sizes, r.tiers, r.pinned, self.tiers, r.prefix)
-        if any(e is not None for e in r.errors):  # refused names (another namespace's rule)
-            raise BatchError("lookup", [found[i] if e is None else _from_wire(e) for i, e in enumerate(r.errors)])
+        sizes: list[int] = []
+        masks: list[int] = []
+        pinned: list[bool] = []
+        errors: list[WireError | None] = []
+        prefix = None
+        for at in range(0, max(len(names), 1), MAX_ITEMS):
+            r = self._request(Lookup(names=names[at : at + MAX_ITEMS]))
+            if prefix is None and r.prefix < len(r.sizes):
+                prefix = at + r.prefix
+            sizes += r.sizes
+            masks += r.tiers
+            pinned += r.pinned
+            errors += r.errors or [None] * len(r.sizes)
+        found = LookupResult(names, sizes, masks, pinned, self.tiers, len(names) if prefix is None else prefix)
+        if any(e is not None for e in errors):  # refused names (another namespace's rule)
+            raise BatchError("lookup", [found[i] if e is None else _from_wire(e) for i, e in enumerate(errors)])
         return found
 
     def stat(self, name: str) -> BlockStat:
@@ -296,7 +310,8 @@ class Client:
         """End leases without waiting for the answer (it is read before the next one)."""
         if ids and self._conn.connected:
             with self._lock:
-                self._conn.submit(Release(ids=ids))
+                for at in range(0, len(ids), MAX_ITEMS):
+                    self._conn.submit(Release(ids=ids[at : at + MAX_ITEMS]))
 
     def get_into(
         self, names: Sequence[str], buffers_: Sequence[Any], *, verify: bool = False, promote: str | None = None
@@ -538,8 +553,11 @@ class Client:
         if not live:
             return
         sent = time.monotonic()
-        r = self._request(Renew(ids=[h.lease for h in live if h.lease is not None], ttl=ttl or self.lease_ttl))
-        for h, left in zip(live, r.ttls, strict=True):
+        ids = [h.lease for h in live if h.lease is not None]
+        ttls: list[float | None] = []
+        for at in range(0, len(ids), MAX_ITEMS):
+            ttls += self._request(Renew(ids=ids[at : at + MAX_ITEMS], ttl=ttl or self.lease_ttl)).ttls
+        for h, left in zip(live, ttls, strict=True):
             if left is None:
                 h._end()
                 self._held.pop(h.lease, None)  # type: ignore[arg-type]

@@ -4,7 +4,20 @@
 docs/client.md describes the protocol; docs/tools.md the operator commands."""
 
 from .checkout import CheckedOut, Checkout
-from .codec import MAX_FRAME, VERSION, LineBuffer, Message, ProtocolError, UnknownKind, VersionMismatch, decode, encode
+from .codec import (
+    MAX_FRAME,
+    MAX_ITEMS,
+    MAX_VALUES,
+    VERSION,
+    Bounds,
+    LineBuffer,
+    Message,
+    ProtocolError,
+    UnknownKind,
+    VersionMismatch,
+    decode,
+    encode,
+)
 from .errors import (
     ERRORS,
     ControlError,
@@ -89,12 +102,15 @@ from .messages import (
 __all__ = [
     "ERRORS",
     "MAX_FRAME",
+    "MAX_ITEMS",
+    "MAX_VALUES",
     "VERSION",
     "Abort",
     "Aborted",
     "Advise",
     "Advised",
     "ArenaInfo",
+    "Bounds",
     "CheckedOut",
     "Checkout",
     "Commit",

@@ -28,7 +28,7 @@ from kvfs.events import Event
 from kvfs.namespaces import NamespaceStatistics
 from kvfs.stats import StoreStatistics
 
-from .codec import VERSION, Message
+from .codec import MAX_ITEMS, MAX_STRING, VERSION, Bounds, Message
 
 __all__ = [
     "Abort",
@@ -99,6 +99,14 @@ __all__ = [
 ]
 
 _MSG = {"frozen": True, "kw_only": True, "slots": True}
+
+# What a request's fields must keep besides their types (checked at decode: kvfs.protocol.codec.Bounds)
+_BATCH = Bounds(items=MAX_ITEMS).meta()
+_TTL = Bounds(min=0, why="seconds from now").meta()
+_PIN_TTL = Bounds(above=0, why="seconds a soft pin lasts; leave ttl out for a pin until unpinned").meta()
+_SIZES = Bounds(items=MAX_ITEMS, min=0, why="bytes").meta()
+_CHECKSUMS = Bounds(items=MAX_ITEMS, min=0, max=2**64 - 1, why="an xxh3-64 checksum").meta()
+_TEXT = Bounds(length=MAX_STRING).meta()
 
 
 class Request(Message):
@@ -408,9 +416,9 @@ class Pin(Request):
 
     kind: ClassVar[str] = "pin"
     reply: ClassVar[type[Message]] = PinResult
-    paths: list[str]
+    paths: list[str] = field(metadata=_BATCH)
     pinned: bool = True
-    ttl: float | None = None
+    ttl: float | None = field(default=None, metadata=_PIN_TTL)
     """A soft pin: it ends by itself after *ttl* seconds (None: until unpinned)."""
 
 
@@ -443,8 +451,8 @@ class QuotaSet(Request):
     kind: ClassVar[str] = "quota_set"
     reply: ClassVar[type[Message]] = QuotaResult
     name: str
-    quotas: dict[str, int | None] = field(default_factory=dict)
-    retention: float | None = None
+    quotas: dict[str, int | None] = field(default_factory=dict, metadata=Bounds(min=0, items=256, why="bytes").meta())
+    retention: float | None = field(default=None, metadata=Bounds(min=0, why="seconds").meta())
 
 
 @dataclass(**_MSG)
@@ -464,7 +472,7 @@ class Prefetch(Request):
     kind: ClassVar[str] = "prefetch"
     reply: ClassVar[type[Message]] = PrefetchResult
     streaming: ClassVar[bool] = True
-    paths: list[str]
+    paths: list[str] = field(metadata=_BATCH)
     tier: str | None = None
 
 
@@ -486,7 +494,7 @@ class Evict(Request):
     kind: ClassVar[str] = "evict"
     reply: ClassVar[type[Message]] = EvictResult
     streaming: ClassVar[bool] = True
-    paths: list[str]
+    paths: list[str] = field(metadata=_BATCH)
     tier: str | None = None
     force: bool = False
 
@@ -578,7 +586,7 @@ class Hello(Request):
 
     kind: ClassVar[str] = "hello"
     reply: ClassVar[type[Message]] = Welcome
-    client: str = ""
+    client: str = field(default="", metadata=_TEXT)
     write: bool = False
     copy: bool = False
 
@@ -603,7 +611,7 @@ class LookupResult(Message):
 class Lookup(Request):
     kind: ClassVar[str] = "lookup"
     reply: ClassVar[type[Message]] = LookupResult
-    names: list[str]
+    names: list[str] = field(metadata=_BATCH)
 
 
 @dataclass(**_MSG)
@@ -622,8 +630,8 @@ class Lease(Request):
 
     kind: ClassVar[str] = "lease"
     reply: ClassVar[type[Message]] = Leased
-    names: list[str]
-    ttl: float = 0.0  # 0: the session's default
+    names: list[str] = field(metadata=_BATCH)
+    ttl: float = field(default=0.0, metadata=_TTL)  # 0: the session's default
     promote: str = Promote.POLICY
     count_hits: bool = True
 
@@ -638,7 +646,7 @@ class Released(Message):
 class Release(Request):
     kind: ClassVar[str] = "release"
     reply: ClassVar[type[Message]] = Released
-    ids: list[int]
+    ids: list[int] = field(metadata=_BATCH)
 
 
 @dataclass(**_MSG)
@@ -653,8 +661,8 @@ class Renewed(Message):
 class Renew(Request):
     kind: ClassVar[str] = "renew"
     reply: ClassVar[type[Message]] = Renewed
-    ids: list[int]
-    ttl: float = 0.0
+    ids: list[int] = field(metadata=_BATCH)
+    ttl: float = field(default=0.0, metadata=_TTL)
 
 
 @dataclass(**_MSG)
@@ -673,9 +681,9 @@ class Reserve(Request):
 
     kind: ClassVar[str] = "reserve"
     reply: ClassVar[type[Message]] = Reserved
-    names: list[str]
-    sizes: list[int]
-    parents: list[str | None] = field(default_factory=list)
+    names: list[str] = field(metadata=_BATCH)
+    sizes: list[int] = field(metadata=_SIZES)
+    parents: list[str | None] = field(default_factory=list, metadata=_BATCH)
 
 
 @dataclass(**_MSG)
@@ -693,8 +701,8 @@ class Commit(Request):
 
     kind: ClassVar[str] = "commit"
     reply: ClassVar[type[Message]] = Committed
-    ids: list[int]
-    checksums: list[int]
+    ids: list[int] = field(metadata=_BATCH)
+    checksums: list[int] = field(metadata=_CHECKSUMS)
 
 
 @dataclass(**_MSG)
@@ -707,7 +715,7 @@ class Aborted(Message):
 class Abort(Request):
     kind: ClassVar[str] = "abort"
     reply: ClassVar[type[Message]] = Aborted
-    ids: list[int]
+    ids: list[int] = field(metadata=_BATCH)
 
 
 @dataclass(**_MSG)
@@ -727,7 +735,7 @@ class Suspect(Request):
     kind: ClassVar[str] = "suspect"
     reply: ClassVar[type[Message]] = SuspectResult
     lease: int
-    why: str
+    why: str = field(metadata=_TEXT)
 
 
 @dataclass(**_MSG)
@@ -746,5 +754,5 @@ class Advise(Request):
 
     kind: ClassVar[str] = "hint"
     reply: ClassVar[type[Message]] = Advised
-    names: list[str]
+    names: list[str] = field(metadata=_BATCH)
     when: str
