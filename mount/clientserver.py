@@ -301,7 +301,6 @@ class ClientOps:
         cheap to encode and check on both sides however many names)."""
         if req.promote not in Promote.ALL:
             raise ProtocolError(f"checkout.promote: {req.promote!r} is not one of {', '.join(Promote.ALL)}")
-        self._capped("checkout", req.names)
         if req.release:
             await self.op_release(conn, Release(ids=req.release))
         promote = req.promote
@@ -311,10 +310,15 @@ class ClientOps:
             promote = Promote.ALWAYS  # another user cannot open the tier's files: read them from DRAM
         ttl = self._ttl(req.ttl)
         leased = await self._batch(self.store.lease_many, names, ttl=ttl, promote=promote, count_hits=req.count_hits)
-        results = _spread(conn.refused, len(req.names), leased, lambda e: e)
+        refused, n = conn.refused, len(req.names)
+        results = await self._sized(n, lambda: _spread(refused, n, leased, lambda e: e))
         s = conn.session
         if s.copies is not None:
             results = await trio.to_thread.run_sync(self._copy_out, s, results)
+        return await self._sized(n, functools.partial(self._checked_out, s, results, ttl))
+
+    def _checked_out(self, s: Session, results: list[StoreLease | KvfsError], ttl: float) -> CheckedOut:
+        """The reply to a checkout: its leases (now held by session *s*) in columns."""
         index = self._tier_index
         ids, tiers, kinds, paths, offsets, lengths, sums = [], [], [], [], [], [], []
         errors: list[WireError | None] = []

@@ -245,8 +245,8 @@ def serve_foreground(mountpoint: str, config: Config, on_ready: Any = lambda: No
 
     from .fs import KvfsOperations
     from .kernel.device import MountFailed
-    from .transport import open_transport
     from .limits import raise_nofile
+    from .transport import open_transport
 
     mountpoint = check_mountpoint(mountpoint)
     options = fs_options_from_env()

@@ -22,14 +22,15 @@ group whose other threads are still exiting (one of them closes the files last).
 
 :func:`killed_by` takes the task id as an argument: pyfuse3 gives FLUSH no request
 context, so the mount passes the pid that opened the file; a FUSE transport that knows
-each request's pid passes the closing task's own (``KvfsOperations.flush(fh, pid)``).
+each request's pid passes the closing task's own (``KvfsOperations.flush(fh, pid)``),
+which counts when it is a thread of the opener's process (:func:`closing_writer`).
 """
 
 from __future__ import annotations
 
 import os
 
-__all__ = ["PF_EXITING", "PF_SIGNALED", "SIGNAL_UNKNOWN", "killed_by"]
+__all__ = ["PF_EXITING", "PF_SIGNALED", "SIGNAL_UNKNOWN", "closing_writer", "killed_by"]
 
 PF_EXITING = 0x4
 PF_SIGNALED = 0x400
@@ -64,6 +65,30 @@ def killed_by(pid: int) -> int | None:
     return None
 
 
+def closing_writer(closer: int | None, opener: int | None) -> int | None:
+    """The task whose death decides a close: the closing task *closer* (where the
+    transport knows it) when it belongs to the process that opened the file (*opener*),
+    else the opener. A child that inherited the descriptor and was killed does not stop
+    its parent's file (it closes a copy; the parent writes on), exactly as on a
+    transport that knows only the opener."""
+    if closer is None or opener is None or closer == opener:
+        return opener if closer is None else closer
+    group = _status_field(closer, b"Tgid:")
+    return closer if group is not None and group == _status_field(opener, b"Tgid:") else opener
+
+
+def _status_field(pid: int, key: bytes) -> int | None:
+    """An integer field of ``/proc/<pid>/status``, or None."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(key):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def _stat(pid: int) -> list[bytes] | None:
     """The fields of ``/proc/<pid>/stat`` after the command name (which may hold spaces
     and parentheses), or None when there is no such task."""
@@ -77,14 +102,7 @@ def _stat(pid: int) -> list[bytes] | None:
 
 def _threads(pid: int) -> int:
     """Threads of *pid*'s group not yet released (``Threads:`` in its status; 0 if gone)."""
-    try:
-        with open(f"/proc/{pid}/status", "rb") as f:
-            for line in f:
-                if line.startswith(b"Threads:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError):
-        pass
-    return 0
+    return _status_field(pid, b"Threads:") or 0
 
 
 def _sees_exit_code(pid: int) -> bool:

@@ -27,10 +27,10 @@ import pyfuse3
 import trio
 from pyfuse3 import FUSEError
 
-from kvfs.access import Operation, Peer, check
-from kvfs.errors import InvalidName, KvfsError
+from kvfs.access import Operation, Peer
+from kvfs.errors import KvfsError
 from kvfs.names import check_creatable, normalize, normalize_valid
-from kvfs.store import BlockStat, Store, StoreBusy
+from kvfs.store import BlockStat, Store
 from kvfs.tier import BlockRef
 
 from .attrs import Attributes

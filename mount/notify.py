@@ -75,13 +75,14 @@ class KernelNotices:
             pnode = self.inodes.bound(parent)
             if pnode is not None:
                 todo.append((pnode.ino, base.encode(), name))
-        if not todo or self._nursery is None:
+        if not todo or self._nursery is None or self._notifier is None:
             return
+        notifier = self._notifier
 
         def notify() -> None:
             for pino, base, name in todo:
                 try:
-                    pyfuse3.invalidate_entry(pino, base)
+                    notifier.invalidate_entry(pino, base)
                 except OSError as exc:  # the kernel may have dropped it already
                     log.debug("invalidate_entry(%s) failed: %s", name, exc)
 

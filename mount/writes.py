@@ -58,7 +58,7 @@ from kvfs.store import BlockStat
 from kvfs.tier import BlockRef
 
 from .buffer import WriteBuffer
-from .dying import killed_by
+from .dying import closing_writer, killed_by
 from .errnos import errno_of
 from .inodes import Inode
 from .opstats import OpStats
@@ -346,7 +346,7 @@ class Writes:
         v = h.version
         if v.error is not None:
             raise FUSEError(v.error)
-        task = pid if pid is not None else h.pid
+        task = closing_writer(pid, h.pid)
         signal = killed_by(task) if task is not None else None
         if signal is not None:
             v.killed = signal

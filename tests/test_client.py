@@ -302,7 +302,9 @@ def test_bad_requests_get_clear_errors_and_change_nothing(mount):
                 raise exc.errors[0] from None
         many = [f"many/{i}" for i in range(70_000)]
         assert c.lookup(many[:5000]).prefix == 0  # a big lookup runs off the FUSE loop
-        with pytest.raises(ProtocolError, match="checkout.names: 70000 items in one request, at most 65536; split the batch"):
+        with pytest.raises(
+            ProtocolError, match="checkout.names: 70000 items in one request, at most 65536; split the batch"
+        ):
             c.lease(many)
     with Client(mp) as ro:
         with pytest.raises(KvfsError, match="this client is read-only"):

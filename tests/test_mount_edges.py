@@ -207,7 +207,7 @@ capacity = "8MiB"
 path = "{data}/disk"
 """
 
-BLOCK = MiB - 4096  # a disk copy takes exactly 1 MiB (its 4 KiB header)
+BLOCK = MiB  # a disk copy takes exactly 1 MiB (block format 3: the payload alone; its header is an xattr)
 
 
 def fill_and_pin(mp: Path, n: int, prefix: str, size: int) -> None:

@@ -19,7 +19,7 @@ from kvfs.errors import BlockCorrupt, BlockNotFound, TierUnavailable
 from kvfs.names import TierName
 from kvfs.tiers.posix import TMP_PREFIX, PosixOps, PosixTier
 
-from conftest import DEADLINE, HANG, TIER_TIMEOUT, wait_for
+from conftest import DEADLINE, HANG, TIER_TIMEOUT
 from s3server import moto  # noqa: F401 - moto is a fixture
 
 

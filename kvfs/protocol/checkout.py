@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from .codec import Message
-from .messages import _MSG, Promote, Request, WireError
+from .messages import _BATCH, _MSG, _TTL, Promote, Request, WireError
 
 __all__ = ["CheckedOut", "Checkout"]
 
@@ -50,10 +50,10 @@ class Checkout(Request):
 
     kind: ClassVar[str] = "checkout"
     reply: ClassVar[type[Message]] = CheckedOut
-    names: list[str]
-    ttl: float = 0.0  # 0: the session's default
+    names: list[str] = field(metadata=_BATCH)
+    ttl: float = field(default=0.0, metadata=_TTL)  # 0: the session's default
     promote: str = Promote.POLICY
     count_hits: bool = True
-    release: list[int] = field(default_factory=list)
+    release: list[int] = field(default_factory=list, metadata=_BATCH)
     """Leases of this session to end first (the previous read's: folded into this request
     instead of a :class:`~kvfs.protocol.Release` of their own)."""
