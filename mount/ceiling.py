@@ -151,7 +151,7 @@ class CeilingOperations(pyfuse3.Operations):
             data[off : off + len(buf)] = buf
         return len(buf)
 
-    async def flush(self, fh):
+    async def flush(self, fh, pid=None):
         return None
 
     async def release(self, fh):

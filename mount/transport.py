@@ -10,7 +10,8 @@ when the daemon may — passthrough backing files (``passthrough``, ``backing_op
 - ``kernel`` (:mod:`kvfs.mount.kernel`): what pyfuse3 3.5 over libfuse 3.14 cannot do:
   sealed blocks read by the kernel from their backing files (passthrough, root only),
   ``FOPEN_NOFLUSH`` on read-only opens, 1 MiB requests, a request context for every
-  handler.
+  handler; ``flush(fh, pid)`` gets the closing task's pid (pyfuse3 calls ``flush(fh)``:
+  an operations object takes ``pid=None``).
 - ``pyfuse3``: the binding; any kernel and any user with fusermount3.
 - ``auto``: ``kernel`` where this process can mount it (as root, or with fusermount3),
   falling back to pyfuse3 when the kernel refuses its protocol.

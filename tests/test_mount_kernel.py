@@ -51,7 +51,7 @@ RECORDER = textwrap.dedent(
             self._note("read")
             return await super().read(fh, off, size)
 
-        async def flush(self, fh):
+        async def flush(self, fh, pid=None):
             self._note("flush")
 
         async def release(self, fh):

@@ -16,8 +16,11 @@ from pathlib import Path
 import pytest
 
 from kvfs.client import Client
+from kvfs.protocol import VERSION
 
 from control_harness import ControlServer, make_store
+
+_V = b'{"v":%d,' % VERSION  # a raw frame's start, in this release's protocol version
 
 MAX_ITEMS = 65536  # kvfs.protocol.MAX_ITEMS: the most names or ids one request carries
 
@@ -35,7 +38,7 @@ class Raw:
 
     def ask(self, frame: bytes | dict) -> dict:
         if isinstance(frame, dict):
-            frame = json.dumps({"v": 2, **frame}).encode()
+            frame = json.dumps({"v": VERSION, **frame}).encode()
         self.sock.sendall(frame + b"\n")
         line = self.file.readline()
         assert line, "the daemon hung up"
@@ -76,7 +79,7 @@ def _error(reply: dict) -> tuple[str, str]:
 )
 def test_a_bad_ttl_is_a_clear_error_naming_the_field(server, kind, body, field, value):
     c = Raw(server.socket)
-    frame = f'{{"v": 2, "kind": "{kind}", {body}{value}}}'.encode()
+    frame = f'{{"v": {VERSION}, "kind": "{kind}", {body}{value}}}'.encode()
     typ, msg = _error(c.ask(frame))
     assert typ == "ProtocolError" and msg.startswith(f"{field}: "), msg
     assert c.ask({"kind": "ping"})["kind"] == "pong"  # the connection serves on
@@ -88,7 +91,7 @@ def test_a_soft_pin_of_no_time_is_a_clear_error(server, value):
     """``kvfs bench fuzz`` found a pin with ttl 0 answered InternalError (the store's
     ValueError): a soft pin must last some time, and the refusal names the field."""
     c = Raw(server.socket)
-    typ, msg = _error(c.ask(f'{{"v": 2, "kind": "pin", "paths": ["a/b"], "ttl": {value}}}'.encode()))
+    typ, msg = _error(c.ask(f'{{"v": {VERSION}, "kind": "pin", "paths": ["a/b"], "ttl": {value}}}'.encode()))
     assert typ == "ProtocolError" and msg.startswith("pin.ttl: ") and "not more than 0" in msg, msg
     assert c.ask({"kind": "ping"})["kind"] == "pong"
     c.close()
@@ -98,7 +101,7 @@ def test_deep_nesting_wide_integers_and_huge_batches_are_refused_by_name(server)
     c = Raw(server.socket)
     typ, msg = _error(c.ask(b"[" * 200_000 + b"]" * 200_000))
     assert typ == "ProtocolError" and "nests deeper" in msg
-    typ, msg = _error(c.ask(b'{"v": 2, "kind": "lookup", "names": ' + b"[" * 200_000 + b"]" * 200_000 + b"}"))
+    typ, msg = _error(c.ask(_V + b' "kind": "lookup", "names": ' + b"[" * 200_000 + b"]" * 200_000 + b"}"))
     assert typ == "ProtocolError" and "nests deeper" in msg
     typ, msg = _error(c.ask({"kind": "release", "ids": [2**70]}))
     assert (typ, msg) == ("ProtocolError", "release.ids[0]: expected an integer, got an integer wider than 64 bits")
@@ -116,7 +119,7 @@ def test_deep_nesting_wide_integers_and_huge_batches_are_refused_by_name(server)
             f"{kind}.{field}: {MAX_ITEMS + 1} items in one request, at most {MAX_ITEMS}; split the batch",
         )
     # millions of values are refused before they are parsed (parsing holds the interpreter)
-    typ, msg = _error(c.ask(b'{"v": 2, "kind": "renew", "ids": [' + b"1," * 2_000_000 + b"1]}"))
+    typ, msg = _error(c.ask(_V + b' "kind": "renew", "ids": [' + b"1," * 2_000_000 + b"1]}"))
     assert typ == "ProtocolError" and "2000003 values" in msg and "split the batch" in msg
     assert c.ask({"kind": "ping"})["kind"] == "pong"
     c.close()
@@ -146,7 +149,7 @@ def test_commit_and_abort_handle_each_id_alone_and_leave_nothing_reserved(server
     }
     assert len(store.ingest) == 0
     [d] = reserve("t/d")
-    assert c.ask({"kind": "abort", "ids": [d, 424_242]}) == {"v": 2, "kind": "aborted", "count": 1}
+    assert c.ask({"kind": "abort", "ids": [d, 424_242]}) == {"v": VERSION, "kind": "aborted", "count": 1}
     [e] = reserve("t/e")
     assert c.ask({"kind": "abort", "ids": [e, e]})["count"] == 1
     assert len(store.ingest) == 0 and store.statistics().reserved == 0
@@ -186,7 +189,7 @@ def test_a_big_renew_runs_off_the_loop_and_others_are_served_meanwhile(server):
     try:
         assert big.ask({"kind": "hello"})["kind"] == "welcome"
         [grant] = big.ask({"kind": "lease", "names": ["r/x"]})["grants"]
-        big.sock.sendall(json.dumps({"v": 2, "kind": "renew", "ids": [grant["id"]] * MAX_ITEMS}).encode() + b"\n")
+        big.sock.sendall(json.dumps({"v": VERSION, "kind": "renew", "ids": [grant["id"]] * MAX_ITEMS}).encode() + b"\n")
         assert inside.wait(120)
         assert other.ask({"kind": "ping"})["kind"] == "pong"  # answered while the big renew is held
         assert other.ask({"kind": "lookup", "names": ["r/x"]})["sizes"] == [4096]

@@ -115,4 +115,4 @@ def test_metrics_of_a_real_mount_change_as_files_flow(kvfs_mount):
     assert tier(after, "kvfs_tier_stored_total", "dram") == tier(before, "kvfs_tier_stored_total", "dram") + 3
     assert tier(after, "kvfs_tier_used_bytes", "dram", "dram") > tier(before, "kvfs_tier_used_bytes", "dram", "dram")
     assert after[("kvfs_fuse_operations_total", (("op", "create"),))] >= 3
-    assert after[("kvfs_fuse_operations_total", (("op", "read"),))] >= 1
+    assert after[("kvfs_fuse_operations_total", (("op", "open"),))] >= 1  # a read may come from the page cache

@@ -13,7 +13,7 @@ from kvfs.tools.control_client import ENV_SOCKET
 
 from control_harness import ControlServer
 
-BLOCK = 4096  # 4 KiB in DRAM, 8 KiB on disk
+BLOCK = 4096  # 4 KiB in DRAM and on disk (block format 3: its header is an attribute)
 
 
 @pytest.fixture
@@ -106,7 +106,7 @@ def test_df_and_du_show_use_against_quota(server, capsys):
     assert du["quota"] == {"dram": 3 * BLOCK, "disk": None}
     assert kvfs_json(capsys, "du", "tenant-a/00")["quota"] is None  # only a namespace's own directory
     rc, out, _ = kvfs(capsys, "du", "tenant-a")
-    assert out.splitlines()[-1] == "/tenant-a: namespace; quota use: dram 12 KiB of 12 KiB, disk 8 KiB"
+    assert out.splitlines()[-1] == "/tenant-a: namespace; quota use: dram 12 KiB of 12 KiB, disk 4 KiB"
 
 
 def test_pin_for_a_while(server, capsys):

@@ -42,8 +42,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvfs.protocol import VERSION
+
 from .render import table
 from .scratch import dram_disk_config, mount, umount
+
+_V = b'{"v":%d,' % VERSION  # a raw frame's start, in this release's protocol version
 
 MiB = 1 << 20
 _SKIP = frozenset({"shutdown"})  # a fuzzer that unmounts its daemon tests nothing more
@@ -113,7 +117,7 @@ def strategies() -> dict[str, Any]:
     )
 
     def body(cls: type) -> Any:
-        return of(cls).map(lambda d, c=cls: {"v": 2, "kind": c.kind, **d})
+        return of(cls).map(lambda d, c=cls: {"v": VERSION, "kind": c.kind, **d})
 
     bodies = st.one_of(*[body(c) for c in requests])
     valid = bodies.map(lambda b: json.dumps(b, allow_nan=True).encode())
@@ -203,7 +207,7 @@ class DaemonFuzz:
         try:
             data = b"".join(f + b"\n" for f in frames)
             if end == "cut":
-                data += b'{"v": 2, "kind": "lookup", "names": ["half'
+                data += _V + b' "kind": "lookup", "names": ["half'
             try:
                 s.sendall(data)
                 s.shutdown(socket.SHUT_WR)
@@ -232,7 +236,7 @@ class DaemonFuzz:
     def ping(self) -> None:
         s = self.connect()
         try:
-            s.sendall(b'{"v": 2, "kind": "ping"}\n')
+            s.sendall(_V + b' "kind": "ping"}\n')
             reply = s.makefile("rb").readline()
         except OSError as exc:
             raise DaemonGone(f"the daemon does not answer a ping: {exc}") from None
@@ -245,9 +249,9 @@ class DaemonFuzz:
         """One frame past the size limit, one nested 200,000 deep, one of 2M values."""
         from kvfs.protocol import MAX_FRAME
 
-        self.session([b'{"v":2,"kind":"lookup","names":["' + b"x" * (MAX_FRAME + 10) + b'"]}'], "close")
+        self.session([_V + b'"kind":"lookup","names":["' + b"x" * (MAX_FRAME + 10) + b'"]}'], "close")
         self.session([b"[" * 200_000 + b"]" * 200_000], "close")
-        self.session([b'{"v":2,"kind":"renew","ids":[' + b"1," * 2_000_000 + b"1]}"], "close")
+        self.session([_V + b'"kind":"renew","ids":[' + b"1," * 2_000_000 + b"1]}"], "close")
 
 
 def run_for(seconds: float, prop: Any, strategy: Any, *, batch: int = 200) -> tuple[int, list[str]]:
