@@ -241,7 +241,8 @@ def test_a_burst_past_the_hub_buffer_is_a_resync_never_the_end_of_the_publisher(
 
     trio.run(main)
     sub.close()
-    stored = [h for t, h in got if t == "BlockStored"]
+    seen = [(t, h) for t, h in got if h != hashes[0]]  # a late copy of a join probe is not the subject
+    stored = [h for t, h in seen if t == "BlockStored"]
     assert stored == hashes[1:10_001] + hashes[-1:]  # in order; the gap where the dropped ones were
-    i = next(i for i, (t, _) in enumerate(got) if t == "AllBlocksCleared")
-    assert [h for t, h in got[:i] if t == "BlockStored"] == hashes[1:10_001]  # the receiver told at the gap
+    i = next(i for i, (t, _) in enumerate(seen) if t == "AllBlocksCleared")
+    assert [h for t, h in seen[:i] if t == "BlockStored"] == hashes[1:10_001]  # the receiver told at the gap

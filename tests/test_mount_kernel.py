@@ -151,3 +151,72 @@ def test_every_handler_knows_its_requester_and_requests_are_large(served):
     want = min(limit, 256) * 4096
     assert seen["max_write"] == want
     assert max(seen["seen"]["write_sizes"]) == want  # 1 MiB requests, not libfuse's 128 KiB
+
+
+FALLBACK = textwrap.dedent(
+    """
+    import json, os, sys, trio
+    from kvfs.config import Transport
+    from kvfs.mount.ceiling import CeilingOperations
+    from kvfs.mount.daemon import mount_type
+    from kvfs.mount.kernel import abi
+    from kvfs.mount.kernel.device import MountFailed, MountSpec
+    from kvfs.mount.transport import open_transport
+
+    mp, kind = os.path.realpath(sys.argv[1]), sys.argv[2]
+    abi.MIN_MINOR = abi.KERNEL_MINOR + 1000  # this kernel is then too old for the transport: INIT gets EPROTO
+
+    def mounts():
+        with open("/proc/self/mountinfo") as f:
+            return sum(1 for line in f if line.split(" ")[4] == mp)
+
+    try:
+        t = open_transport(Transport(kind), CeilingOperations(), mp, MountSpec(fsname="kvfs-test", subtype="kvfs-test"))
+    except MountFailed as exc:
+        print(json.dumps({"failed": exc.errno, "message": str(exc), "mounts": mounts()}))
+        sys.exit(0)
+    result = {"name": t.name, "mounts": mounts(), "type": mount_type(mp)}
+
+    def use():
+        with open(os.path.join(mp, "f"), "wb") as f:
+            f.write(b"x" * 5000)
+        with open(os.path.join(mp, "f"), "rb") as f:
+            return f.read()
+
+    async def main():
+        async with trio.open_nursery() as n:
+            n.start_soon(t.serve)
+            result["read"] = len(await trio.to_thread.run_sync(use))
+            n.cancel_scope.cancel()
+
+    trio.run(main)
+    t.close(unmount=True)
+    result["mounts_after"] = mounts()
+    print(json.dumps(result))
+    """
+)
+
+
+@pytest.mark.parametrize("kind", ["auto", "kernel"])
+def test_auto_falls_back_to_pyfuse3_where_the_kernel_refuses_the_protocol(tmp_path, kind):
+    """A kernel whose FUSE protocol is older than the transport needs (simulated by
+    raising the transport's minimum above this kernel's, so the real INIT is refused with
+    EPROTO): ``auto`` leaves nothing of that attempt mounted and serves on pyfuse3;
+    ``kernel`` fails with a message that names the fix."""
+    reason = fuse_missing()
+    if reason:
+        pytest.skip(reason)
+    mp = tmp_path / "mnt"
+    mp.mkdir()
+    proc = subprocess.run([sys.executable, "-c", FALLBACK, str(mp), kind], capture_output=True, text=True, timeout=300)
+    try:
+        assert proc.returncode == 0, proc.stderr
+        got = json.loads(proc.stdout.strip().splitlines()[-1])
+    finally:
+        if mount_type(mp) is not None:
+            subprocess.run(["fusermount3", "-u", "-z", str(mp)], capture_output=True)
+    if kind == "auto":
+        assert got == {"name": "pyfuse3", "mounts": 1, "type": "fuse.kvfs-test", "read": 5000, "mounts_after": 0}
+    else:
+        assert got["failed"] == 71 and 'transport = "pyfuse3"' in got["message"], got
+        assert got["mounts"] == 0
