@@ -31,7 +31,6 @@ by ``kvfs events --zmq ADDR`` beside a running daemon (:func:`publish_stream`).
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -39,6 +38,7 @@ from typing import Any
 
 from kvfs.errors import KvfsError
 from kvfs.events import Event, EventKind
+from kvfs.hashing import block_hash_of
 
 __all__ = [
     "MEDIUM_CPU",
@@ -59,20 +59,9 @@ MEDIUM_CPU = "CPU"
 MEDIUM_STORAGE = "STORAGE"
 LOCAL, REMOTE = "LOCAL", "REMOTE"
 
-_HASHED = re.compile(r"(?:^|/)([0-9a-f]{2})/(\1[0-9a-f]{6,126})$")
-
 
 class EventsUnavailable(KvfsError):
     """The ZMQ publisher cannot run (pyzmq or msgpack missing, an address that cannot be bound)."""
-
-
-def block_hash_of(name: str) -> bytes | None:
-    """The block hash a name carries (``.../<ab>/<abcdef...>``, an even number of hex
-    digits), or None for a name that is not a hash."""
-    m = _HASHED.search(name)
-    if m is None or len(m.group(2)) % 2:
-        return None
-    return bytes.fromhex(m.group(2))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -40,9 +40,10 @@ from typing import Any
 from kvfs.access import AccessDenied, Operation, Peer
 from kvfs.config import ClusterConfig, PeerConfig
 from kvfs.errors import KvfsError, TierUnavailable
+from kvfs.hashing import block_hash_of
 from kvfs.leases import Lease
 from kvfs.nixl import agent_of
-from kvfs.peers import Medium, block_hash_of
+from kvfs.peers import Medium
 from kvfs.stats import PeerCounters
 from kvfs.store import Store
 

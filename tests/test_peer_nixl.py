@@ -30,7 +30,8 @@ from test_ingest import BLOCK, blob, make
 
 from kvfs.config import ClusterConfig, PeerConfig
 from kvfs.errors import BlockNotFound, TierUnavailable
-from kvfs.peers import PEER_DETAIL, Medium, block_hash_of
+from kvfs.hashing import block_hash_of
+from kvfs.peers import PEER_DETAIL, Medium
 
 nixl = pytest.importorskip("nixl_cu12", reason="NIXL is not installed (pip install 'kvfs[cluster]')")
 prometheus_client = pytest.importorskip("prometheus_client")
