@@ -22,7 +22,16 @@ import xxhash
 from .errors import InvalidName
 from .names import BlockName
 
-__all__ = ["HashFn", "Namespace", "block_hash", "block_path", "chain_hashes", "differ_only_by_weights", "xxh3_128"]
+__all__ = [
+    "HashFn",
+    "Namespace",
+    "block_hash",
+    "block_hash_of",
+    "block_path",
+    "chain_hashes",
+    "differ_only_by_weights",
+    "xxh3_128",
+]
 
 HashFn = Callable[[bytes], bytes]
 """A hash function from bytes to a digest (16 bytes for the default)."""
@@ -166,3 +175,16 @@ def block_path(namespace: Namespace, digest: bytes, hash_fn: HashFn = xxh3_128) 
     """``<namespace dirname>/<first two hex digits>/<hex digest>``: 256 shards per namespace."""
     h = digest.hex()
     return BlockName(f"{namespace.dirname(hash_fn)}/{h[:2]}/{h}")
+
+
+_HASHED = re.compile(r"(?:^|/)([0-9a-f]{2})/(\1[0-9a-f]{6,126})$")
+
+
+def block_hash_of(name: str) -> bytes | None:
+    """The block hash a name carries (``.../<ab>/<abcdef...>``, an even number of hex
+    digits, as :func:`block_path` writes it), as KV events and the peer tier carry it;
+    None for a name that is not a hash."""
+    m = _HASHED.search(name)
+    if m is None or len(m.group(2)) % 2:
+        return None
+    return bytes.fromhex(m.group(2))

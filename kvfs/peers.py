@@ -35,7 +35,6 @@ import abc
 import enum
 import itertools
 import logging
-import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -43,6 +42,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .errors import BlockCorrupt, KvfsError, NoSpace, TierUnavailable
+from .hashing import block_hash_of
 from .health import HealthBreaker
 from .stats import PeerCounters, PeerStatistics
 
@@ -62,25 +62,13 @@ __all__ = [
     "PeerIndex",
     "PeerReads",
     "PeerSource",
-    "block_hash_of",
 ]
 
 log = logging.getLogger("kvfs.peers")
 
-_HASHED = re.compile(r"(?:^|/)([0-9a-f]{2})/(\1[0-9a-f]{6,126})$")
 _MAX_ENTRIES = 4_000_000  # block hashes remembered per peer (about 100 bytes each)
 PEER_DETAIL = "read from peer "
 """The start of the ``stored`` event's detail of a block read from a peer (then its name)."""
-
-
-def block_hash_of(name: str) -> bytes | None:
-    """The block hash a name carries (``.../<ab>/<abcdef...>``, an even number of hex
-    digits), as KV events carry it; None for a name that is not a hash. The same rule as
-    ``kvfs.mount.kv_events.block_hash_of``."""
-    m = _HASHED.search(name)
-    if m is None or len(m.group(2)) % 2:
-        return None
-    return bytes.fromhex(m.group(2))
 
 
 class Medium(enum.IntEnum):

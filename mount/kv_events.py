@@ -46,7 +46,6 @@ from __future__ import annotations
 import grp
 import logging
 import os
-import re
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -55,6 +54,7 @@ from typing import Any
 from kvfs.access import AccessRule, Operation, Peer, decide
 from kvfs.errors import KvfsError
 from kvfs.events import Event, EventKind
+from kvfs.hashing import block_hash_of
 
 from .eventhub import Gap
 
@@ -78,7 +78,6 @@ MEDIUM_CPU = "CPU"
 MEDIUM_STORAGE = "STORAGE"
 LOCAL, REMOTE = "LOCAL", "REMOTE"
 
-_HASHED = re.compile(r"(?:^|/)([0-9a-f]{2})/(\1[0-9a-f]{6,126})$")
 _NOBODY = 2**32 - 2  # a uid no namespace names: a subscriber judged by a rule's group or other bits
 _IN_THREAD = 256  # events of one burst translated and sent on the loop; more in a worker thread
 
@@ -134,15 +133,6 @@ class Audience:
         if self.gid is not None:
             return 0o660, self.gid
         return 0o666, None
-
-
-def block_hash_of(name: str) -> bytes | None:
-    """The block hash a name carries (``.../<ab>/<abcdef...>``, an even number of hex
-    digits), or None for a name that is not a hash."""
-    m = _HASHED.search(name)
-    if m is None or len(m.group(2)) % 2:
-        return None
-    return bytes.fromhex(m.group(2))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -59,7 +59,7 @@ class _Link:
         self.sock.settimeout(max(timeout, 0.001))
         send_frame(self.sock, msg)
         try:
-            reply = recv_frame(self.sock)
+            reply = recv_frame(self.sock, within=max(timeout, 0.001))
         except PeerProtocolError as exc:
             raise TierUnavailable(f"peer {self.peer.name}: {exc}") from exc
         if reply is None:

@@ -20,7 +20,10 @@ is held for the connection (one at a time) and sent on in chunks, one ``more`` e
 the lease ends when the last chunk is written, at ``release``, at the next ``fetch``,
 when the connection ends, or at its deadline. Bounds: ``max_connections`` connections
 at once (one more is answered ``busy`` and closed), one block held per connection, at
-most ``MAX_DESTS`` buffers per request; a write takes at most ``timeout``.
+most ``MAX_DESTS`` buffers per request; a request is at most ``MAX_REQUEST`` bytes, and
+once it has begun it must arrive within ``timeout``; a write takes at most ``timeout``.
+A connection may stay idle between requests (the asker keeps a few for its next reads);
+TCP keepalives end one whose peer vanished within about a minute.
 """
 
 from __future__ import annotations
@@ -37,9 +40,10 @@ from typing import Any
 from kvfs.access import AccessDenied, Operation, Peer
 from kvfs.config import ClusterConfig, PeerConfig
 from kvfs.errors import KvfsError, TierUnavailable
+from kvfs.hashing import block_hash_of
 from kvfs.leases import Lease
 from kvfs.nixl import agent_of
-from kvfs.peers import Medium, block_hash_of
+from kvfs.peers import Medium
 from kvfs.stats import PeerCounters
 from kvfs.store import Store
 
@@ -50,6 +54,7 @@ from .peer_wire import (
     FAILED,
     MAX_DESTS,
     MAX_HOLDINGS,
+    MAX_REQUEST,
     MISSING,
     PeerProtocolError,
     recv_frame,
@@ -63,6 +68,7 @@ log = logging.getLogger("kvfs.peers")
 
 _AGENT_TAIL = re.compile(r"-[0-9]+-[0-9a-f]+")
 _MAX_ROOM = 1 << 30
+_KEEPALIVE = ((socket.TCP_KEEPIDLE, 30), (socket.TCP_KEEPINTVL, 10), (socket.TCP_KEEPCNT, 3))
 
 
 def agent_belongs(agent: str, node: str) -> bool:
@@ -166,9 +172,12 @@ class PeerServer:
         held = _Held()
         try:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            for option, value in _KEEPALIVE:
+                conn.setsockopt(socket.IPPROTO_TCP, option, value)
             while not self._closed:
                 try:
-                    msg = recv_frame(conn)
+                    msg = recv_frame(conn, limit=MAX_REQUEST, within=self.config.timeout)
                 except (TierUnavailable, PeerProtocolError) as exc:
                     log.info("peer channel from %s ended: %s", peer.name, exc)
                     return

@@ -4,7 +4,8 @@ Only descriptors cross it (names, sizes, checksums, landing buffer addresses, th
 asker's NIXL metadata); the bytes move over NIXL, always written by the serving node
 into landing buffers of the asker. A frame is a 4-byte big-endian length and a msgpack
 map ``{"v": VERSION, "op": ..., fields...}``; a reply carries ``"error"`` instead when
-the request failed as a whole. Every frame is at most ``MAX_FRAME`` bytes.
+the request failed as a whole. Every frame is at most ``MAX_FRAME`` bytes (a holdings
+answer is the large one), a request at most ``MAX_REQUEST``.
 
 Requests and their replies:
 
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import socket
 import struct
+import time
 from typing import Any
 
 from kvfs.errors import KvfsError, TierUnavailable
@@ -42,6 +44,7 @@ __all__ = [
     "MAX_DESTS",
     "MAX_FRAME",
     "MAX_HOLDINGS",
+    "MAX_REQUEST",
     "MISSING",
     "VERSION",
     "PeerProtocolError",
@@ -51,6 +54,7 @@ __all__ = [
 
 VERSION = 3
 MAX_FRAME = 64 << 20
+MAX_REQUEST = 1 << 20
 MAX_HOLDINGS = 1_000_000
 MAX_DESTS = 64
 MISSING, DENIED, BUSY, FAILED = "missing", "denied", "busy", "failed"
@@ -78,9 +82,14 @@ def send_frame(sock: socket.socket, msg: dict[str, Any]) -> None:
         raise TierUnavailable(f"peer channel: send failed: {exc}") from exc
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
+def _recv_exact(sock: socket.socket, n: int, deadline: float | None = None) -> bytes | None:
     buf = bytearray()
     while len(buf) < n:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"{len(buf)} of {n} bytes of a frame came in time")
+            sock.settimeout(left)
         chunk = sock.recv(min(n - len(buf), 1 << 20))
         if not chunk:
             return None
@@ -88,19 +97,29 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
     return bytes(buf)
 
 
-def recv_frame(sock: socket.socket) -> dict[str, Any] | None:
-    """The next message, or None when the other end closed. :class:`TierUnavailable` on a
-    socket error or timeout, :class:`PeerProtocolError` on a bad frame."""
+def recv_frame(sock: socket.socket, *, limit: int = MAX_FRAME, within: float | None = None) -> dict[str, Any] | None:
+    """The next message, or None when the other end closed. The wait for it is the
+    socket's timeout; once its first byte has come, the rest must come within *within*
+    seconds (None: the socket's timeout per receive), and a frame over *limit* bytes is
+    refused. :class:`TierUnavailable` on a socket error or timeout,
+    :class:`PeerProtocolError` on a bad frame."""
+    idle = sock.gettimeout()
     try:
-        head = _recv_exact(sock, _LEN.size)
-        if head is None:
+        first = _recv_exact(sock, 1)
+        if first is None:
             return None
-        (n,) = _LEN.unpack(head)
-        if n > MAX_FRAME:
-            raise PeerProtocolError(f"a peer frame of {n} bytes is over the limit of {MAX_FRAME}")
-        body = _recv_exact(sock, n)
+        deadline = None if within is None else time.monotonic() + within
+        rest = _recv_exact(sock, _LEN.size - 1, deadline)
+        if rest is None:
+            return None
+        (n,) = _LEN.unpack(first + rest)
+        if n > limit:
+            raise PeerProtocolError(f"a peer frame of {n} bytes is over the limit of {limit}")
+        body = _recv_exact(sock, n, deadline)
     except OSError as exc:  # socket.timeout included
         raise TierUnavailable(f"peer channel: {exc or 'timed out'}") from exc
+    finally:
+        sock.settimeout(idle)
     if body is None:
         return None
     try:

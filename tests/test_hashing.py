@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from kvfs.hashing import Namespace, block_hash, block_path, chain_hashes
+from kvfs.hashing import Namespace, block_hash, block_hash_of, block_path, chain_hashes
 
 NS = Namespace(model="meta/llama", dtype="bfloat16", num_layers=2, num_kv_heads=2, head_size=64, tokens_per_block=4)
 
@@ -15,6 +15,12 @@ def test_known_values():
     hs = chain_hashes(NS, list(range(10)))
     assert [h.hex() for h in hs] == ["80025a27ace98dce6f0c725bb0560cd8", "5563c43ada759afd9414bb73cf013ce8"]
     assert block_path(NS, hs[0]) == "meta-llama-547f89b7f1eb/80/80025a27ace98dce6f0c725bb0560cd8"
+
+
+def test_block_hash_of_reads_back_what_block_path_wrote():
+    for digest in chain_hashes(NS, list(range(40))):
+        assert block_hash_of(block_path(NS, digest)) == digest
+    assert block_hash_of(NS.dirname()) is None
 
 
 def test_stable_across_processes():

@@ -15,7 +15,8 @@ import pytest
 
 from kvfs.client import Client
 from kvfs.events import Event, EventKind
-from kvfs.mount.kv_events import TierPlace, Translator, block_hash_of
+from kvfs.hashing import block_hash_of
+from kvfs.mount.kv_events import TierPlace, Translator
 from kvfs.tools.engine_clients import client_command, result_of
 
 from conftest import DEADLINE, DEFAULT_CONFIG, ENGINE_DEADLINE

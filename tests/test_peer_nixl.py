@@ -30,7 +30,8 @@ from test_ingest import BLOCK, blob, make
 
 from kvfs.config import ClusterConfig, PeerConfig
 from kvfs.errors import BlockNotFound, TierUnavailable
-from kvfs.peers import PEER_DETAIL, Medium, block_hash_of
+from kvfs.hashing import block_hash_of
+from kvfs.peers import PEER_DETAIL, Medium
 
 nixl = pytest.importorskip("nixl_cu12", reason="NIXL is not installed (pip install 'kvfs[cluster]')")
 prometheus_client = pytest.importorskip("prometheus_client")
@@ -38,7 +39,7 @@ prometheus_client = pytest.importorskip("prometheus_client")
 from kvfs.mount import peer_server
 from kvfs.mount.cluster import Cluster
 from kvfs.mount.nixl_agent import QUARANTINE, Landing
-from kvfs.mount.peer_wire import recv_frame, send_frame
+from kvfs.mount.peer_wire import MAX_REQUEST, recv_frame, send_frame
 from kvfs.nixl import TransferFailed, agent_of
 
 DEADLINE = 60.0
@@ -286,6 +287,91 @@ def test_a_peer_cannot_pass_itself_off_as_another(nodes):
     assert "say hello first" in reply["error"]  # every connection starts with its own hello
     assert peer_server.agent_belongs(cb.agent.name, "b") and not peer_server.agent_belongs(cb.agent.name, "a")
     assert not peer_server.agent_belongs("a-b-1-ff", "a")  # node "a" cannot claim node "a-b"'s agents
+
+
+def _closed_by_server(sock: socket.socket) -> bool:
+    """Whether the server closes *sock* (a read gets end of file) within the deadline."""
+    sock.settimeout(DEADLINE)
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def test_the_channel_refuses_other_addresses_and_ends_oversized_or_stalled_requests(nodes):
+    a, b, ca, cb = nodes
+    port = ca.config.port
+    refused = ca.server.refused
+    with socket.socket() as s:
+        s.bind(("127.0.0.2", 0))  # loopback too, but not a configured peer's address
+        s.connect(("127.0.0.1", port))
+        assert _closed_by_server(s)
+    assert ca.server.refused == refused + 1
+    assert len(cb.agent.metadata_for("a")) < MAX_REQUEST // 16  # a real hello is far below the bound
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        try:  # a request over the limit, its bytes streaming in: the header is enough to end it
+            s.sendall(struct.pack(">I", 1 << 30) + b"x" * MAX_REQUEST)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        assert _closed_by_server(s)
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(struct.pack(">I", MAX_REQUEST + 1))  # one byte over: refused as well
+        assert _closed_by_server(s)
+    idle = socket.create_connection(("127.0.0.1", port))  # connected, silent: allowed to wait
+    stalled = socket.create_connection(("127.0.0.1", port))
+    try:
+        stalled.sendall(struct.pack(">I", 100) + b"x" * 10)  # begun, then never finished
+        name = _hold(a, cb, 23)
+        assert b.read(name) == blob(23)  # the peer is served while the hostile frame waits
+        assert _closed_by_server(stalled)  # ended at the server's timeout
+        assert b.read(name) == blob(23)
+        assert b.read(_hold(a, cb, 24)) == blob(24)  # and after it
+        idle.setblocking(False)
+        with pytest.raises(BlockingIOError):  # the silent connection is still open, not closed
+            idle.recv(1)
+    finally:
+        stalled.close()
+        idle.close()
+
+
+def test_a_reply_trickled_past_the_deadline_ends_the_ask_not_the_trickle():
+    """A hostile serving node that sends a reply a byte at a time, each well within the
+    timeout, cannot hold an asker longer than its deadline: the ask fails while the
+    trickle goes on."""
+    from kvfs.mount.peer_link import _Link
+
+    trickling, stopped = threading.Event(), threading.Event()
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+
+        def trickle() -> None:
+            conn, _ = listener.accept()
+            with conn:
+                recv_frame(conn)  # the ask
+                trickling.set()
+                conn.sendall(struct.pack(">I", 1000))
+                for _ in range(int(DEADLINE / 0.1)):
+                    if stopped.is_set():
+                        return
+                    try:
+                        conn.sendall(b"x")
+                    except OSError:
+                        return
+                    stopped.wait(0.1)
+
+        thread = threading.Thread(target=trickle, daemon=True)
+        thread.start()
+        host, port = listener.getsockname()
+        link = _Link(PeerConfig(name="hostile", address=f"{host}:{port}"), 1.0)
+        try:
+            with pytest.raises(TierUnavailable):
+                link.ask({"op": "holdings"}, 1.0)
+            assert trickling.is_set() and thread.is_alive()  # the trickle had not ended
+        finally:
+            stopped.set()
+            link.close()
+            thread.join(DEADLINE)
 
 
 def test_a_landing_buffer_whose_transfer_was_abandoned_rests_before_reuse():
