@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .bench_native_rows import failed, gbps_rows
 from .engine_clients import ClientFailed, run_client
 
 __all__ = ["AIM", "WHAT", "bench_lmcache_backend", "rows"]
@@ -46,7 +47,7 @@ def bench_lmcache_backend(plain_root: Path, mountpoint: Path, args, progress) ->
         except ClientFailed as exc:
             if kind == "plain":
                 raise
-            out["status"] = f"failed: {exc.output.strip().splitlines()[-1][-160:] if exc.output.strip() else exc}"
+            out["status"] = failed(exc)
             return out
         if r.get("error") or not r.get("ok"):
             out["status"] = f"failed: the {backend} backend did not read back every chunk byte-exact ({r.get('error')})"
@@ -59,20 +60,5 @@ def bench_lmcache_backend(plain_root: Path, mountpoint: Path, args, progress) ->
 
 
 def rows(c: dict) -> list[list[str]]:
-    if "plain" not in c:
-        return [[c["client"], "-", "-", "-", "-", "-", c.get("status", "")]]
-    out = []
-    for op in ("put", "get"):
-        p, k = (c[kind]["bytes"] / c[kind][f"{op}_s"] / 1e9 for kind in ("plain", "kvfs"))
-        out.append(
-            [
-                c["client"],
-                f"{op} GB/s",
-                f"{p:.3f}",
-                f"{k:.3f}",
-                f"{c['ratio'][op]:.2f}x",
-                f">= {AIM}",
-                c["status"] if op == "put" else "",
-            ]
-        )
-    return out
+    """Table rows (the columns of ``kvfs bench engines``)."""
+    return gbps_rows(c, [("put", f">= {AIM}"), ("get", f">= {AIM}")])

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .bench_native_rows import failed, gbps_rows
 from .engine_clients import ClientFailed, run_client
 
 __all__ = ["AIM_GET", "bench_sglang_backend", "rows"]
@@ -45,7 +46,7 @@ def bench_sglang_backend(plain_root: Path, mountpoint: Path, args, progress) -> 
         except ClientFailed as exc:
             if kind == "plain":
                 raise
-            out["status"] = f"failed: {exc.output.strip().splitlines()[-1][-160:] if exc.output.strip() else exc}"
+            out["status"] = failed(exc)
             return out
         if not r["ok"]:
             out["status"] = f"failed: the {backend} backend did not read back every page byte-exact"
@@ -59,20 +60,4 @@ def bench_sglang_backend(plain_root: Path, mountpoint: Path, args, progress) -> 
 
 def rows(c: dict) -> list[list[str]]:
     """Table rows (the columns of ``kvfs bench engines``)."""
-    if "plain" not in c:
-        return [[c["client"], "-", "-", "-", "-", "-", c.get("status", "")]]
-    out = []
-    for op, aim in (("set", "-"), ("get", f">= {AIM_GET}")):
-        p, k = (c[kind]["bytes"] / c[kind][f"{op}_s"] / 1e9 for kind in ("plain", "kvfs"))
-        out.append(
-            [
-                c["client"],
-                f"{op} GB/s",
-                f"{p:.3f}",
-                f"{k:.3f}",
-                f"{c['ratio'][op]:.2f}x",
-                aim,
-                c["status"] if op == "set" else "",
-            ]
-        )
-    return out
+    return gbps_rows(c, [("set", "-"), ("get", f">= {AIM_GET}")])

@@ -18,6 +18,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from .bench_native_rows import failed, gbps_rows
 from .engine_clients import ClientFailed, run_client
 
 __all__ = ["AIM", "WHAT", "bench_vllm_tier", "rows"]
@@ -50,7 +51,7 @@ def bench_vllm_tier(plain_root: Path, mountpoint: Path, args, progress) -> dict:
             except ClientFailed as exc:
                 if kind == "plain":
                     raise
-                out["status"] = f"failed: {exc.output.strip().splitlines()[-1][-160:] if exc.output.strip() else exc}"
+                out["status"] = failed(exc)
                 return out
             if not store["store"]["cascaded"] or load["load"]["equal"] != [True] * blocks:
                 out["status"] = f"failed: the {tier} tier did not load every chunk back byte-exact"
@@ -70,20 +71,4 @@ def bench_vllm_tier(plain_root: Path, mountpoint: Path, args, progress) -> dict:
 
 def rows(c: dict) -> list[list[str]]:
     """Table rows (the columns of ``kvfs bench engines``)."""
-    if "plain" not in c:
-        return [[c["client"], "-", "-", "-", "-", "-", c.get("status", "")]]
-    out = []
-    for op in ("store", "load"):
-        p, k = (c[kind]["bytes"] / c[kind][f"{op}_s"] / 1e9 for kind in ("plain", "kvfs"))
-        out.append(
-            [
-                c["client"],
-                f"{op} GB/s",
-                f"{p:.3f}",
-                f"{k:.3f}",
-                f"{c['ratio'][op]:.2f}x",
-                f">= {AIM}",
-                c["status"] if op == "store" else "",
-            ]
-        )
-    return out
+    return gbps_rows(c, [("store", f">= {AIM}"), ("load", f">= {AIM}")])
