@@ -46,20 +46,7 @@ class KernelNotices:
 
     def entry(self, name: str) -> None:
         """Make the kernel drop its dentry of *name*."""
-        parent, _, base = name.rpartition("/")
-        pnode = self.inodes.bound(parent)
-        if pnode is None or self._nursery is None or self._notifier is None:
-            return
-        pino = pnode.ino
-        notifier = self._notifier
-
-        def notify() -> None:
-            try:
-                notifier.invalidate_entry(pino, base.encode())
-            except OSError as exc:  # the kernel may have dropped it already
-                log.debug("invalidate_entry(%s) failed: %s", name, exc)
-
-        self._nursery.start_soon(trio.to_thread.run_sync, notify)
+        self.entries([name])
 
     def shed(self, cap: int) -> None:
         """When the inode table holds more than *cap* inodes, ask the kernel to drop the
@@ -75,18 +62,8 @@ class KernelNotices:
             pnode = self.inodes.bound(parent)
             if pnode is not None:
                 todo.append((pnode.ino, base.encode(), name))
-        if not todo or self._nursery is None or self._notifier is None:
-            return
-        notifier = self._notifier
-
-        def notify() -> None:
-            for pino, base, name in todo:
-                try:
-                    notifier.invalidate_entry(pino, base)
-                except OSError as exc:  # the kernel may have dropped it already
-                    log.debug("invalidate_entry(%s) failed: %s", name, exc)
-
-        self._nursery.start_soon(trio.to_thread.run_sync, notify)
+        if todo and self._nursery is not None and self._notifier is not None:
+            self._nursery.start_soon(trio.to_thread.run_sync, _invalidate, self._notifier, todo)
 
     async def entries_now(self, names: list[str]) -> None:
         """Make the kernel drop its dentries of *names* and of the directories leading to
@@ -108,18 +85,8 @@ class KernelNotices:
                     break  # the kernel knows nothing below an unknown directory
                 if self.inodes.bound(path) is None or path == name:
                     todo.append((pnode.ino, base.encode(), path))
-        if not todo or self._notifier is None:
-            return
-        notifier = self._notifier
-
-        def notify() -> None:
-            for pino, base, name in todo:
-                try:
-                    notifier.invalidate_entry(pino, base)
-                except OSError as exc:  # the kernel may have dropped it already
-                    log.debug("invalidate_entry(%s) failed: %s", name, exc)
-
-        await trio.to_thread.run_sync(notify)
+        if todo and self._notifier is not None:
+            await trio.to_thread.run_sync(_invalidate, self._notifier, todo)
 
     def attrs(self, ino: int) -> None:
         """Make the kernel ask for *ino*'s attributes again."""
@@ -153,3 +120,13 @@ class KernelNotices:
                     return
 
         self._nursery.start_soon(trio.to_thread.run_sync, notify)
+
+
+def _invalidate(notifier: Notifier, todo: list[tuple[int, bytes, str]]) -> None:
+    """Tell the kernel to drop each ``(parent inode, base name, name)`` entry of *todo*
+    (in a worker thread: the kernel may make a notification wait for a request)."""
+    for pino, base, name in todo:
+        try:
+            notifier.invalidate_entry(pino, base)
+        except OSError as exc:  # the kernel may have dropped it already
+            log.debug("invalidate_entry(%s) failed: %s", name, exc)
