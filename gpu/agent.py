@@ -34,7 +34,7 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Self
+from typing import Any, Self, cast
 
 import torch
 
@@ -171,9 +171,9 @@ class Agent:
             why = cuda_missing()
             if why:
                 raise KvfsError(f"device {cfg.device!r}: {why}; use device='cpu' on this machine")
-            if self.device.index is None:
+            if cast("int | None", self.device.index) is None:  # torch types it int; a bare "cuda" has None
                 self.device = torch.device("cuda", torch.cuda.current_device())
-        self.cache = DeviceCache(int(cfg.capacity), cfg.policy)  # type: ignore[arg-type]
+        self.cache = DeviceCache(int(cfg.capacity), cfg.policy)
         self.loader: FileLoader
         self.loader, self.passed_over = open_loader(cfg.transfer, self.device)
         self.arena = ArenaCopier(client.arena, self.device, writable=client.writable)

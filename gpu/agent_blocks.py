@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import torch
 
@@ -24,6 +25,8 @@ from .mount_blocks import MountBlocks
 __all__ = ["AgentBlocks"]
 
 Validate = Callable[[bytearray, "list[memoryview] | None", int, int, bytes], None]
+#: the caller's stop reasons (PrefixCache's StopReason)
+R = TypeVar("R")
 
 
 class AgentBlocks:
@@ -59,9 +62,9 @@ class AgentBlocks:
         header_length: int,
         size: int,
         validate: Validate,
-        stop: Callable[..., tuple],
-        reasons: tuple,
-    ) -> tuple:
+        stop: Callable[[R, str, object], tuple[R, str]],
+        reasons: tuple[R, R, R, R],
+    ) -> tuple[int, int, R, str]:
         """Map the blocks and copy each one's KV into ``buf[:, :, i*T:(i+1)*T]`` (*buf*:
         ``[layers, 2, tokens, heads, dim]`` on the agent's device): ``(blocks accepted,
         bytes, why it stopped, detail)``. *reasons*: the stop reasons for (complete,
@@ -87,7 +90,7 @@ class AgentBlocks:
                     raise BlockCorrupt(f"block is {t.numel()} bytes, expected {size}")
                 header = bytearray(t[:header_length].cpu().numpy().tobytes())
                 payload = t[header_length:size]
-                segs = [memoryview(payload.numpy()).cast("B")] if payload.device.type == "cpu" else None
+                segs = [payload.numpy().data.cast("B")] if payload.device.type == "cpu" else None
                 validate(header, segs, size, size, digests[i])
             except BlockCorrupt as exc:
                 agent.evict([names[i]])

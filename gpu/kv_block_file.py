@@ -99,7 +99,7 @@ def encode_header(h: KVBlockHeader) -> bytes:
     return head + bytes(HEADER_LENGTH - len(head))
 
 
-def decode_header(buf) -> KVBlockHeader:
+def decode_header(buf: bytes | bytearray | memoryview) -> KVBlockHeader:
     """Parse and check the header at the start of *buf*.
 
     Raises :class:`~kvfs.errors.BlockCorrupt` for a wrong magic, version, header length,

@@ -337,7 +337,10 @@ class KvfsRemoteConnector(RemoteConnector):
         self.stats["put"] += len(keys)
 
     def _md_of(self, obj: MemoryObj, n: int) -> bytes:
-        return RemoteMetadata(n, list(obj.get_shapes()), list(obj.get_dtypes()), obj.get_memory_format()).serialize()
+        md: bytes = RemoteMetadata(
+            n, list(obj.get_shapes()), list(obj.get_dtypes()), obj.get_memory_format()
+        ).serialize()
+        return md
 
     # -- the rest of the interface -------------------------------------------------------
 

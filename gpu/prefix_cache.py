@@ -49,6 +49,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
 import numpy as np
 import xxhash
@@ -63,7 +64,7 @@ from .mount_blocks import MountBlocks
 
 try:
     import torch
-    from transformers import DynamicCache
+    from transformers import DynamicCache, PreTrainedModel
     from transformers.cache_utils import DynamicLayer
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("kvfs.gpu.prefix_cache needs torch and transformers: pip install 'kvfs[engines]'") from exc
@@ -142,7 +143,7 @@ class Generation:
     cached_tokens: int
 
 
-def _layout(model) -> tuple[int, int, int]:
+def _layout(model: PreTrainedModel) -> tuple[int, int, int]:
     cfg = model.config.get_text_config(decoder=True)
     layers = cfg.num_hidden_layers
     heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
@@ -151,7 +152,7 @@ def _layout(model) -> tuple[int, int, int]:
 
 
 def namespace_for(
-    model,
+    model: PreTrainedModel,
     model_name: str,
     *,
     tokens_per_block: int = 256,
@@ -187,7 +188,7 @@ def namespace_for(
 
 def _bytes_view(t: torch.Tensor) -> memoryview:
     """A writable byte view of a contiguous CPU tensor (works for bfloat16 too)."""
-    return memoryview(t.reshape(-1).view(torch.uint8).numpy())
+    return t.reshape(-1).view(torch.uint8).numpy().data
 
 
 def _advance(segs: list[memoryview], n: int) -> list[memoryview]:
@@ -220,7 +221,7 @@ def _write_full(fd: int, segments: list[memoryview]) -> int:
     return total
 
 
-def _empty_cache(model) -> DynamicCache:
+def _empty_cache(model: PreTrainedModel) -> DynamicCache:
     cache = DynamicCache(config=model.config)
     for layer in cache.layers:
         if type(layer) is not DynamicLayer:
@@ -229,6 +230,11 @@ def _empty_cache(model) -> DynamicCache:
                 "full-attention layers (DynamicLayer) only"
             )
     return cache
+
+
+def _dynamic_layers(cache: DynamicCache) -> list[DynamicLayer]:
+    """The layers of a cache from :func:`_empty_cache` (which checked that each is a DynamicLayer)."""
+    return [layer for layer in cache.layers if isinstance(layer, DynamicLayer)]
 
 
 class PrefixCache:
@@ -315,7 +321,13 @@ class PrefixCache:
 
     @classmethod
     def for_model(
-        cls, directory: str | os.PathLike[str], model, model_name: str, *, tokens_per_block: int = 256, **kwargs
+        cls,
+        directory: str | os.PathLike[str],
+        model: PreTrainedModel,
+        model_name: str,
+        *,
+        tokens_per_block: int = 256,
+        **kwargs: Any,
     ) -> PrefixCache:
         """A prefix cache for *model* (see :func:`namespace_for` for *model_name*)."""
         ns_keys = {k: kwargs.pop(k) for k in ("dtype", "tp_rank", "tp_size", "extra") if k in kwargs}
@@ -392,6 +404,8 @@ class PrefixCache:
             if type(layer) is not DynamicLayer:
                 raise UnsupportedModel(f"layer type {type(layer).__name__} is not supported")
             for t in (layer.keys, layer.values):
+                if t is None:
+                    raise UnsupportedModel("a layer of the cache holds no KV (it was never filled)")
                 if t.dim() != 4 or t.shape[0] != 1:
                     raise UnsupportedModel(f"expected a [1, heads, tokens, dim] cache, got {tuple(t.shape)}")
                 if t.shape[1] != ns.num_kv_heads or t.shape[3] != ns.head_size or t.dtype != self.dtype:
@@ -458,7 +472,12 @@ class PrefixCache:
     # -- load ----------------------------------------------------------------------------
 
     def load(
-        self, tokens: Sequence[int], model, *, max_tokens: int | None = None, device: torch.device | str | None = None
+        self,
+        tokens: Sequence[int],
+        model: PreTrainedModel,
+        *,
+        max_tokens: int | None = None,
+        device: torch.device | str | None = None,
     ) -> PrefixHit:
         """Load the longest cached prefix of *tokens* into a fresh cache for *model*.
 
@@ -515,7 +534,7 @@ class PrefixCache:
         if ntok:
             if device is not None and torch.device(device) != buf.device:
                 buf = buf[:, :, :ntok].to(device)
-            for l, layer in enumerate(cache.layers):
+            for l, layer in enumerate(_dynamic_layers(cache)):
                 k = buf[l, 0, :ntok].permute(1, 0, 2).unsqueeze(0)
                 v = buf[l, 1, :ntok].permute(1, 0, 2).unsqueeze(0)
                 layer.lazy_initialization(k, v)
@@ -735,7 +754,9 @@ class PrefixCache:
 # -- running a model with the prefix cache ----------------------------------------------
 
 
-def cache_from_tensors(model, kv: Sequence[tuple[torch.Tensor, torch.Tensor]], tokens: int) -> DynamicCache:
+def cache_from_tensors(
+    model: PreTrainedModel, kv: Sequence[tuple[torch.Tensor, torch.Tensor]], tokens: int
+) -> DynamicCache:
     """A cache for *model* whose layers are views of the first *tokens* tokens of *kv*
     (per layer ``(keys, values)`` shaped ``[1, heads, n, dim]``); nothing is copied.
 
@@ -743,7 +764,7 @@ def cache_from_tensors(model, kv: Sequence[tuple[torch.Tensor, torch.Tensor]], t
     """
     cache = _empty_cache(model)
     if tokens:
-        for layer, (k, v) in zip(cache.layers, kv, strict=True):
+        for layer, (k, v) in zip(_dynamic_layers(cache), kv, strict=True):
             k, v = k[:, :, :tokens], v[:, :, :tokens]
             layer.lazy_initialization(k, v)
             layer.keys, layer.values = k, v
@@ -752,7 +773,7 @@ def cache_from_tensors(model, kv: Sequence[tuple[torch.Tensor, torch.Tensor]], t
 
 @torch.no_grad()
 def prefill(
-    model,
+    model: PreTrainedModel,
     tokens: Sequence[int],
     prefix_cache: PrefixCache | None = None,
     *,
@@ -786,7 +807,7 @@ def prefill(
 
 @torch.no_grad()
 def generate(
-    model,
+    model: PreTrainedModel,
     tokens: Sequence[int],
     max_new_tokens: int,
     prefix_cache: PrefixCache | None = None,

@@ -10,6 +10,7 @@ so blocks of two different random models never mix.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypedDict
 
 try:
     import torch
@@ -19,8 +20,20 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 __all__ = ["PRESETS", "RandomModel", "build_model", "torch_dtype"]
 
+
+class Preset(TypedDict):
+    """The LlamaConfig keyword arguments a preset sets."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+
+
 # name -> LlamaConfig keyword arguments
-PRESETS: dict[str, dict[str, int]] = {
+PRESETS: dict[str, Preset] = {
     # For tests: runs a 100-token prefill in milliseconds.
     "tiny": {
         "vocab_size": 256,
@@ -92,6 +105,8 @@ def build_model(
         model = LlamaForCausalLM(config)
     finally:
         torch.random.set_rng_state(gen_state)
-    model = model.to(dtype).eval()
+    # transformers declares PreTrainedModel.to with @wraps(torch.nn.Module.to), which mypy
+    # reads as the unbound method (self first)
+    model = model.to(dtype).eval()  # type: ignore[arg-type]
     params = sum(p.numel() for p in model.parameters())
     return RandomModel(model=model, name=f"kvfs-random-llama-{preset}-seed{seed}", parameters=params)

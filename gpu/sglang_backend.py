@@ -197,7 +197,12 @@ def _contiguous(t: torch.Tensor) -> list[torch.Tensor]:
 
 def _bytes_of(t: torch.Tensor) -> memoryview:
     """A writable memoryview of a contiguous CPU tensor's bytes (no copy; bf16 too)."""
-    return memoryview(t.reshape(-1).view(torch.uint8).numpy())
+    return t.reshape(-1).view(torch.uint8).numpy().data
+
+
+def _pick(names: Sequence[str | None], idx: Sequence[int]) -> list[str]:
+    """The names at *idx*, which were chosen among the names that are not None."""
+    return [n for i in idx if (n := names[i]) is not None]
 
 
 def _key_ok(key: str) -> bool:
@@ -378,7 +383,7 @@ class KvfsHiCacheStorage(HiCacheStorage):
 
         def get(c: Client) -> list[Any]:
             try:
-                return list(c.get_into([names[i] for i in todo], [dests[i] for i in todo], verify=self.settings.verify))
+                return list(c.get_into(_pick(names, todo), [dests[i] for i in todo], verify=self.settings.verify))
             except BatchError as exc:
                 return list(exc.results)
 
@@ -393,7 +398,7 @@ class KvfsHiCacheStorage(HiCacheStorage):
         todo = [i for i, (n, s) in enumerate(zip(names, srcs, strict=True)) if n is not None and s is not None]
         if not todo:
             return ok
-        found = self._call("lookup", lambda c: c.lookup([names[i] for i in todo]), None)
+        found = self._call("lookup", lambda c: c.lookup(_pick(names, todo)), None)
         if found is None:
             return ok
         put = []
@@ -404,7 +409,7 @@ class KvfsHiCacheStorage(HiCacheStorage):
                 put.append(i)
         if not put:
             return ok
-        put_names = [names[i] for i in put]
+        put_names = _pick(names, put)
         parents = [parent if i == 0 else names[i - 1] for i in put]
 
         def store(c: Client) -> list[Any]:

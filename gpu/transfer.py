@@ -75,7 +75,7 @@ def cuda_missing() -> str | None:
 
 def host_bytes(t: torch.Tensor) -> memoryview:
     """A writable byte view of a contiguous host tensor (no copy)."""
-    return memoryview(t.view(torch.uint8).numpy()).cast("B")
+    return t.view(torch.uint8).numpy().data.cast("B")
 
 
 @dataclass(frozen=True, slots=True)

@@ -355,8 +355,8 @@ class KvfsConnector(KVConnectorBase_V1):
         self._block_bytes = HEADER.size + per_block
         self._layer_index = {name: i for i, (name, _) in enumerate(self._layers)}
         if self._on_host:
-            parts = [self._block_dims(name, t, n) for name, t in self._layers]
-            self._layout = BlockLayout.of(HEADER.size, parts, n)
+            dims = [self._block_dims(name, t, n) for name, t in self._layers]
+            self._layout = BlockLayout.of(HEADER.size, dims, n)
             assert self._layout.block_bytes == self._block_bytes
         elif self.layerwise:
             logger.info("kvfs: KV on %s: loads and saves whole steps, not layer by layer", self._layers[0][1].device)

@@ -50,7 +50,7 @@ class KvfsConnectorStats(KVConnectorStats):
         self.data[key] = self.data.get(key, 0) + value
 
     def reset(self) -> None:
-        self.data = dict.fromkeys(COUNTERS, 0)
+        self.data: dict[str, int | float] = dict.fromkeys(COUNTERS, 0)
 
     def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
         for k, v in other.data.items():

@@ -151,7 +151,7 @@ class LayerLoads:
             # header, then each layer) and compared after the last one: a block found bad
             # then is reported with the step's load errors, and vLLM drops what the step
             # computed for its request and recomputes it, as for any failed block
-            sums = {i: xxhash.xxh3_64(src[base : base + lay.header]) for i, src, base in good if self._streamed(i)}
+            sums = {i: xxhash.xxh3_64(src[base : base + lay.header].data) for i, src, base in good if self._streamed(i)}
             for k, (arrays, off, size) in enumerate(zip(lay.parts, lay.offsets, lay.sizes, strict=True)):
                 for i, src, base in good:
                     b = self.block_ids[i]
@@ -162,7 +162,7 @@ class LayerLoads:
                         at += n
                     h = sums.get(i)
                     if h is not None:
-                        h.update(src[base + off : base + off + size])
+                        h.update(src[base + off : base + off + size].data)
                 self._events.layers[k].set()
             for i, h in sums.items():
                 hold = holds[i]
@@ -212,11 +212,11 @@ class LayerLoads:
             if h.kind == "file":
                 src = np.empty(h.length, np.uint8)
                 try:
-                    got = buffers.read_file(h.path, h.offset, h.length, [memoryview(src)])
+                    got = buffers.read_file(h.path, h.offset, h.length, [src.data])
                 except OSError as exc:
                     self.failed[i] = f"reading its block file failed: {exc}"
                     continue
-                if got != h.length or xxhash.xxh3_64_intdigest(src) != h.checksum:
+                if got != h.length or xxhash.xxh3_64_intdigest(src.data) != h.checksum:
                     self.client.suspect(h, "its block file does not match the block's checksum")
                     self.failed[i] = "its block file does not match the block's checksum"
                     continue

@@ -51,6 +51,7 @@ tier's). See docs/engine-vllm-tier.md.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import json
@@ -59,7 +60,7 @@ import queue
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -334,7 +335,7 @@ class KvfsTier(SecondaryTierManager):
         tiers = client.welcome.tiers
         persistent = any(t.persistent for t in tiers)
         self.medium = Medium.STORAGE if persistent else Medium.CPU  # type: ignore[misc]
-        self.cache_hit_source = CacheHitSource.DISK if persistent else CacheHitSource.HOST  # type: ignore[misc]
+        self.cache_hit_source = CacheHitSource.DISK if persistent else CacheHitSource.HOST
         if locality is not None:
             self.locality = Locality(locality)
         else:
@@ -396,7 +397,7 @@ class KvfsTier(SecondaryTierManager):
         self._drain_answers()
         batch, self._batch = self._batch, {}
         for keys in batch.values():
-            self._reads.submit(lambda keys=keys: self._run_lookup(keys))
+            self._reads.submit(functools.partial(self._run_lookup, keys))
 
     def _run_lookup(self, keys: list[OffloadKey]) -> None:
         names = [self.names.of(k) for k in keys]
@@ -450,7 +451,9 @@ class KvfsTier(SecondaryTierManager):
         # errors as text: an exception kept here would hold this frame (and the rows'
         # views) in a cycle past the primary tier's unmapping
         try:
-            sizes: list[int | str] = self.link.call(lambda c: c.get_into(job.names, dests, verify=self.settings.verify))
+            sizes: Sequence[int | str] = self.link.call(
+                lambda c: c.get_into(job.names, dests, verify=self.settings.verify)
+            )
         except BatchError as exc:
             sizes = [r if isinstance(r, int) else f"{type(r).__name__}: {r}" for r in exc.results]
         except KvfsError as exc:
@@ -582,7 +585,7 @@ def _parents(keys: list[OffloadKey], names: list[str], ctx: ReqContext) -> list[
     pos = [ctx.get_offload_key_position(k) for k in keys]
     if any(p is None for p in pos):
         return [None, *names[:-1]] if len(keys) > 1 else [None]
-    order = sorted(range(len(keys)), key=lambda i: pos[i])  # type: ignore[arg-type, return-value]
+    order = sorted(range(len(keys)), key=lambda i: pos[i])
     out: list[str | None] = [None] * len(keys)
     for a, b in itertools.pairwise(order):
         out[b] = names[a]
