@@ -13,6 +13,8 @@ import errno
 import functools
 import logging
 import time
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Concatenate, NoReturn, ParamSpec, Protocol, TypeVar
 
 from pyfuse3 import FUSEError
 
@@ -35,6 +37,8 @@ from kvfs.errors import (
     TierUnavailable,
 )
 from kvfs.namespaces import CrossNamespace, NamespaceRetired
+
+from .opstats import OpStats
 
 __all__ = ["errno_of", "handler", "refused"]
 
@@ -74,15 +78,27 @@ def errno_of(exc: BaseException) -> int:
     return errno.EIO
 
 
-def handler(fn):
+class _Timed(Protocol):
+    """What a handler's owner has: ``opstats``."""
+
+    @property
+    def opstats(self) -> OpStats: ...
+
+
+_O = TypeVar("_O", bound=_Timed)
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def handler(fn: Callable[Concatenate[_O, _P], Awaitable[_R]]) -> Callable[Concatenate[_O, _P], Coroutine[Any, Any, _R]]:
     """Time the handler into ``self.opstats`` and convert every error to FUSEError."""
     op = fn.__name__
 
     @functools.wraps(fn)
-    async def wrapper(self, *args):
+    async def wrapper(self: _O, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
         t0 = time.perf_counter()
         try:
-            result = await fn(self, *args)
+            result = await fn(self, *args, **kwargs)
         except FUSEError:
             self.opstats.observe(op, time.perf_counter() - t0, True)
             raise
@@ -102,10 +118,10 @@ def handler(fn):
     return wrapper
 
 
-def refused(op: str, code: int):
+def refused(op: str, code: int) -> Callable[..., Coroutine[Any, Any, NoReturn]]:
     """A handler for an operation kvfs never supports: counts it and answers *code*."""
 
-    async def refuse(self, *args):
+    async def refuse(self: _Timed, *args: object) -> NoReturn:
         self.opstats.observe(op, 0.0, True)
         raise FUSEError(code)
 

@@ -22,6 +22,8 @@ import functools
 import logging
 import os
 import time
+from collections.abc import Sequence
+from typing import NoReturn
 
 import pyfuse3
 import trio
@@ -35,8 +37,10 @@ from kvfs.tier import BlockRef
 
 from .attrs import Attributes
 from .buffer import keep_freed_memory
+from .context import RequestContext
 from .errnos import errno_of, handler, refused
 from .inodes import Inode, InodeTable
+from .kernel.encode import DirBuffer, SetattrFields, SetattrValues
 from .notify import KernelNotices
 from .opstats import OpStats
 from .options import FsOptions
@@ -54,6 +58,9 @@ log = logging.getLogger("kvfs.mount.fs")
 _NAME_MAX = 255
 _UNBOUNDED_BLOCK = 5 << 40  # the largest block an unbounded tier takes (S3's largest object)
 _SETTLE_ON_LOOP = 4096  # names of a batch-client request normalized on the loop; more in a worker thread
+
+#: who made a request: pyfuse3's context, or the kernel transport's (the same attributes)
+Requester = pyfuse3.RequestContext | RequestContext
 
 
 class KvfsOperations(pyfuse3.Operations):
@@ -190,7 +197,7 @@ class KvfsOperations(pyfuse3.Operations):
             self.notices.entry(name)
 
     @handler
-    async def lookup(self, parent_inode, name, ctx=None):
+    async def lookup(self, parent_inode: int, name: bytes, ctx: Requester | None = None) -> pyfuse3.EntryAttributes:
         path = self._child(parent_inode, name)
         r = self.reserved.take(path, ctx.pid) if ctx is not None and self.reserved else None
         if r is not None:  # the retry of an open answered ESTALE: the inode set aside for it
@@ -209,12 +216,12 @@ class KvfsOperations(pyfuse3.Operations):
         self.notices.shed(self.options.max_inodes)  # past it the kernel forgets the idlest names
         return self.attrs.of(node)
 
-    async def forget(self, inode_list):
+    async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
         for ino, n in inode_list:
             self.inodes.forget(ino, n)
 
     @handler
-    async def getattr(self, inode, ctx=None):
+    async def getattr(self, inode: int, ctx: Requester | None = None) -> pyfuse3.EntryAttributes:
         node = self.inodes.get(inode)
         if node.is_dir:
             if node.name is None or not await self._meta(self.store.is_dir, node.name):
@@ -236,7 +243,14 @@ class KvfsOperations(pyfuse3.Operations):
         raise FUSEError(errno.ENOENT)
 
     @handler
-    async def setattr(self, inode, attr, fields, fh, ctx):
+    async def setattr(
+        self,
+        inode: int,
+        attr: pyfuse3.EntryAttributes | SetattrValues,
+        fields: pyfuse3.SetattrFields | SetattrFields,
+        fh: int | None,
+        ctx: Requester,
+    ) -> pyfuse3.EntryAttributes:
         node = self.inodes.get(inode)
         uid, gid = self.attrs.owner(node.name if node.name is not None else node.was)
         if (fields.update_uid and attr.st_uid != uid) or (fields.update_gid and attr.st_gid != gid):
@@ -254,7 +268,7 @@ class KvfsOperations(pyfuse3.Operations):
     # -- namespace -------------------------------------------------------------------
 
     @handler
-    async def mkdir(self, parent_inode, name, mode, ctx):
+    async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: Requester) -> pyfuse3.EntryAttributes:
         path = self._child(parent_inode, name)
         self._allow(path, ctx, Operation.WRITE)
         if self.writes.has(path):
@@ -265,7 +279,7 @@ class KvfsOperations(pyfuse3.Operations):
         return self.attrs.of(node)
 
     @handler
-    async def rmdir(self, parent_inode, name, ctx):
+    async def rmdir(self, parent_inode: int, name: bytes, ctx: Requester) -> None:
         path = self._child(parent_inode, name)
         self._allow(path, ctx, Operation.WRITE)
         is_dir, st = await self._meta(self._probe, path)
@@ -277,7 +291,7 @@ class KvfsOperations(pyfuse3.Operations):
         self.inodes.detach(path)
 
     @handler
-    async def unlink(self, parent_inode, name, ctx):
+    async def unlink(self, parent_inode: int, name: bytes, ctx: Requester) -> None:
         path = self._child(parent_inode, name)
         self._allow(path, ctx, Operation.WRITE)
         await self._settle(path)
@@ -291,7 +305,9 @@ class KvfsOperations(pyfuse3.Operations):
         self.inodes.detach(path)
 
     @handler
-    async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
+    async def rename(
+        self, parent_inode_old: int, name_old: bytes, parent_inode_new: int, name_new: bytes, flags: int, ctx: Requester
+    ) -> None:
         old = self._child(parent_inode_old, name_old)
         new = self._child(parent_inode_new, name_new)
         if flags & pyfuse3.RENAME_EXCHANGE:
@@ -326,7 +342,7 @@ class KvfsOperations(pyfuse3.Operations):
     # -- directories -----------------------------------------------------------------
 
     @handler
-    async def opendir(self, inode, ctx):
+    async def opendir(self, inode: int, ctx: Requester) -> int:
         node = self.inodes.get(inode)
         if node.name is None:
             raise FUSEError(errno.ENOENT)
@@ -342,7 +358,7 @@ class KvfsOperations(pyfuse3.Operations):
         return fh
 
     @handler
-    async def readdir(self, fh, start_id, token):
+    async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken | DirBuffer) -> None:
         entry = self._dirs.get(fh)
         if entry is None or entry[0].name is None:
             raise FUSEError(errno.EBADF)
@@ -360,12 +376,12 @@ class KvfsOperations(pyfuse3.Operations):
                 self.inodes.looked_up(child)
 
     @handler
-    async def releasedir(self, fh):
+    async def releasedir(self, fh: int) -> None:
         entry = self._dirs.pop(fh, None)
         if entry is not None:
             self.inodes.closed(entry[0])
 
-    async def fsyncdir(self, fh, datasync):
+    async def fsyncdir(self, fh: int, datasync: bool) -> None:
         return None
 
     # -- files -----------------------------------------------------------------------
@@ -392,7 +408,9 @@ class KvfsOperations(pyfuse3.Operations):
         return h
 
     @handler
-    async def create(self, parent_inode, name, mode, flags, ctx):
+    async def create(
+        self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: Requester
+    ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
         path = self._child(parent_inode, name)
         check_creatable(path)  # a reserved name is never a block's (kvfs.names): EINVAL
         self._allow(path, ctx, Operation.WRITE)
@@ -413,7 +431,7 @@ class KvfsOperations(pyfuse3.Operations):
         return info, self.attrs.of(node)
 
     @handler
-    async def open(self, inode, flags, ctx):
+    async def open(self, inode: int, flags: int, ctx: Requester) -> pyfuse3.FileInfo:
         node = self.inodes.get(inode)
         if node.is_dir:
             raise FUSEError(errno.EISDIR)
@@ -430,7 +448,7 @@ class KvfsOperations(pyfuse3.Operations):
         self._allow(name, ctx, Operation.WRITE)
         return await self._open_write(node, name, flags, ctx.pid)
 
-    async def _bounce(self, name: str | None, flags: int, pid: int, ref: BlockRef | None = None) -> None:
+    async def _bounce(self, name: str | None, flags: int, pid: int, ref: BlockRef | None = None) -> NoReturn:
         """Answer an open ESTALE, with what its retry needs set aside (:mod:`.reservations`):
         for a reader the block *name* holds now (*ref*, or opened here), for a writer an
         inode of its own. Always raises."""
@@ -501,7 +519,7 @@ class KvfsOperations(pyfuse3.Operations):
         self._detach(node)
         await self._bounce(name, flags, pid)
 
-    async def _open_reserved(self, r: Reservation, flags: int, ctx) -> pyfuse3.FileInfo:
+    async def _open_reserved(self, r: Reservation, flags: int, ctx: Requester) -> pyfuse3.FileInfo:
         """The retried open of an inode set aside for it (see :meth:`_bounce`)."""
         reading = flags & os.O_ACCMODE == os.O_RDONLY
         if ctx.pid != r.pid:
@@ -538,7 +556,9 @@ class KvfsOperations(pyfuse3.Operations):
             self.reserved.done(r)
 
     @handler
-    async def read(self, fh, off, size):
+    # pyfuse3 declares bytes; both transports copy any buffer into the reply, and a view
+    # of the block spares a copy
+    async def read(self, fh: int, off: int, size: int) -> bytes | memoryview:  # type: ignore[override]
         h = self._handle(fh)
         if isinstance(h, ReadHandle):
             if h.ref is None:  # pragma: no cover - the kernel reads a passthrough file itself
@@ -547,14 +567,14 @@ class KvfsOperations(pyfuse3.Operations):
         return h.version.buffer.read(off, size)
 
     @handler
-    async def write(self, fh, off, buf):
+    async def write(self, fh: int, off: int, buf: bytes) -> int:
         h = self._handle(fh)
         if not isinstance(h, WriteHandle):
             raise FUSEError(errno.EBADF)
         return await self.writes.write(h.version, off, buf)
 
     @handler
-    async def flush(self, fh, pid: int | None = None):
+    async def flush(self, fh: int, pid: int | None = None) -> None:
         """A ``close`` of *fh*; *pid*: the closing task where the transport knows it (pyfuse3
         does not: then *fh*'s opener is asked). See ``Writes.flush``."""
         h = self._handle(fh)
@@ -562,13 +582,13 @@ class KvfsOperations(pyfuse3.Operations):
             await self.writes.flush(h, pid)
 
     @handler
-    async def fsync(self, fh, datasync):
+    async def fsync(self, fh: int, datasync: bool) -> None:
         h = self._handle(fh)
         if isinstance(h, WriteHandle):
             await self.writes.seal(h.version, final=False, put=self._put, published=self._published)
 
     @handler
-    async def release(self, fh):
+    async def release(self, fh: int) -> None:
         h = self._handles.pop(fh, None)
         if h is None:
             return
@@ -619,16 +639,16 @@ class KvfsOperations(pyfuse3.Operations):
     # -- filesystem ------------------------------------------------------------------
 
     @handler
-    async def statfs(self, ctx):
+    async def statfs(self, ctx: Requester) -> pyfuse3.StatvfsData:
         return self.attrs.statfs(await self._meta(self.store.statistics), namemax=_NAME_MAX)
 
     @handler
-    async def access(self, inode, mode, ctx):
+    async def access(self, inode: int, mode: int, ctx: Requester) -> bool:
         return True
 
     # -- access ----------------------------------------------------------------------
 
-    def _allow(self, name: str, ctx, op: Operation) -> None:
+    def _allow(self, name: str, ctx: Requester | None, op: Operation) -> None:
         """The one access decision (``Store.check_access``, the client socket's too),
         asked for operations that change or reveal state: the kernel has checked the
         attributes it was given (the same rule), and this keeps the decision kvfs's own
@@ -662,7 +682,7 @@ class KvfsOperations(pyfuse3.Operations):
         return node
 
     @handler
-    async def getxattr(self, inode, name, ctx):
+    async def getxattr(self, inode: int, name: bytes, ctx: Requester) -> bytes:
         if name not in XATTRS and name != XATTR_PARENT:
             # not a kvfs attribute (the kernel's security.capability check before a write,
             # an ACL): there is none, whatever the file's seal does, so it waits for nothing
@@ -676,7 +696,7 @@ class KvfsOperations(pyfuse3.Operations):
         return value_of(await self._block_stat(node), name)
 
     @handler
-    async def listxattr(self, inode, ctx):
+    async def listxattr(self, inode: int, ctx: Requester) -> list[bytes]:
         node = await self._settled_node(inode)
         if node.is_dir or node.version is not None:
             return []
@@ -684,7 +704,7 @@ class KvfsOperations(pyfuse3.Operations):
         return list(XATTRS)
 
     @handler
-    async def setxattr(self, inode, name, value, ctx):
+    async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: Requester) -> None:
         node = self.inodes.get(inode)
         if name == XATTR_PARENT:  # only while the file is being written: a sealed block is immutable
             v = node.version
@@ -710,7 +730,7 @@ class KvfsOperations(pyfuse3.Operations):
         raise FUSEError(errno.ENOTSUP)  # no arbitrary user attributes
 
     @handler
-    async def removexattr(self, inode, name, ctx):
+    async def removexattr(self, inode: int, name: bytes, ctx: Requester) -> None:
         st = await self._block_stat(await self._settled_node(inode))
         if name == XATTR_PINNED:
             self._allow(st.name, ctx, Operation.PIN)

@@ -12,6 +12,8 @@ DRAM are a memcpy and run on the loop.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from typing import TypeVar, TypeVarTuple, Unpack
 
 import trio
 
@@ -19,6 +21,9 @@ from kvfs.promises import Promise
 from kvfs.store import BlockStat, Store, StoreBusy
 
 __all__ = ["StoreCalls"]
+
+_T = TypeVar("_T")
+_Ts = TypeVarTuple("_Ts")
 
 _SMALL_SEAL = 4 << 20  # blocks up to this size seal on the loop when DRAM has room (a memcpy)
 
@@ -31,13 +36,13 @@ class StoreCalls:
         self._limiters = [trio.CapacityLimiter(max(1, t.config.concurrency)) for t in store.tiers]
         self._hot_volatile = not store.tiers[0].persistent
 
-    async def slow(self, tier: int, fn, *args):
+    async def slow(self, tier: int, fn: Callable[[Unpack[_Ts]], _T], *args: Unpack[_Ts]) -> _T:
         """Run a store call that may touch tier *tier* (or colder) in a worker thread,
         abandoned if the loop is cancelled (an unmount never waits on a hung tier)."""
         tier = min(max(tier, 0), len(self._limiters) - 1)
         return await trio.to_thread.run_sync(fn, *args, limiter=self._limiters[tier], abandon_on_cancel=True)
 
-    async def meta(self, fn, *args):
+    async def meta(self, fn: Callable[[Unpack[_Ts]], _T], *args: Unpack[_Ts]) -> _T:
         """A store metadata call: on the loop when it needs nothing but the catalog (the
         store answers local blocks from memory and revalidates them in the background);
         in a worker thread when the store says it would wait (StoreBusy), under the
@@ -81,7 +86,7 @@ class StoreCalls:
         local = [i for i in indexes if not self.store.tiers[i].shared]
         return local[-1] if local else indexes[0]
 
-    async def change(self, st: BlockStat, fn, *args):
+    async def change(self, st: BlockStat, fn: Callable[[Unpack[_Ts]], _T], *args: Unpack[_Ts]) -> _T:
         """A store call that changes block *st* in every tier holding it (delete, rename):
         on the loop when those are all volatile (DRAM) and the store needs no tier I/O for
         it (else it says StoreBusy before changing anything), else in a thread bounded by
@@ -93,7 +98,9 @@ class StoreCalls:
                 pass
         return await self.slow(self.coldest(st), fn, *args)
 
-    async def put(self, name: str, data, parent: str | None, promise: Promise | None = None) -> BlockStat:
+    async def put(
+        self, name: str, data: bytes | bytearray, parent: str | None, promise: Promise | None = None
+    ) -> BlockStat:
         """Seal *data* as block *name* (the store call of a seal), in the room *promise* holds."""
         put = functools.partial(self.store.put, parent=parent, promise=promise)
         if self.fits_in_dram(len(data)):
