@@ -23,6 +23,7 @@ import os
 import stat as stat_mod
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import pyfuse3
@@ -34,7 +35,7 @@ from .daemon import _set_read_ahead
 from .kernel.device import MountSpec
 from .kernel.session import Session
 from .options import FsOptions
-from .transport import FileReply, readdir_reply
+from .transport import AttrFields, AttrValues, DirToken, FileReply, Requester, readdir_reply
 
 __all__ = ["FSTYPE", "CeilingOperations", "main"]
 
@@ -81,16 +82,18 @@ class CeilingOperations(pyfuse3.Operations):
             raise FUSEError(errno.ENOENT)
         return node
 
-    async def lookup(self, parent_inode, name, ctx=None):
+    async def lookup(self, parent_inode: int, name: bytes, ctx: Requester | None = None) -> pyfuse3.EntryAttributes:
         ino = self._get(parent_inode).children.get(name)
         if ino is None:
             raise FUSEError(errno.ENOENT)
         return self._attr(self.nodes[ino])
 
-    async def getattr(self, inode, ctx=None):
+    async def getattr(self, inode: int, ctx: Requester | None = None) -> pyfuse3.EntryAttributes:
         return self._attr(self._get(inode))
 
-    async def setattr(self, inode, attr, fields, fh, ctx):
+    async def setattr(
+        self, inode: int, attr: AttrValues, fields: AttrFields, fh: int | None, ctx: Requester
+    ) -> pyfuse3.EntryAttributes:
         node = self._get(inode)
         if fields.update_size:
             n = attr.st_size
@@ -110,14 +113,16 @@ class CeilingOperations(pyfuse3.Operations):
         parent.children[name] = node.ino
         return node
 
-    async def mkdir(self, parent_inode, name, mode, ctx):
+    async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: Requester) -> pyfuse3.EntryAttributes:
         return self._attr(self._add(parent_inode, name, True))
 
-    async def create(self, parent_inode, name, mode, flags, ctx):
+    async def create(
+        self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: Requester
+    ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
         node = self._add(parent_inode, name, False)
         return pyfuse3.FileInfo(fh=node.ino, keep_cache=False), self._attr(node)
 
-    async def unlink(self, parent_inode, name, ctx):
+    async def unlink(self, parent_inode: int, name: bytes, ctx: Requester) -> None:
         ino = self._get(parent_inode).children.pop(name, None)
         if ino is None:
             raise FUSEError(errno.ENOENT)
@@ -125,23 +130,26 @@ class CeilingOperations(pyfuse3.Operations):
 
     rmdir = unlink
 
-    async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
+    async def rename(
+        self, parent_inode_old: int, name_old: bytes, parent_inode_new: int, name_new: bytes, flags: int, ctx: Requester
+    ) -> None:
         ino = self._get(parent_inode_old).children.pop(name_old, None)
         if ino is None:
             raise FUSEError(errno.ENOENT)
         self._get(parent_inode_new).children[name_new] = ino
 
-    async def open(self, inode, flags, ctx):
+    async def open(self, inode: int, flags: int, ctx: Requester) -> pyfuse3.FileInfo:
         node = self._get(inode)
         if flags & os.O_TRUNC:
             node.data.clear()
         reading = flags & os.O_ACCMODE == os.O_RDONLY
         return FileReply(fh=inode, keep_cache=self.options.keep_cache, noflush=reading and self.options.noflush)
 
-    async def read(self, fh, off, size):
+    # pyfuse3 declares bytes; both transports copy any buffer into the reply
+    async def read(self, fh: int, off: int, size: int) -> memoryview:  # type: ignore[override]
         return memoryview(self.nodes[fh].data)[off : off + size]
 
-    async def write(self, fh, off, buf):
+    async def write(self, fh: int, off: int, buf: bytes) -> int:
         data = self.nodes[fh].data
         if off == len(data):
             data += buf
@@ -151,36 +159,36 @@ class CeilingOperations(pyfuse3.Operations):
             data[off : off + len(buf)] = buf
         return len(buf)
 
-    async def flush(self, fh, pid=None):
+    async def flush(self, fh: int, pid: int | None = None) -> None:
         return None
 
-    async def release(self, fh):
+    async def release(self, fh: int) -> None:
         return None
 
-    async def fsync(self, fh, datasync):
+    async def fsync(self, fh: int, datasync: bool) -> None:
         return None
 
-    async def opendir(self, inode, ctx):
+    async def opendir(self, inode: int, ctx: Requester) -> int:
         self._get(inode)
         return inode
 
-    async def readdir(self, fh, start_id, token):
+    async def readdir(self, fh: int, start_id: int, token: DirToken) -> None:
         entries = sorted(self._get(fh).children.items())
         for i in range(start_id, len(entries)):
             name, ino = entries[i]
             if not readdir_reply(token, name, self._attr(self.nodes[ino]), i + 1):
                 return
 
-    async def releasedir(self, fh):
+    async def releasedir(self, fh: int) -> None:
         return None
 
-    async def statfs(self, ctx):
+    async def statfs(self, ctx: Requester) -> pyfuse3.StatvfsData:
         st = pyfuse3.StatvfsData()
         st.f_bsize = st.f_frsize = 4096
         st.f_namemax = 255
         return st
 
-    async def forget(self, inode_list):
+    async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
         return None
 
 

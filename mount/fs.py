@@ -37,17 +37,15 @@ from kvfs.tier import BlockRef
 
 from .attrs import Attributes
 from .buffer import keep_freed_memory
-from .context import RequestContext
 from .errnos import errno_of, handler, refused
 from .inodes import Inode, InodeTable
-from .kernel.encode import DirBuffer, SetattrFields, SetattrValues
 from .notify import KernelNotices
 from .opstats import OpStats
 from .options import FsOptions
 from .reads import BlockReads, ReadHandle, StaleBacking
 from .reservations import Reservation, Reservations
 from .storecalls import StoreCalls
-from .transport import FuseTransport, readdir_reply
+from .transport import AttrFields, AttrValues, DirToken, FuseTransport, Requester, readdir_reply
 from .writes import Version, WriteHandle, Writes, default_write_buffer
 from .xattrs import XATTR_PARENT, XATTR_PINNED, XATTRS, pin_request, value_of
 
@@ -58,9 +56,6 @@ log = logging.getLogger("kvfs.mount.fs")
 _NAME_MAX = 255
 _UNBOUNDED_BLOCK = 5 << 40  # the largest block an unbounded tier takes (S3's largest object)
 _SETTLE_ON_LOOP = 4096  # names of a batch-client request normalized on the loop; more in a worker thread
-
-#: who made a request: pyfuse3's context, or the kernel transport's (the same attributes)
-Requester = pyfuse3.RequestContext | RequestContext
 
 
 class KvfsOperations(pyfuse3.Operations):
@@ -246,8 +241,8 @@ class KvfsOperations(pyfuse3.Operations):
     async def setattr(
         self,
         inode: int,
-        attr: pyfuse3.EntryAttributes | SetattrValues,
-        fields: pyfuse3.SetattrFields | SetattrFields,
+        attr: AttrValues,
+        fields: AttrFields,
         fh: int | None,
         ctx: Requester,
     ) -> pyfuse3.EntryAttributes:
@@ -358,7 +353,7 @@ class KvfsOperations(pyfuse3.Operations):
         return fh
 
     @handler
-    async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken | DirBuffer) -> None:
+    async def readdir(self, fh: int, start_id: int, token: DirToken) -> None:
         entry = self._dirs.get(fh)
         if entry is None or entry[0].name is None:
             raise FUSEError(errno.EBADF)

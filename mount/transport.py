@@ -32,15 +32,37 @@ import pyfuse3
 
 from kvfs.config import Transport
 
+from .context import RequestContext
 from .kernel.device import MountFailed, MountSpec, can_mount_directly
+from .kernel.encode import DirBuffer, SetattrFields, SetattrValues
 from .kernel.session import Session, SessionOptions
 
-__all__ = ["FileReply", "FuseTransport", "PyfuseTransport", "open_transport", "readdir_reply"]
+__all__ = [
+    "AttrFields",
+    "AttrValues",
+    "DirToken",
+    "FileReply",
+    "FuseTransport",
+    "PyfuseTransport",
+    "Requester",
+    "open_transport",
+    "readdir_reply",
+]
 
 log = logging.getLogger("kvfs.mount.transport")
 
+# What a handler is given, from either transport (the kernel transport's types have
+# pyfuse3's attribute names):
+#: who made the request
+Requester = pyfuse3.RequestContext | RequestContext
+#: a readdir's reply being filled (:func:`readdir_reply` adds to it)
+DirToken = pyfuse3.ReaddirToken | DirBuffer
+#: a setattr's new values, and which of them it changes
+AttrValues = pyfuse3.EntryAttributes | SetattrValues
+AttrFields = pyfuse3.SetattrFields | SetattrFields
 
-class FileReply(pyfuse3.FileInfo):  # type: ignore[misc]
+
+class FileReply(pyfuse3.FileInfo):
     """An open file's reply. *noflush*: the kernel sends no FLUSH when a descriptor of
     it is closed (read-only opens: nothing to report at close); *backing_id*: a
     passthrough backing file registered with ``backing_open`` (0: none), whose bytes
@@ -59,8 +81,8 @@ class FileReply(pyfuse3.FileInfo):  # type: ignore[misc]
         noflush: bool = False,
         backing_id: int = 0,
     ) -> Self:
-        # pyfuse3's __cinit__ takes only its own fields
-        self = super().__new__(cls, fh=fh, direct_io=direct_io, keep_cache=keep_cache, nonseekable=nonseekable)
+        # pyfuse3's __cinit__ takes only its own fields (its stub declares them on __init__)
+        self = super().__new__(cls, fh=fh, direct_io=direct_io, keep_cache=keep_cache, nonseekable=nonseekable)  # type: ignore[call-arg]
         self.noflush = noflush
         self.backing_id = backing_id
         return self
@@ -69,11 +91,10 @@ class FileReply(pyfuse3.FileInfo):  # type: ignore[misc]
         pass
 
 
-def readdir_reply(token: Any, name: bytes, attr: Any, next_id: int) -> bool:
+def readdir_reply(token: DirToken, name: bytes, attr: pyfuse3.EntryAttributes, next_id: int) -> bool:
     """Add one entry to a readdir reply (either transport's token); False when full."""
-    add = getattr(token, "add", None)
-    if add is not None:
-        return bool(add(name, attr, next_id))
+    if isinstance(token, DirBuffer):
+        return token.add(name, attr, next_id)
     return bool(pyfuse3.readdir_reply(token, name, attr, next_id))
 
 
