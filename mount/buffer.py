@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+from collections.abc import Iterator
 
 __all__ = ["CHUNK", "WriteBuffer", "keep_freed_memory"]
 
@@ -54,7 +55,7 @@ def keep_freed_memory(mmap_threshold: int = 32 << 20, trim_threshold: int = 128 
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
         return False
-    ok = (
+    ok: bool = (  # mallopt is an untyped ctypes function
         mallopt(_M_MMAP_THRESHOLD, mmap_threshold) == 1
         and mallopt(_M_TRIM_THRESHOLD, trim_threshold) == 1
         and mallopt(_M_ARENA_MAX, arena_max) == 1
@@ -163,7 +164,7 @@ class WriteBuffer:
 
     # -- reading it ----------------------------------------------------------------
 
-    def _pieces(self, off: int, end: int):
+    def _pieces(self, off: int, end: int) -> Iterator[bytes | bytearray | memoryview]:
         """The bytes of ``[off, end)`` as a sequence of buffers (chunks, base views, zeros)."""
         pos = off
         while pos < end:

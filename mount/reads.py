@@ -36,9 +36,7 @@ import logging
 import os
 import resource
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
 
 from pyfuse3 import FUSEError
 
@@ -47,6 +45,7 @@ from kvfs.tier import BackingFile, BlockRef
 
 from .inodes import Inode
 from .options import FsOptions
+from .storecalls import MetaCall, SlowCall
 from .transport import FileReply, FuseTransport
 
 __all__ = ["BlockReads", "ReadHandle", "StaleBacking"]
@@ -119,8 +118,8 @@ class BlockReads:
         store: Store,
         options: FsOptions,
         *,
-        slow: Callable[..., Awaitable[Any]],
-        meta: Callable[..., Awaitable[Any]],
+        slow: SlowCall,
+        meta: MetaCall,
     ) -> None:
         self.store = store
         self.options = options
@@ -179,7 +178,7 @@ class BlockReads:
             if first in self._files:
                 f = await self._slow(first, self.store.files.open, name)
                 if f is not None:
-                    return f  # type: ignore[no-any-return]
+                    return f
         return await self.block(name)
 
     def _first(self, st: BlockStat) -> int:

@@ -13,19 +13,31 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import TypeVar, TypeVarTuple, Unpack
+from typing import Protocol, TypeVar, TypeVarTuple
 
 import trio
 
 from kvfs.promises import Promise
 from kvfs.store import BlockStat, Store, StoreBusy
 
-__all__ = ["StoreCalls"]
+__all__ = ["MetaCall", "SlowCall", "StoreCalls"]
 
 _T = TypeVar("_T")
 _Ts = TypeVarTuple("_Ts")
 
 _SMALL_SEAL = 4 << 20  # blocks up to this size seal on the loop when DRAM has room (a memcpy)
+
+
+class SlowCall(Protocol):
+    """:meth:`StoreCalls.slow`, as a part that is handed it sees it."""
+
+    async def __call__(self, tier: int, fn: Callable[[*_Ts], _T], /, *args: *_Ts) -> _T: ...
+
+
+class MetaCall(Protocol):
+    """:meth:`StoreCalls.meta`, as a part that is handed it sees it."""
+
+    async def __call__(self, fn: Callable[[*_Ts], _T], /, *args: *_Ts) -> _T: ...
 
 
 class StoreCalls:
@@ -36,13 +48,13 @@ class StoreCalls:
         self._limiters = [trio.CapacityLimiter(max(1, t.config.concurrency)) for t in store.tiers]
         self._hot_volatile = not store.tiers[0].persistent
 
-    async def slow(self, tier: int, fn: Callable[[Unpack[_Ts]], _T], *args: Unpack[_Ts]) -> _T:
+    async def slow(self, tier: int, fn: Callable[[*_Ts], _T], *args: *_Ts) -> _T:
         """Run a store call that may touch tier *tier* (or colder) in a worker thread,
         abandoned if the loop is cancelled (an unmount never waits on a hung tier)."""
         tier = min(max(tier, 0), len(self._limiters) - 1)
         return await trio.to_thread.run_sync(fn, *args, limiter=self._limiters[tier], abandon_on_cancel=True)
 
-    async def meta(self, fn: Callable[[Unpack[_Ts]], _T], *args: Unpack[_Ts]) -> _T:
+    async def meta(self, fn: Callable[[*_Ts], _T], *args: *_Ts) -> _T:
         """A store metadata call: on the loop when it needs nothing but the catalog (the
         store answers local blocks from memory and revalidates them in the background);
         in a worker thread when the store says it would wait (StoreBusy), under the
@@ -86,7 +98,7 @@ class StoreCalls:
         local = [i for i in indexes if not self.store.tiers[i].shared]
         return local[-1] if local else indexes[0]
 
-    async def change(self, st: BlockStat, fn: Callable[[Unpack[_Ts]], _T], *args: Unpack[_Ts]) -> _T:
+    async def change(self, st: BlockStat, fn: Callable[[*_Ts], _T], *args: *_Ts) -> _T:
         """A store call that changes block *st* in every tier holding it (delete, rename):
         on the loop when those are all volatile (DRAM) and the store needs no tier I/O for
         it (else it says StoreBusy before changing anything), else in a thread bounded by
