@@ -160,7 +160,7 @@ class ControlHandler:
             await self.mount.settle_outside(list(paths))
 
     def _check_tier(self, tier: str | None) -> None:
-        if tier is not None and tier not in (t.name for t in self.store.tiers):
+        if tier is not None and tier not in [t.name for t in self.store.tiers]:
             raise ControlError(f"no tier named {tier!r}; tiers: {', '.join(t.name for t in self.store.tiers)}")
 
     def _expand(self, paths: list[str]) -> list[str]:
@@ -254,9 +254,9 @@ class ControlHandler:
                 if is_dir:
                     entries.append(LsEntry(name=base, type="dir"))
                     continue
-                st = self.store.lookup(f"{path}/{base}" if path else base)
-                if st is not None:  # removed since the listing
-                    entries.append(LsEntry(name=base, type="block", block=st))
+                child = self.store.lookup(f"{path}/{base}" if path else base)
+                if child is not None:  # removed since the listing
+                    entries.append(LsEntry(name=base, type="block", block=child))
             return LsResult(path=path, type="dir", entries=entries)
 
         return await trio.to_thread.run_sync(ls)

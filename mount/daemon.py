@@ -39,13 +39,15 @@ import pickle
 import signal
 import subprocess
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvfs import __version__
-from kvfs.config import Config
+from kvfs.config import Config, EventsConfig
 from kvfs.errors import KvfsError
 from kvfs.store import FlushReport, Store
+from kvfs.tier import Tier
 
 from .assembly import capacity_warnings, open_store
 from .paths import (
@@ -61,6 +63,16 @@ from .paths import (
     write_private,
 )
 
+if TYPE_CHECKING:  # imported where used: the parent of a background mount never loads them
+    import trio
+
+    from .eventhub import EventHub
+    from .fs import KvfsOperations
+    from .kernel.device import MountSpec
+    from .kv_events import Audience, KvEventPublisher
+    from .options import FsOptions
+    from .transport import FuseTransport
+
 __all__ = ["MountError", "check_mountpoint", "fs_options_from_env", "mount_type", "run"]
 
 log = logging.getLogger("kvfs.mount.daemon")
@@ -75,7 +87,7 @@ class MountError(KvfsError):
     already mounted) or the mount itself fails; nothing is left mounted."""
 
 
-def mount_type(path: str | os.PathLike) -> str | None:
+def mount_type(path: str | os.PathLike[str]) -> str | None:
     """The filesystem type mounted exactly at *path* (``fuse.kvfs``, ``ext4``…), or None.
 
     Reads /proc/self/mountinfo and resolves only *path*'s parent, so neither a stale
@@ -93,7 +105,7 @@ def mount_type(path: str | os.PathLike) -> str | None:
     return found
 
 
-def check_mountpoint(path: str | os.PathLike) -> str:
+def check_mountpoint(path: str | os.PathLike[str]) -> str:
     """*path* made absolute, or :class:`MountError` saying why it cannot be mounted on."""
     p = os.path.abspath(path)
     kind = mount_type(p)
@@ -112,7 +124,7 @@ def check_mountpoint(path: str | os.PathLike) -> str:
     return os.path.realpath(p)  # safe: nothing is mounted there yet
 
 
-def fs_options_from_env():
+def fs_options_from_env() -> FsOptions:
     """Per-file FUSE settings, overridable through $KVFS_FUSE_OPTIONS (a JSON object of
     :class:`~kvfs.mount.fs.FsOptions` fields; ``kvfs bench fuse`` uses it to compare)."""
     from .options import FsOptions
@@ -148,7 +160,7 @@ async def _write_through(store: Store) -> None:
         await trio.sleep(_WRITE_THROUGH_INTERVAL)
 
 
-async def _on_signals(cancel_scope, task_status) -> None:
+async def _on_signals(cancel_scope: trio.CancelScope, task_status: trio.TaskStatus[None]) -> None:
     import trio
 
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
@@ -159,7 +171,7 @@ async def _on_signals(cancel_scope, task_status) -> None:
             return
 
 
-async def _on_shutdown(requested, cancel_scope) -> None:
+async def _on_shutdown(requested: trio.Event, cancel_scope: trio.CancelScope) -> None:
     import trio
 
     await requested.wait()
@@ -168,7 +180,15 @@ async def _on_shutdown(requested, cancel_scope) -> None:
     cancel_scope.cancel()
 
 
-async def _serve(ops, store, mountpoint: str, sock: Path, on_ready, config: Config, transport) -> None:
+async def _serve(
+    ops: KvfsOperations,
+    store: Store,
+    mountpoint: str,
+    sock: Path,
+    on_ready: Callable[[], object],
+    config: Config,
+    transport: FuseTransport,
+) -> None:
     import trio
 
     from .control import Server, serve
@@ -204,7 +224,15 @@ async def _serve(ops, store, mountpoint: str, sock: Path, on_ready, config: Conf
         nursery.cancel_scope.cancel()
 
 
-async def _publish_events(hub, tiers, config, publisher, audience, *, task_status) -> None:
+async def _publish_events(
+    hub: EventHub,
+    tiers: Sequence[Tier],
+    config: EventsConfig,
+    publisher: KvEventPublisher,
+    audience: Audience,
+    *,
+    task_status: trio.TaskStatus[None],
+) -> None:
     """The KV event publisher; a failure of it is logged and ends it, never the daemon."""
     from .kv_events import publish_hub
 
@@ -232,7 +260,7 @@ def _set_read_ahead(mountpoint: str, kb: int) -> None:
         log.info("cannot set read_ahead_kb of %s (%s); uncached reads use 128 KiB requests", mountpoint, exc)
 
 
-def _mount_spec(config: Config):
+def _mount_spec(config: Config) -> MountSpec:
     from .kernel.device import MountSpec
 
     return MountSpec(fsname="kvfs", subtype=FSTYPE.split(".", 1)[1], allow_other=config.mount.allow_other)
@@ -382,7 +410,7 @@ def _spawn_background(mountpoint: str, config: Config) -> int:
     raise MountError(f"{reason} (log: {logfile})")
 
 
-def run(mountpoint: str | os.PathLike, config: Config, foreground: bool = False) -> int:
+def run(mountpoint: str | os.PathLike[str], config: Config, foreground: bool = False) -> int:
     """Mount kvfs at *mountpoint* with *config*. Foreground: serve until unmounted or
     signalled. Background: return once the detached daemon has the mount ready.
     Raises :class:`MountError` (nothing left mounted) when the mountpoint is unusable."""

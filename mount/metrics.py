@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Sized
+from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -56,6 +57,7 @@ from prometheus_client.registry import Collector
 
 from kvfs.mount.opstats import BUCKETS, OpStats
 from kvfs.stats import FETCH_BUCKETS, PeerStatistics
+from kvfs.store import Store
 
 __all__ = ["KvfsCollector", "make_registry", "start_metrics"]
 
@@ -79,16 +81,16 @@ class KvfsCollector(Collector):
     """Reads *store* and *opstats* (either may be None for a partial view) at each scrape;
     *inodes*, the mount's inode table, gives ``kvfs_fuse_inodes``."""
 
-    def __init__(self, store, opstats: OpStats | None = None, inodes: Sized | None = None) -> None:
+    def __init__(self, store: Store | None, opstats: OpStats | None = None, inodes: Sized | None = None) -> None:
         self.store = store
         self.opstats = opstats
         self.inodes = inodes
 
     def collect(self) -> Iterator[Metric]:
         if self.store is not None:
-            yield from self._store_metrics()
+            yield from self._store_metrics(self.store)
         if self.opstats is not None:
-            yield from self._op_metrics()
+            yield from self._op_metrics(self.opstats)
         if self.inodes is not None:
             yield GaugeMetricFamily(
                 "kvfs_fuse_inodes",
@@ -96,8 +98,8 @@ class KvfsCollector(Collector):
                 value=len(self.inodes),
             )
 
-    def _store_metrics(self) -> Iterator[Metric]:
-        st = self.store.statistics()
+    def _store_metrics(self, store: Store) -> Iterator[Metric]:
+        st = store.statistics()
         cap = GaugeMetricFamily(
             "kvfs_tier_capacity_bytes",
             "Capacity of the tier in bytes (absent when unbounded).",
@@ -135,7 +137,7 @@ class KvfsCollector(Collector):
         yield misses
         yield from counters.values()
         yield from _peer_metrics(st.peers)
-        yield from self._namespace_metrics()
+        yield from self._namespace_metrics(store)
         yield GaugeMetricFamily("kvfs_blocks", "Blocks in the namespace.", value=st.blocks)
         yield CounterMetricFamily("kvfs_lookups", "Block reads (opens) by name.", value=st.lookups)
         yield CounterMetricFamily("kvfs_misses", "Reads that found no readable copy in any tier.", value=st.misses)
@@ -143,11 +145,11 @@ class KvfsCollector(Collector):
         yield CounterMetricFamily(
             "kvfs_events_dropped",
             "Block events dropped because nobody drained the queue.",
-            value=self.store.events.dropped,
+            value=store.events.dropped,
         )
 
-    def _namespace_metrics(self) -> Iterator[Metric]:
-        spaces = self.store.namespace_statistics()
+    def _namespace_metrics(self, store: Store) -> Iterator[Metric]:
+        spaces = store.namespace_statistics()
         if not spaces:
             return
         per_tier = ["namespace", "tier"]
@@ -176,11 +178,11 @@ class KvfsCollector(Collector):
             expired.add_metric([ns.path], ns.expired)
         yield from (used, quota, copies, evictions, blocks, refused, expired)
 
-    def _op_metrics(self) -> Iterator[Metric]:
+    def _op_metrics(self, opstats: OpStats) -> Iterator[Metric]:
         count = CounterMetricFamily("kvfs_fuse_operations", "FUSE operations handled.", labels=["op"])
         errors = CounterMetricFamily("kvfs_fuse_errors", "FUSE operations that returned an error.", labels=["op"])
         hist = HistogramMetricFamily("kvfs_fuse_operation_seconds", "Latency of FUSE operations.", labels=["op"])
-        for s in self.opstats.snapshot():
+        for s in opstats.snapshot():
             count.add_metric([s.op], s.count)
             errors.add_metric([s.op], s.errors)
             buckets = [(_le(b), c) for b, c in zip(BUCKETS, s.buckets)] + [("+Inf", s.buckets[-1])]
@@ -228,14 +230,18 @@ def _le(bound: float) -> str:
     return repr(float(bound))
 
 
-def make_registry(store, opstats: OpStats | None = None, inodes: Sized | None = None) -> CollectorRegistry:
+def make_registry(
+    store: Store | None, opstats: OpStats | None = None, inodes: Sized | None = None
+) -> CollectorRegistry:
     """A fresh registry holding only this mount's collector."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(KvfsCollector(store, opstats, inodes))
     return registry
 
 
-def start_metrics(store, opstats: OpStats | None, port: int, host: str = "127.0.0.1", inodes: Sized | None = None):
+def start_metrics(
+    store: Store | None, opstats: OpStats | None, port: int, host: str = "127.0.0.1", inodes: Sized | None = None
+) -> tuple[WSGIServer, int]:
     """Serve ``/metrics`` for *store* and *opstats* on *host*:*port* (0: any free port) in a
     daemon thread. Returns ``(server, port)``; ``server.shutdown()`` stops it (the daemon
     does so on unmount). Raises ``OSError`` when the port cannot be bound."""
