@@ -197,9 +197,8 @@ class Translator:
             return [self._stored(h, ev.tier, ev.parent)]
         if ev.kind in (EventKind.EVICTED, EventKind.CORRUPT):
             return [self._removed(h, ev.tier)]
-        if ev.kind is EventKind.REMOVED:
-            return [self._removed(h, None)]
-        return []
+        # every kind is handled above or here; a kind added later translates to nothing
+        return [self._removed(h, None)] if ev.kind is EventKind.REMOVED else []
 
 
 ALL_CLEARED: dict[str, Any] = {"type": "AllBlocksCleared"}
@@ -221,7 +220,7 @@ class KvEventPublisher:
                 f"KV events need pyzmq and msgpack ({exc.name} is missing): pip install 'kvfs[events]'"
             ) from None
         self._pack = msgpack.Packer(use_bin_type=True)
-        self._ctx = zmq.Context.instance()
+        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.PUB)
         self._sock.setsockopt(zmq.LINGER, 500)
         self._sock.setsockopt(zmq.SNDHWM, 100_000)
@@ -240,7 +239,7 @@ class KvEventPublisher:
         finally:
             if old_umask is not None:
                 os.umask(old_umask)
-        self.address = self._sock.getsockopt(zmq.LAST_ENDPOINT).decode()
+        self.address = self._sock.get_string(zmq.LAST_ENDPOINT)
         self._topic = topic.encode()
         self.seq = 0
         self.sent = 0  # events sent

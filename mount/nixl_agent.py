@@ -97,7 +97,7 @@ class Landing:
         """Up to *n* more free buffers, without waiting."""
         with self._cond:
             self._wake(self.clock())
-            out = []
+            out: list[int] = []
             while self._free and len(out) < n:
                 out.append(self.base + self._free.pop() * self.size)
             return out

@@ -49,7 +49,7 @@ class PeerWatch:
         self._holdings = holdings
         self._unpack = msgpack.unpackb
         self._zmq = zmq
-        self._ctx = zmq.Context.instance()
+        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._subs: dict[Any, str] = {}
         for peer in config.peers:
             if peer.events is None:

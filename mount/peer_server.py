@@ -92,7 +92,7 @@ class _Held:
 
 def _addresses(host: str) -> set[str]:
     try:
-        return {ai[4][0] for ai in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)}
+        return {str(ai[4][0]) for ai in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)}
     except OSError:
         return set()
 
@@ -142,7 +142,8 @@ class PeerServer:
 
     def _accept_loop(self) -> None:
         while not self._closed:
-            ready, _, _ = select.select([self._sock, self._wake_r], [], [])
+            waits: list[socket.socket | int] = [self._sock, self._wake_r]
+            ready, _, _ = select.select(waits, [], [])
             if self._closed or self._wake_r in ready:
                 return
             try:
