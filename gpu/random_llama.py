@@ -18,7 +18,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("kvfs.gpu.random_llama needs torch and transformers: pip install 'kvfs[engines]'") from exc
 
-__all__ = ["PRESETS", "RandomModel", "build_model", "torch_dtype"]
+__all__ = ["PRESETS", "Preset", "RandomModel", "build_model", "torch_dtype"]
 
 
 class Preset(TypedDict):
