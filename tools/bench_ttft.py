@@ -44,6 +44,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from kvfs.errors import ConfigError
 
@@ -423,7 +424,7 @@ def run(args: argparse.Namespace) -> int:
         runs = [timed(lambda: pcm.prefill(model, prompt)) for _ in range(cold_repeat)]
         return summary([s for s, _ in runs]), runs[-1][1]
 
-    def measure(row: dict, prompt: list[int], kv, cached: int) -> None:
+    def measure(row: dict[str, Any], prompt: list[int], kv, cached: int) -> None:
         """Ideal and warm TTFT of *prompt*, interleaved round by round so that load from
         other processes hits every variant alike; the summaries (``--stat``) go into *row*."""
         ideal: list[float] = []
@@ -454,7 +455,7 @@ def run(args: argparse.Namespace) -> int:
     # Warm up torch's kernels and allocator so the first case is not penalized.
     pcm.prefill(model, torch.randint(0, vocab, (64,), generator=gen).tolist())
 
-    results: dict = {
+    results: dict[str, Any] = {
         "model": rm.name,
         "parameters": rm.parameters,
         "dtype": args.dtype,
@@ -508,7 +509,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _multi_turn(args, model, targets, turns, turn_tokens, gen, vocab, cold_ttft, measure, say) -> list[dict]:
+def _multi_turn(args, model, targets, turns, turn_tokens, gen, vocab, cold_ttft, measure, say) -> list[dict[str, Any]]:
     import torch
 
     out = []
@@ -541,7 +542,7 @@ def _multi_turn(args, model, targets, turns, turn_tokens, gen, vocab, cold_ttft,
     return out
 
 
-def _prompt_line(row: dict, targets, turn: int | None = None) -> str:
+def _prompt_line(row: dict[str, Any], targets, turn: int | None = None) -> str:
     head = f"turn {turn}: " if turn else ""
     parts = [
         (
@@ -555,7 +556,7 @@ def _prompt_line(row: dict, targets, turn: int | None = None) -> str:
     return ", ".join(parts)
 
 
-def format_tables(results: dict) -> str:
+def format_tables(results: dict[str, Any]) -> str:
     """The results as aligned text tables (what the docs paste)."""
     labels = list(results["dirs"])
     lines = [
@@ -567,7 +568,7 @@ def format_tables(results: dict) -> str:
         "",
     ]
 
-    def table(rows: list[dict], first: str) -> list[str]:
+    def table(rows: list[dict[str, Any]], first: str) -> list[str]:
         cols = [first, "tokens", "cached", "cold s", "ideal s", "ideal x"]
         for label in labels:
             cols += [f"{label} s", f"{label} x", f"{label}/ideal", f"{label} load s"]

@@ -26,6 +26,7 @@ import argparse
 import os
 import tempfile
 import time
+from typing import Any
 
 from lmcache_client import CHUNK, HEAD_DIM, KV_HEADS, LAYERS, MODEL, _pending
 
@@ -150,9 +151,9 @@ def _get(sm, name, keys, data) -> tuple[float, list[bool]]:
     return seconds, equal
 
 
-def run(args: argparse.Namespace) -> dict:
-    out: dict = {"backend": args.backend, "phase": args.phase}
-    times: dict = {}
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    out: dict[str, Any] = {"backend": args.backend, "phase": args.phase}
+    times: dict[str, Any] = {}
     out["times"] = times
     keys, data = _chunks(args.chunks)
     out["bytes"] = sum(d.numel() * d.element_size() for d in data)
@@ -179,7 +180,7 @@ def run(args: argparse.Namespace) -> dict:
     return out
 
 
-def bench(sm, name, backend, args: argparse.Namespace, times: dict) -> dict:
+def bench(sm, name, backend, args: argparse.Namespace, times: dict[str, Any]) -> dict[str, Any]:
     """Best of ``--rounds``: a put of fresh chunks, then a get by a second manager of
     this process (its own CPU cache, which has none of them), as a second engine would."""
     puts, gets, ok = [], [], True

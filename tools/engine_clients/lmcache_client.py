@@ -33,7 +33,7 @@ import logging
 import os
 import tempfile
 import time
-from typing import Self
+from typing import Any, Self
 
 from client_report import describe_error, emit, timed, tree
 
@@ -166,7 +166,7 @@ def _pending(backend) -> int:
     return len(backend.put_tasks)
 
 
-def _put(sm, backend, keys, data, timeout: float) -> dict:
+def _put(sm, backend, keys, data, timeout: float) -> dict[str, Any]:
     from lmcache.v1.memory_management import MemoryFormat
 
     objs = []
@@ -192,11 +192,11 @@ def _get_equal(sm, name, keys, data) -> list:
     return out
 
 
-def run_setup(setup: str, root: str, phase: str, keys, data, timeout: float) -> dict:
+def run_setup(setup: str, root: str, phase: str, keys, data, timeout: float) -> dict[str, Any]:
     path = os.path.join(root, setup)
     if setup in ("odirect", "meta_odirect"):
         os.makedirs(path, exist_ok=True)  # O_DIRECT setups statvfs the path before creating it
-    r: dict = {}
+    r: dict[str, Any] = {}
     times: dict[str, float] = {}
     with _Warnings() as warnings:
         _run(setup, path, phase, keys, data, timeout, r, times)
@@ -211,7 +211,9 @@ def _redact(message: str, path: str) -> str:
     return message.replace(path, "<dir>")
 
 
-def _run(setup: str, path: str, phase: str, keys, data, timeout: float, r: dict, times: dict) -> None:
+def _run(
+    setup: str, path: str, phase: str, keys, data, timeout: float, r: dict[str, Any], times: dict[str, Any]
+) -> None:
     sm = _manager(setup, path)
     try:
         name, backend = _backend(sm, setup)

@@ -29,6 +29,7 @@ import json
 import tempfile
 import time
 import types
+from typing import Any
 
 from client_report import describe_error, emit, step
 from sglang_client import storage_config
@@ -173,7 +174,7 @@ def main() -> None:
 
     import torch
 
-    r: dict = {"phase": args.phase, "backend": args.backend, "layout": args.layout}
+    r: dict[str, Any] = {"phase": args.phase, "backend": args.backend, "layout": args.layout}
     pool = _pool(args)
     keys = _keys(args.pages)
     if args.probe:
@@ -216,13 +217,13 @@ def _wait_for(path: str, timeout: float = 1800) -> None:  # a file the test make
         time.sleep(0.05)
 
 
-def _outage(args, pool, keys) -> dict:
+def _outage(args, pool, keys) -> dict[str, Any]:
     """Store pages, then (the daemon unmounted meanwhile) every call is a quick miss; after
     FLAG.back (mounted again) the backend reconnects and finds the pages."""
     backend, set_pages, get_pages = _controller(args, pool, args.dir)
     idx = _alloc(pool, args.pages, 0)
     _fill(pool, idx, args.pages, seed=0)
-    out: dict = {"set": set_pages(keys, idx)}
+    out: dict[str, Any] = {"set": set_pages(keys, idx)}
     open(args.flag + ".ready", "w").close()
     _wait_for(args.flag + ".go")
     t0 = time.monotonic()
@@ -242,7 +243,7 @@ def _outage(args, pool, keys) -> dict:
     return out
 
 
-def _threads(args, pool, keys) -> dict:
+def _threads(args, pool, keys) -> dict[str, Any]:
     """One backend used at once by a prefetch thread (gets of stored pages into other
     indices, bytes checked) and a backup thread (sets of new pages), as SGLang's
     controller does."""
@@ -251,7 +252,7 @@ def _threads(args, pool, keys) -> dict:
     backend, set_pages, get_pages = _controller(args, pool, args.dir)
     src = _alloc(pool, args.pages, 0)
     want = _fill(pool, src, args.pages, seed=0)
-    out: dict = {"set": set_pages(keys, src), "gets": [], "sets": []}
+    out: dict[str, Any] = {"set": set_pages(keys, src), "gets": [], "sets": []}
     dst = pool.alloc(args.pages * PAGE_TOKENS)
 
     def prefetch() -> None:
@@ -283,7 +284,7 @@ def _threads(args, pool, keys) -> dict:
     return out
 
 
-def _bench(args, pool) -> dict:
+def _bench(args, pool) -> dict[str, Any]:
     """Best of ``--rounds``: set ``--pages`` pages, then get them into other indices."""
     times: dict[str, list[float]] = {"set_s": [], "get_s": []}
     src = _alloc(pool, args.pages, 0)

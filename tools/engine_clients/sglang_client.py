@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import Any
 
 from client_report import emit, step, timed, tree
 
 PAGE_TOKENS = 64
 
 
-def storage_config(extra: dict, *, page_first: bool = True):
+def storage_config(extra: dict[str, Any], *, page_first: bool = True):
     """The ``HiCacheStorageConfig`` of one unsharded rank of the test model."""
     from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
 
@@ -83,7 +84,7 @@ def main() -> None:
     keys, pages = _pages(args.pages, args.layers, args.heads, args.head_dim)
     missing = "f" * 64
     times: dict[str, float] = {}
-    r: dict = {"phase": args.phase, "times": times, "bytes": sum(p.numel() * 2 for p in pages)}
+    r: dict[str, Any] = {"phase": args.phase, "times": times, "bytes": sum(p.numel() * 2 for p in pages)}
 
     def get_all(storage) -> list:
         targets = [torch.empty_like(p) for p in pages]

@@ -32,11 +32,12 @@ import argparse
 import logging
 import os
 import time
+from typing import Any
 
 from client_report import emit, tree
 
 
-def make_model(args: argparse.Namespace) -> dict:
+def make_model(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -119,7 +120,7 @@ def prompts(n: int, length: int) -> list[list[int]]:
     return [[(i * 7919 + j * 31) % 500 + 1 for j in range(length)] for i in range(n)]
 
 
-def generate(args: argparse.Namespace) -> dict:
+def generate(args: argparse.Namespace) -> dict[str, Any]:
     # One process (the engine core in this one, so its connector logs are seen here),
     # a small CPU KV cache.
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")

@@ -34,11 +34,12 @@ import hashlib
 import os
 import signal
 import time
+from typing import Any
 
 from client_report import emit
 
 
-def _config(args: argparse.Namespace, tier: dict, n: int = 0):
+def _config(args: argparse.Namespace, tier: dict[str, Any], n: int = 0):
     from vllm.v1.kv_offload.config import (
         OffloadingCacheConfig,
         OffloadingConfig,
@@ -71,7 +72,7 @@ def _config(args: argparse.Namespace, tier: dict, n: int = 0):
     )
 
 
-def _tier(args: argparse.Namespace) -> dict:
+def _tier(args: argparse.Namespace) -> dict[str, Any]:
     if args.tier == "fs":
         return {"type": "fs", "root_dir": args.dir, "n_read_threads": 16, "n_write_threads": 16}
     tier = {"type": "KvfsTier", "module_path": "kvfs.gpu.vllm_tier", "kvfs_path": args.dir}
@@ -120,7 +121,7 @@ def _until(cond, manager, deadline_s: float) -> bool:
     return False
 
 
-def store(manager, view, keys, ctx, size: int, salt: str = "") -> dict:
+def store(manager, view, keys, ctx, size: int, salt: str = "") -> dict[str, Any]:
     """GPU->CPU as the worker would, then the cascade to the secondary tier."""
     import numpy as np
 
@@ -138,7 +139,7 @@ def store(manager, view, keys, ctx, size: int, salt: str = "") -> dict:
     return {"stored": len(keys), "cascaded": done, "seconds": seconds}
 
 
-def load(manager, view, keys, ctx, size: int, salt: str = "", deadline_s: float = 600) -> dict:
+def load(manager, view, keys, ctx, size: int, salt: str = "", deadline_s: float = 600) -> dict[str, Any]:
     """Look every key up (promoting secondary hits) until each is settled; then the bytes."""
     import numpy as np
     from vllm.v1.kv_offload.base import LookupResult
@@ -175,7 +176,7 @@ def load(manager, view, keys, ctx, size: int, salt: str = "", deadline_s: float 
     }
 
 
-def _stats(manager) -> dict:
+def _stats(manager) -> dict[str, Any]:
     stats = manager.get_stats()
     if stats is None:
         return {}
@@ -194,12 +195,12 @@ def _manager(args: argparse.Namespace):
     return manager, manager.primary_tier.get_kv_memoryview()
 
 
-def run(args: argparse.Namespace) -> dict:
+def run(args: argparse.Namespace) -> dict[str, Any]:
     size = args.block_kib * 1024
     manager, view = _manager(args)
     tier = manager.secondary_tiers[0]
     keys = _keys(args.blocks)
-    out: dict = {
+    out: dict[str, Any] = {
         "phase": args.phase,
         "tier": type(tier).__name__,
         "medium": tier.medium.value if tier.medium else None,
@@ -208,7 +209,7 @@ def run(args: argparse.Namespace) -> dict:
     }
     if hasattr(tier, "names"):  # the kvfs tier: the block of each key
         out["names"] = [tier.names.of(k) for k in keys]
-    times: dict = {}
+    times: dict[str, Any] = {}
     out["times"] = times
     try:
         if args.phase == "store":
@@ -228,12 +229,12 @@ def run(args: argparse.Namespace) -> dict:
     return out
 
 
-def stall(manager, view, keys, size: int, args: argparse.Namespace, times: dict) -> dict:
+def stall(manager, view, keys, size: int, args: argparse.Namespace, times: dict[str, Any]) -> dict[str, Any]:
     """The daemon stopped with jobs in flight: every job fails and every lookup misses
     within the tier's deadline; after it continues, the tier finds the blocks again."""
     from vllm.v1.kv_offload.base import LookupResult
 
-    out: dict = {}
+    out: dict[str, Any] = {}
     half = len(keys) // 2
     out["store"] = store(manager, view, keys[:half], _ctx("first", keys[:half]), size)
     out["store"].pop("seconds")
@@ -286,7 +287,7 @@ def stall(manager, view, keys, size: int, args: argparse.Namespace, times: dict)
             os.kill(args.daemon_pid, signal.SIGCONT)
         # the daemon answers again: once the tier reconnected, the stored blocks load
         deadline = time.monotonic() + 300
-        again: dict = {}
+        again: dict[str, Any] = {}
         n = 0
         while time.monotonic() < deadline:
             n += 1
