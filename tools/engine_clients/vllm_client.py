@@ -41,7 +41,7 @@ def make_model(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(
+    cfg = LlamaConfig(  # type: ignore[call-arg]  # torch_dtype goes through the config's **kwargs
         vocab_size=512,
         hidden_size=args.heads * args.head_dim,
         intermediate_size=2 * args.heads * args.head_dim,
@@ -53,7 +53,8 @@ def make_model(args: argparse.Namespace) -> dict[str, Any]:
         torch_dtype="bfloat16",
     )
     torch.manual_seed(0)
-    LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(args.out)
+    model: Any = LlamaForCausalLM(cfg)  # transformers types .to() for its own decorator, not a dtype
+    model.to(torch.bfloat16).save_pretrained(args.out)
     return {"model": args.out, "files": sorted(os.listdir(args.out))}
 
 
@@ -64,7 +65,7 @@ class _ConnectorLog(logging.Handler):
         super().__init__()
         self.hits = 0
         self.injected_tokens: list[int] = []
-        self.kvfs = {"cached": [], "loaded": 0, "load_failed": 0, "saved": 0, "save_failed": 0}
+        self.kvfs: dict[str, Any] = {"cached": [], "loaded": 0, "load_failed": 0, "saved": 0, "save_failed": 0}
         self.kvfs["times"] = {"lookup_ms": [], "load_ms": [], "save_ms": []}  # what the connector measured
         self.layers_waited: list[int] = []  # per layer-by-layer load, the layers vLLM waited for
 
@@ -94,7 +95,7 @@ class _ConnectorLog(logging.Handler):
             self.injected_tokens.append(int(msg.split()[4]))
 
 
-def transfer_config(connector: str, kv: str, layerwise: bool = True):
+def transfer_config(connector: str, kv: str, layerwise: bool = True) -> Any:
     """The ``KVTransferConfig`` of *connector* (``example``/``kvfs``) on the directory *kv*."""
     from vllm.config import KVTransferConfig
 

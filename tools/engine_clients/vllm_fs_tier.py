@@ -58,7 +58,7 @@ def _block_bytes(i: int, size: int) -> bytes:
     return (seed * (size // len(seed) + 1))[:size]
 
 
-def _wait(manager, job_id: int, timeout: float) -> dict[str, Any]:
+def _wait(manager: Any, job_id: int, timeout: float) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for res in manager.get_finished_jobs():
@@ -87,7 +87,12 @@ def run_tier(root: str, phase: str, io: str, n: int, size: int, model: str, time
     out: dict[str, Any] = {"times": times, "bytes": n * size}
 
     tier = fs_manager.FileSystemTierManager(
-        _spec(model), memoryview(view), "fs", root, n_read_threads=4, n_write_threads=4
+        _spec(model),
+        memoryview(view),  # type: ignore[arg-type]  # numpy stubs: ndarray is a Buffer from Python 3.12 only
+        "fs",
+        root,
+        n_read_threads=4,
+        n_write_threads=4,
     )
     try:
         out["use_o_direct"] = tier._use_o_direct

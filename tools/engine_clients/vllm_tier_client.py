@@ -34,12 +34,13 @@ import hashlib
 import os
 import signal
 import time
+from collections.abc import Callable
 from typing import Any
 
 from client_report import emit
 
 
-def _config(args: argparse.Namespace, tier: dict[str, Any], n: int = 0):
+def _config(args: argparse.Namespace, tier: dict[str, Any], n: int = 0) -> Any:
     from vllm.v1.kv_offload.config import (
         OffloadingCacheConfig,
         OffloadingConfig,
@@ -85,7 +86,7 @@ def _tier(args: argparse.Namespace) -> dict[str, Any]:
     return tier
 
 
-def _keys(n: int, salt: str = ""):
+def _keys(n: int, salt: str = "") -> list[Any]:
     from vllm.v1.kv_offload.base import make_offload_key
 
     return [make_offload_key(hashlib.sha256(f"{salt}chunk-{i}".encode()).digest(), 0) for i in range(n)]
@@ -96,7 +97,7 @@ def _chunk(i: int, size: int, salt: str = "") -> bytes:
     return (seed * (size // len(seed) + 1))[:size]
 
 
-def _ctx(req: str, keys):
+def _ctx(req: str, keys: list[Any]) -> Any:
     from vllm.v1.kv_offload.base import ReqContext
 
     ctx = ReqContext(req_id=req)
@@ -105,13 +106,13 @@ def _ctx(req: str, keys):
     return ctx
 
 
-def _step(manager) -> None:
+def _step(manager: Any) -> None:
     from vllm.v1.kv_offload.base import ScheduleEndContext
 
     manager.on_schedule_end(ScheduleEndContext(new_req_ids=(), preempted_req_ids=()))
 
 
-def _until(cond, manager, deadline_s: float) -> bool:
+def _until(cond: Callable[[], bool], manager: Any, deadline_s: float) -> bool:
     end = time.monotonic() + deadline_s
     while time.monotonic() < end:
         _step(manager)
@@ -121,7 +122,7 @@ def _until(cond, manager, deadline_s: float) -> bool:
     return False
 
 
-def store(manager, view, keys, ctx, size: int, salt: str = "") -> dict[str, Any]:
+def store(manager: Any, view: Any, keys: list[Any], ctx: Any, size: int, salt: str = "") -> dict[str, Any]:
     """GPU->CPU as the worker would, then the cascade to the secondary tier."""
     import numpy as np
 
@@ -139,14 +140,16 @@ def store(manager, view, keys, ctx, size: int, salt: str = "") -> dict[str, Any]
     return {"stored": len(keys), "cascaded": done, "seconds": seconds}
 
 
-def load(manager, view, keys, ctx, size: int, salt: str = "", deadline_s: float = 600) -> dict[str, Any]:
+def load(
+    manager: Any, view: Any, keys: list[Any], ctx: Any, size: int, salt: str = "", deadline_s: float = 600
+) -> dict[str, Any]:
     """Look every key up (promoting secondary hits) until each is settled; then the bytes."""
     import numpy as np
     from vllm.v1.kv_offload.base import LookupResult
 
     manager.on_new_request(ctx)
     t0 = time.perf_counter()
-    final: list = [None] * len(keys)
+    final: list[Any] = [None] * len(keys)
 
     def settled() -> bool:
         for i, k in enumerate(keys):
@@ -158,7 +161,7 @@ def load(manager, view, keys, ctx, size: int, salt: str = "", deadline_s: float 
     done = _until(settled, manager, deadline_s)
     seconds = time.perf_counter() - t0
     hits = [k for k, r in zip(keys, final, strict=True) if r is LookupResult.HIT]
-    equal: list = [None] * len(keys)
+    equal: list[bool | None] = [None] * len(keys)
     if hits:
         spec = manager.prepare_load(hits, ctx)
         rows = np.frombuffer(view, dtype=np.uint8).reshape(view.shape[0], -1)
@@ -176,7 +179,7 @@ def load(manager, view, keys, ctx, size: int, salt: str = "", deadline_s: float 
     }
 
 
-def _stats(manager) -> dict[str, Any]:
+def _stats(manager: Any) -> dict[str, Any]:
     stats = manager.get_stats()
     if stats is None:
         return {}
@@ -186,7 +189,7 @@ def _stats(manager) -> dict[str, Any]:
 _SPECS = iter(range(1 << 30))
 
 
-def _manager(args: argparse.Namespace):
+def _manager(args: argparse.Namespace) -> tuple[Any, Any]:
     """A fresh ``TieringOffloadingManager`` (its own primary region) with the tier."""
     from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
@@ -229,7 +232,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def stall(manager, view, keys, size: int, args: argparse.Namespace, times: dict[str, Any]) -> dict[str, Any]:
+def stall(
+    manager: Any, view: Any, keys: list[Any], size: int, args: argparse.Namespace, times: dict[str, Any]
+) -> dict[str, Any]:
     """The daemon stopped with jobs in flight: every job fails and every lookup misses
     within the tier's deadline; after it continues, the tier finds the blocks again."""
     from vllm.v1.kv_offload.base import LookupResult
@@ -244,7 +249,7 @@ def stall(manager, view, keys, size: int, args: argparse.Namespace, times: dict[
     try:
         ctx = _ctx("load", keys[:half])
         reader.on_new_request(ctx)
-        seen: list = [None] * half
+        seen: list[Any] = [None] * half
 
         def queued() -> bool:
             for i, k in enumerate(keys[:half]):
@@ -268,7 +273,7 @@ def stall(manager, view, keys, size: int, args: argparse.Namespace, times: dict[
             fresh = _keys(4, salt="fresh-")
             fctx = _ctx("fresh", fresh)
             reader.on_new_request(fctx)
-            looked: list = [None] * len(fresh)
+            looked: list[Any] = [None] * len(fresh)
 
             def fresh_settled() -> bool:
                 for i, k in enumerate(fresh):
