@@ -33,6 +33,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import xxhash
@@ -61,8 +62,8 @@ def _memcpy(blocks: list[np.ndarray], outs: list[np.ndarray], passes: int) -> tu
     """Seconds to copy every block into a buffer of its own (what a put does) and out of
     those into *outs* (what a get does): memcpy of the same bytes, the baseline."""
     dest = [np.empty_like(b) for b in blocks]
-    copy_in = best_of(lambda: [np.copyto(d, b) for d, b in zip(dest, blocks)], passes)
-    copy_out = best_of(lambda: [np.copyto(o, d) for o, d in zip(outs, dest)], passes)
+    copy_in = best_of(lambda: [np.copyto(d, b) for d, b in zip(dest, blocks)], passes)  # type: ignore[func-returns-value]  # a list of Nones, unread
+    copy_out = best_of(lambda: [np.copyto(o, d) for o, d in zip(outs, dest)], passes)  # type: ignore[func-returns-value]  # a list of Nones, unread
     return copy_in, copy_out
 
 
@@ -77,7 +78,7 @@ def _chunks(n: int, size: int) -> list[slice]:
     return [slice(i, min(i + size, n)) for i in range(0, n, size)]
 
 
-def _row(path: str, op: str, seconds: float, base: str, base_seconds: float, nbytes: int) -> dict:
+def _row(path: str, op: str, seconds: float, base: str, base_seconds: float, nbytes: int) -> dict[str, Any]:
     gb_s, base_gb_s = nbytes / seconds / 1e9, nbytes / base_seconds / 1e9
     return {
         "path": path,
@@ -118,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
     load_before = os.getloadavg()
     say(f"kvfs bench client: {n} blocks of {format_size(size)}, {args.batch} per call, best of {args.passes} passes")
     mount(mp, cfg)
-    rows: list[dict] = []
+    rows: list[dict[str, Any]] = []
     try:
         with Client(mp, write=True, name="kvfs bench client") as c:
             copy_in, copy_out = _memcpy(blocks, outs, args.passes)
@@ -162,10 +163,10 @@ def run(args: argparse.Namespace) -> int:
                 for (path, off, csum), o in zip(paths, outs):
                     fd = os.open(path, os.O_RDONLY)
                     try:
-                        got = os.preadv(fd, [o], off)
+                        got = os.preadv(fd, [o], off)  # type: ignore[list-item]  # numpy stubs: ndarray is a Buffer from Python 3.12 only
                     finally:
                         os.close(fd)
-                    if got != size or xxhash.xxh3_64_intdigest(o) != csum:
+                    if got != size or xxhash.xxh3_64_intdigest(o) != csum:  # type: ignore[arg-type]  # numpy stubs: ndarray is a Buffer from Python 3.12 only
                         raise SystemExit(f"kvfs: bench client: {path} does not verify")
 
             raw_s = best_of(raw, args.passes)
@@ -205,12 +206,12 @@ def run(args: argparse.Namespace) -> int:
         def fuse_put() -> None:
             for p, b in zip(fnames, blocks):
                 with open(p, "wb") as f:
-                    f.write(b)
+                    f.write(b)  # type: ignore[arg-type]  # numpy stubs: ndarray is a Buffer from Python 3.12 only
 
         def fuse_get() -> None:
             for p, o in zip(fnames, outs):
                 with open(p, "rb", buffering=0) as f:
-                    f.readinto(o)
+                    f.readinto(o)  # type: ignore[arg-type]  # numpy stubs: ndarray is a Buffer from Python 3.12 only
 
         rows.append(_row("fuse", "put", best_of(fuse_put, args.passes), "memcpy", copy_in, total))
         rows.append(_row("fuse", "get", best_of(fuse_get, args.passes), "memcpy", copy_out, total))
@@ -219,7 +220,7 @@ def run(args: argparse.Namespace) -> int:
         umount(mp)
         if args.dir is None:
             shutil.rmtree(base, ignore_errors=True)
-    load = {"before": load_before, "after": os.getloadavg(), "cpus": os.cpu_count()}
+    load: dict[str, Any] = {"before": load_before, "after": os.getloadavg(), "cpus": os.cpu_count()}
     if args.json:
         print(
             json.dumps({"block_size": size, "blocks": n, "batch": args.batch, "load": load, "results": rows}, indent=2)

@@ -149,7 +149,7 @@ def measure(nc: NetCluster, count: int, size: int, say: Any) -> dict[str, Any]:
     finally:
         for cl in (ca, cb, cc):
             cl.close()
-    res = {"local": _ms(local), "peer": _ms(peer), "s3": _ms(s3), "visible": _ms(visible)}
+    res: dict[str, Any] = {"local": _ms(local), "peer": _ms(peer), "s3": _ms(s3), "visible": _ms(visible)}
     res["peer_vs_s3"] = round(statistics.fmean(s3) / statistics.fmean(peer), 2)
     res["peer_vs_local"] = round(statistics.fmean(local) / statistics.fmean(peer), 3)
     res["block_size"] = size

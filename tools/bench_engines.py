@@ -43,6 +43,7 @@ import statistics
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from . import bench_lmcache_backend, bench_sglang_backend, bench_vllm_tier
 from .engine_clients import CLIENTS, ClientFailed, ClientMissing, client_python, differences, run_client, without
@@ -114,7 +115,7 @@ def _phases(name: str, d: Path, quick: bool, model: Path | None) -> list[tuple[s
     raise ValueError(name)
 
 
-def _figures(name: str, results: list[dict]) -> dict:
+def _figures(name: str, results: list[dict[str, Any]]) -> dict[str, Any]:
     """Bytes, write and read seconds (and TTFTs for vLLM) out of the phases' results."""
     if name == "vllm":
         cold, warm = results
@@ -141,14 +142,14 @@ def _figures(name: str, results: list[dict]) -> dict:
     }
 
 
-def _run_phases(name: str, d: Path, args, model: Path | None) -> dict[int, dict]:
+def _run_phases(name: str, d: Path, args: argparse.Namespace, model: Path | None) -> dict[int, dict[str, Any]]:
     """Each phase's result by its number (a dict, so that :func:`differences` names keys)."""
     venvs = Path(args.venvs) if args.venvs else None
     phases = _phases(name, d, args.quick, model)
     return {i: run_client(client, *a, venvs=venvs, timeout=900) for i, (client, a) in enumerate(phases)}
 
 
-def _best(figs: list[dict]) -> dict:
+def _best(figs: list[dict[str, Any]]) -> dict[str, Any]:
     out = dict(figs[0])
     for f in figs[1:]:
         for k, v in f.items():
@@ -156,11 +157,13 @@ def _best(figs: list[dict]) -> dict:
     return out
 
 
-def bench_client(name: str, plain_root: Path, kvfs_root: Path, args, model: Path | None) -> dict:
+def bench_client(
+    name: str, plain_root: Path, kvfs_root: Path, args: argparse.Namespace, model: Path | None
+) -> dict[str, Any]:
     """Run *name* on both directories (``--rounds`` times each, alternating); its figures,
     ratios and whether the kvfs run matched the plain one."""
-    out: dict = {"client": name, "what": WORKLOADS[name]}
-    figs: dict[str, list[dict]] = {"plain": [], "kvfs": []}
+    out: dict[str, Any] = {"client": name, "what": WORKLOADS[name]}
+    figs: dict[str, list[dict[str, Any]]] = {"plain": [], "kvfs": []}
     for r in range(args.rounds):
         results = {}
         for kind, root in (("plain", plain_root), ("kvfs", kvfs_root)):
@@ -180,7 +183,7 @@ def bench_client(name: str, plain_root: Path, kvfs_root: Path, args, model: Path
             break
     plain, kvfs = _best(figs["plain"]), _best(figs["kvfs"])
     out["plain"], out["kvfs"] = plain, kvfs
-    ratio: dict = {}
+    ratio: dict[str, Any] = {}
     if "write_s" in plain:
         ratio["write"] = plain["write_s"] / kvfs["write_s"]  # throughput, kvfs over plain
         ratio["read_time"] = kvfs["read_s"] / plain["read_s"]
@@ -199,18 +202,19 @@ def _vllm_args(model: Path, quick: bool, connector: str, kv: Path | None, load: 
     return out + (["--kv", str(kv)] if kv is not None else [])
 
 
-def _ttft_ms(res: dict) -> float:
-    return 1e3 * statistics.median(r["ttft_s"] for r in res["requests"])
+def _ttft_ms(res: dict[str, Any]) -> float:
+    ms: float = 1e3 * statistics.median(r["ttft_s"] for r in res["requests"])
+    return ms
 
 
-def bench_connector(plain_root: Path, mp: Path, args, model: Path) -> dict:
+def bench_connector(plain_root: Path, mp: Path, args: argparse.Namespace, model: Path) -> dict[str, Any]:
     """``vllm-connector``: per round, the ExampleConnector on the plain directory (a cold
     process, a warm one), KvfsConnector on the mount (its blocks removed first: a cold
     process, then a warm one loading layer by layer and one loading whole steps, in turns
     first), and one process with no connector; best of the rounds."""
-    out: dict = {"client": "vllm-connector", "what": WORKLOADS["vllm-connector"]}
+    out: dict[str, Any] = {"client": "vllm-connector", "what": WORKLOADS["vllm-connector"]}
     venvs = Path(args.venvs) if args.venvs else None
-    figs: dict[str, list[dict]] = {"plain": [], "kvfs": [], "step": [], "none": []}
+    figs: dict[str, list[dict[str, Any]]] = {"plain": [], "kvfs": [], "step": [], "none": []}
     status = "ok"
     for r in range(args.rounds):
         shutil.rmtree(mp / "vllm", ignore_errors=True)  # the connector's namespace: cold again
@@ -224,7 +228,7 @@ def bench_connector(plain_root: Path, mp: Path, args, model: Path) -> dict:
             *((kind, "kvfs", mp, load) for load, kind in warm),
             ("none", "none", None, "layer"),
         ]
-        runs: dict[str, list[dict]] = {}
+        runs: dict[str, list[dict[str, Any]]] = {}
         try:
             for kind, connector, kv, load in plan:
                 _progress(f"vllm-connector: {connector} connector{f' on {kv}' if kv else ''} ({load})")
@@ -286,7 +290,7 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"kvfs: bench engines: unknown client {', '.join(unknown)} (known: {', '.join(WORKLOADS)})")
     venvs = Path(args.venvs) if args.venvs else None
     base = Path(tempfile.mkdtemp(prefix="kvfs-bench-engines-", dir=args.dir))
-    result: dict = {
+    result: dict[str, Any] = {
         "load_avg_before": os.getloadavg(),
         "quick": args.quick,
         "rounds": args.rounds,
@@ -345,15 +349,15 @@ def run(args: argparse.Namespace) -> int:
         rows.extend(_rows(c))
     print(table(["CLIENT", "FIGURE", "PLAIN", "KVFS", "KVFS/PLAIN", "AIM", "RESULT"], rows))
     la, lb = result["load_avg_before"], result["load_avg_after"]
-    dram = "lean DRAM tier (no prefault, no mlock)" if args.lean else "DRAM tier prefaulted"
+    dram_tier = "lean DRAM tier (no prefault, no mlock)" if args.lean else "DRAM tier prefaulted"
     print(
         f"load average {la[0]:.2f} before, {lb[0]:.2f} after ({os.cpu_count()} CPUs); "
-        f"kvfs transport {args.transport}, {dram}"
+        f"kvfs transport {args.transport}, {dram_tier}"
     )
     return 0
 
 
-def _rows(c: dict) -> list[list[str]]:
+def _rows(c: dict[str, Any]) -> list[list[str]]:
     if c["client"] == "sglang-backend":
         return bench_sglang_backend.rows(c)
     if c["client"] == "vllm-tier":
@@ -457,8 +461,9 @@ def _rows(c: dict) -> list[list[str]]:
     return rows
 
 
-def _gbps(fig: dict) -> float:
-    return fig["bytes"] / fig["write_s"] / 1e9
+def _gbps(fig: dict[str, Any]) -> float:
+    gbps: float = fig["bytes"] / fig["write_s"] / 1e9
+    return gbps
 
 
 def _ratio(value: float | None) -> str:

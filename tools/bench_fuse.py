@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from .flags import at_least, positive_int
 from .scratch import dram_disk_config, mount, umount
@@ -38,7 +39,7 @@ from .scratch import dram_disk_config, mount, umount
 MiB = 1 << 20
 BLOCK = 2 * MiB
 
-VARIANTS: dict[str, dict] = {
+VARIANTS: dict[str, dict[str, Any]] = {
     "default (keep_cache, page cache)": {},
     "no keep_cache": {"keep_cache": False},
     "direct_io reads": {"direct_io_read": True, "keep_cache": False},
@@ -197,7 +198,7 @@ def listing(d: Path, n: int) -> tuple[float, float]:
     return made, listed
 
 
-def run_suite(root: Path, blocks: int, entries: int, payloads: list[bytes]) -> dict:
+def run_suite(root: Path, blocks: int, entries: int, payloads: list[bytes]) -> dict[str, Any]:
     buf = bytearray(BLOCK)
     out = {}
     writes, colds, repeats = [], [], []
@@ -233,7 +234,7 @@ def _rss_anon(pid: int) -> int:
     return 0
 
 
-def mount_ceiling(mp: Path, transport: str = "pyfuse3") -> subprocess.Popen:
+def mount_ceiling(mp: Path, transport: str = "pyfuse3") -> subprocess.Popen[bytes]:
     """The ceiling filesystem (:mod:`kvfs.mount.ceiling`) mounted at *mp* in a subprocess,
     on *transport* (pyfuse3, or kvfs's kernel transport)."""
     from kvfs.mount.ceiling import FSTYPE
@@ -253,7 +254,7 @@ def mount_ceiling(mp: Path, transport: str = "pyfuse3") -> subprocess.Popen:
     return proc
 
 
-def umount_ceiling(mp: Path, proc: subprocess.Popen) -> None:
+def umount_ceiling(mp: Path, proc: subprocess.Popen[bytes]) -> None:
     subprocess.run(["fusermount3", "-u", str(mp)], capture_output=True, check=False)
     try:
         proc.wait(timeout=30)
@@ -272,7 +273,7 @@ def run(args: argparse.Namespace) -> int:
     dram = (2 * blocks * BLOCK + 2 * 1000 * 4096 + entries * 4096 + 64 * MiB + MiB - 1) // MiB * MiB
     base = Path(tempfile.mkdtemp(prefix="kvfs-bench-fuse-", dir=args.dir))
     shm = Path(tempfile.mkdtemp(prefix="kvfs-bench-tmpfs-", dir="/dev/shm"))
-    result: dict = {
+    result: dict[str, Any] = {
         "blocks": blocks,
         "block_bytes": BLOCK,
         "entries": entries,
@@ -348,7 +349,7 @@ def _progress(args: argparse.Namespace, what: str) -> None:
         print(f"  measuring {what}…", file=sys.stderr, flush=True)
 
 
-def _rss_run(mp: Path, pid: int, blocks: int, rounds: int, payloads: list[bytes]) -> dict:
+def _rss_run(mp: Path, pid: int, blocks: int, rounds: int, payloads: list[bytes]) -> dict[str, Any]:
     buf = bytearray(BLOCK)
     d = mp / "rss"
     write_blocks(d, blocks, payloads)
@@ -385,7 +386,7 @@ _LABELS = {
 }
 
 
-def _print(r: dict) -> None:
+def _print(r: dict[str, Any]) -> None:
     print(
         f"kvfs bench fuse: {r['blocks']} blocks of {r['block_bytes'] // MiB} MiB, listing {r['entries']} entries "
         f"(load average {r['load']:.2f})"

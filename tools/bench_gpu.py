@@ -82,7 +82,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
 
 
-def _latency(path: str, op: str, seconds: float, base: str, base_seconds: float) -> dict:
+def _latency(path: str, op: str, seconds: float, base: str, base_seconds: float) -> dict[str, Any]:
     return {
         "path": path,
         "op": op,
@@ -103,7 +103,7 @@ def paired(fn: Callable[[], object], base: Callable[[], object], passes: int) ->
     return a, b
 
 
-def _skipped(path: str, op: str, base: str, why: str) -> dict:
+def _skipped(path: str, op: str, base: str, why: str) -> dict[str, Any]:
     return {"path": path, "op": op, "baseline": base, "skipped": why}
 
 
@@ -111,22 +111,24 @@ def _raw_preadv(files: list[tuple[str, int, int]], outs: list[np.ndarray], csums
     for k, ((path, off, n), o) in enumerate(zip(files, outs, strict=True)):
         fd = os.open(path, os.O_RDONLY)
         try:
-            if os.preadv(fd, [o[:n]], off) != n:
+            if os.preadv(fd, [o[:n]], off) != n:  # type: ignore[list-item]  # numpy stubs: ndarray is a Buffer from Python 3.12 only
                 raise SystemExit(f"kvfs: bench gpu: short read of {path}")
         finally:
             os.close(fd)
-        if csums is not None and xxhash.xxh3_64_intdigest(o[:n]) != csums[k]:
+        if csums is not None and xxhash.xxh3_64_intdigest(o[:n]) != csums[k]:  # type: ignore[arg-type]  # numpy stubs: ndarray is a Buffer from Python 3.12 only
             raise SystemExit(f"kvfs: bench gpu: {path} does not verify")
 
 
-def _cpu_rows(c: Any, names: list[str], blocks: list[np.ndarray], args: argparse.Namespace, say: Callable) -> list:
+def _cpu_rows(
+    c: Any, names: list[str], blocks: list[np.ndarray], args: argparse.Namespace, say: Callable[[str], None]
+) -> list[dict[str, Any]]:
     import torch
 
     from kvfs.gpu.agent import Agent
     from kvfs.gpu.transfer import Item, NixlLoader, TransferUnavailable
 
     size, total = len(blocks[0]), len(blocks[0]) * len(blocks)
-    rows: list[dict] = []
+    rows: list[dict[str, Any]] = []
     batches = _chunks(len(names), args.batch)
     c.evict(names, tier="dram")
     holds = c.lease(names, promote="never")
@@ -178,7 +180,7 @@ def _cpu_rows(c: Any, names: list[str], blocks: list[np.ndarray], args: argparse
         def memcpy_sum() -> None:
             for d, b in zip(dest, blocks, strict=True):
                 np.copyto(d, b)
-                xxhash.xxh3_64_intdigest(d)
+                xxhash.xxh3_64_intdigest(d)  # type: ignore[arg-type]  # numpy stubs: ndarray is a Buffer from Python 3.12 only
 
         arena_s, memcpy_s = paired(map_all, memcpy_sum, args.passes)
         rows.append(_rate("cpu", "agent map, arena", arena_s, "memcpy + xxh3", memcpy_s, total))
@@ -213,7 +215,7 @@ def run(args: argparse.Namespace) -> int:
     load_before = os.getloadavg()
     say(f"kvfs bench gpu: {n} blocks of {format_size(size)}, {args.batch} per call, best of {args.passes} passes")
     mount(mp, cfg)
-    rows: list[dict] = []
+    rows: list[dict[str, Any]] = []
     try:
         with Client(mp, write=True, name="kvfs bench gpu") as c:
             for s in _chunks(n, args.batch):
@@ -226,7 +228,7 @@ def run(args: argparse.Namespace) -> int:
         umount(mp)
         if args.dir is None:
             shutil.rmtree(base, ignore_errors=True)
-    load = {"before": load_before, "after": os.getloadavg(), "cpus": os.cpu_count()}
+    load: dict[str, Any] = {"before": load_before, "after": os.getloadavg(), "cpus": os.cpu_count()}
     if args.json:
         out = {"device": args.device, "block_size": size, "blocks": n, "batch": args.batch, "load": load}
         print(json.dumps({**out, "time": time.time(), "results": rows}, indent=2))
@@ -239,7 +241,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cells(r: dict) -> list[str]:
+def _cells(r: dict[str, Any]) -> list[str]:
     if "skipped" in r:
         return [r["path"], r["op"], r["skipped"], r["baseline"], "", ""]
     if "gb_s" in r:

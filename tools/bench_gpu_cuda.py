@@ -15,14 +15,16 @@ from typing import Any
 
 import numpy as np
 
-from .bench_gpu import GPU_ROWS, _chunks, _latency, _rate, _skipped, paired
+from .bench_client import _chunks
+from .bench_client import _row as _rate
+from .bench_gpu import GPU_ROWS, _latency, _skipped, paired
 
 __all__ = ["cuda_rows"]
 
 
 def cuda_rows(
-    c: Any, mp: Path, names: list[str], blocks: list[np.ndarray], args: argparse.Namespace, say: Callable
-) -> list:
+    c: Any, mp: Path, names: list[str], blocks: list[np.ndarray], args: argparse.Namespace, say: Callable[[str], None]
+) -> list[dict[str, Any]]:
 
     import torch
 
@@ -32,7 +34,7 @@ def cuda_rows(
     if why:
         return [_skipped(p, op, base, f"skipped: {why}") for p, op, base in GPU_ROWS]
     device = torch.device(args.device)
-    rows: list[dict] = []
+    rows: list[dict[str, Any]] = []
     rows += _h2d(c, names, blocks, args, device)
     say("  pinned H2D done")
     rows += _gds(c, names, blocks, args, device)
@@ -43,13 +45,15 @@ def cuda_rows(
     return rows
 
 
-def _check(dests: list, blocks: list[np.ndarray], what: str) -> None:
+def _check(dests: list[Any], blocks: list[np.ndarray], what: str) -> None:
     for d, b in zip(dests, blocks, strict=False):
         if d[: len(b)].cpu().numpy().tobytes() != b.tobytes():
             raise SystemExit(f"kvfs: bench gpu: {what} moved the wrong bytes")
 
 
-def _h2d(c: Any, names: list[str], blocks: list[np.ndarray], args: argparse.Namespace, device: Any) -> list:
+def _h2d(
+    c: Any, names: list[str], blocks: list[np.ndarray], args: argparse.Namespace, device: Any
+) -> list[dict[str, Any]]:
     import torch
 
     from kvfs.gpu.transfer import ArenaCopier
@@ -83,7 +87,9 @@ def _h2d(c: Any, names: list[str], blocks: list[np.ndarray], args: argparse.Name
         c.release(holds)
 
 
-def _gds(c: Any, names: list[str], blocks: list[np.ndarray], args: argparse.Namespace, device: Any) -> list:
+def _gds(
+    c: Any, names: list[str], blocks: list[np.ndarray], args: argparse.Namespace, device: Any
+) -> list[dict[str, Any]]:
     import torch
 
     from kvfs.gpu.transfer import Item, KvikioLoader, NixlLoader, TransferUnavailable
@@ -94,7 +100,7 @@ def _gds(c: Any, names: list[str], blocks: list[np.ndarray], args: argparse.Name
     dests = [torch.empty(size, dtype=torch.uint8, device=device) for _ in names]
     items = [Item(h.path, h.offset, h.length, d) for h, d in zip(holds, dests, strict=True)]
     batches = _chunks(len(items), args.batch)
-    rows: list[dict] = []
+    rows: list[dict[str, Any]] = []
     base = "raw kvikio CuFile.pread"
     try:
         try:
@@ -141,7 +147,7 @@ def _gds(c: Any, names: list[str], blocks: list[np.ndarray], args: argparse.Name
         c.release(holds)
 
 
-def _hit(c: Any, names: list[str], args: argparse.Namespace, device: Any) -> list:
+def _hit(c: Any, names: list[str], args: argparse.Namespace, device: Any) -> list[dict[str, Any]]:
     from kvfs.gpu.agent import Agent
 
     hit_names = names[: args.batch]
@@ -152,7 +158,7 @@ def _hit(c: Any, names: list[str], args: argparse.Namespace, device: Any) -> lis
     return [_latency("gpu", f"HBM hit latency, {len(hit_names)} blocks", hit_s, "client lookup round trip", look_s)]
 
 
-def _ttft(mp: Path, args: argparse.Namespace, device: Any, say: Callable) -> list:
+def _ttft(mp: Path, args: argparse.Namespace, device: Any, say: Callable[[str], None]) -> list[dict[str, Any]]:
     """Warm TTFT of a random Llama whose prefix is loaded through the agent from HBM, from
     DRAM and from disk, against cold prefill of the whole prompt."""
     import time

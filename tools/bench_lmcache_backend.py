@@ -12,7 +12,10 @@ files were just written). Figures: GB/s of puts and gets, kvfs/fs (aim >= 1.5 on
 
 from __future__ import annotations
 
+import argparse
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from .bench_native_rows import failed, gbps_rows
 from .engine_clients import ClientFailed, run_client
@@ -23,10 +26,16 @@ AIM = 1.5
 WHAT = "LMCache: kvfs plugin vs fs connector"
 
 
-def bench_lmcache_backend(plain_root: Path, mountpoint: Path, args, progress) -> dict:
+def bench_lmcache_backend(
+    plain_root: Path, mountpoint: Path, args: argparse.Namespace, progress: Callable[[str], None]
+) -> dict[str, Any]:
     venvs = Path(args.venvs) if args.venvs else None
     chunks, rounds = (16 if args.quick else 64), max(3, args.rounds)
-    out: dict = {"client": "lmcache-backend", "what": WHAT, "baseline": "LMCache's fs connector on a plain directory"}
+    out: dict[str, Any] = {
+        "client": "lmcache-backend",
+        "what": WHAT,
+        "baseline": "LMCache's fs connector on a plain directory",
+    }
     figs = {}
     for kind, backend, d in (("plain", "fs", plain_root / "lmcache-backend"), ("kvfs", "kvfs", mountpoint)):
         progress(f"lmcache-backend: {backend} on {kind} ({d})")
@@ -59,6 +68,6 @@ def bench_lmcache_backend(plain_root: Path, mountpoint: Path, args, progress) ->
     return out
 
 
-def rows(c: dict) -> list[list[str]]:
+def rows(c: dict[str, Any]) -> list[list[str]]:
     """Table rows (the columns of ``kvfs bench engines``)."""
     return gbps_rows(c, [("put", f">= {AIM}"), ("get", f">= {AIM}")])

@@ -4,6 +4,8 @@ and the status a failed run of a client shows in them."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from .engine_clients import ClientFailed
 
 __all__ = ["failed", "gbps_rows"]
@@ -15,7 +17,7 @@ def failed(exc: ClientFailed) -> str:
     return f"failed: {text.splitlines()[-1][-160:] if text else exc}"
 
 
-def gbps_rows(c: dict, ops: list[tuple[str, str]]) -> list[list[str]]:
+def gbps_rows(c: dict[str, Any], ops: list[tuple[str, str]]) -> list[list[str]]:
     """Table rows of a native client's result *c* (``plain`` and ``kvfs`` figures with
     ``bytes`` and ``<op>_s``, ``ratio`` per op): one per ``(op, aim)`` of *ops*, the
     status on the first; one row of dashes and the status when it has no figures."""

@@ -18,6 +18,8 @@ import json
 import math
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 from kvfs.errors import KvfsError
 from kvfs.policies import POLICIES, EvictionPolicy, PolicyContext, make_policy
@@ -93,7 +95,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
 
-def _traces(args) -> list[Trace]:
+def _traces(args: argparse.Namespace) -> list[Trace]:
     traces = []
     for path in args.trace:
         try:
@@ -118,14 +120,14 @@ def _traces(args) -> list[Trace]:
     return traces
 
 
-def _capacities(args) -> list[str]:
+def _capacities(args: argparse.Namespace) -> list[str]:
     out = []
     for item in args.capacity or ["1%", "2%", "5%", "10%"]:
         out.extend([item] if "=" in item else [c for c in item.split(",") if c.strip()])
     return out
 
 
-def _policies(args) -> list[str]:
+def _policies(args: argparse.Namespace) -> list[str]:
     if args.policies is None:
         return list(POLICIES)
     names = [p.strip() for p in args.policies.split(",") if p.strip()]
@@ -163,7 +165,7 @@ def _takes_hints(policy: str) -> bool:
     return type(make_policy(policy)).hint is not EvictionPolicy.hint
 
 
-def _row(trace: Trace, cap: str, s: ReplayStats, belady: ReplayStats, lru: ReplayStats | None) -> dict:
+def _row(trace: Trace, cap: str, s: ReplayStats, belady: ReplayStats, lru: ReplayStats | None) -> dict[str, Any]:
     return {
         "trace": trace.name,
         "capacity": cap,
@@ -191,7 +193,7 @@ def _geomean(xs: list[float]) -> float | None:
     return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None
 
 
-def _summary(rows: list[dict], labels: list[str], *, stacks: bool) -> list[dict]:
+def _summary(rows: list[dict[str, Any]], labels: list[str], *, stacks: bool) -> list[dict[str, Any]]:
     """Per policy over every (trace, capacity) of one kind (single tiers or stacks):
     geometric mean and worst of the ratios, and of the colder tiers' writes per hit
     against the reference policy's."""
@@ -220,7 +222,7 @@ def _summary(rows: list[dict], labels: list[str], *, stacks: bool) -> list[dict]
     return out
 
 
-def _fmt(x, spec: str) -> str:
+def _fmt(x: object, spec: str) -> str:
     return "-" if x is None else format(x, spec)
 
 
@@ -228,7 +230,9 @@ def _per_hit(x: float | None) -> str:
     return "-" if x is None else format_size(round(x))
 
 
-def _print_tables(rows: list[dict], summaries: list[dict], cost: list[dict], block_bytes: int, ref: str) -> None:
+def _print_tables(
+    rows: list[dict[str, Any]], summaries: list[dict[str, Any]], cost: list[dict[str, Any]], block_bytes: int, ref: str
+) -> None:
     print(f"prefix-aware block hit ratio; bytes at {format_size(block_bytes)} per block")
     print("written/hit: bytes written into the tier per hit (engine writes and promotions into the top")
     print(f"tier, admitted demotions into the others); x {ref}: the colder tiers' writes per hit against {ref}'s")
@@ -281,7 +285,7 @@ def _print_tables(rows: list[dict], summaries: list[dict], cost: list[dict], blo
             )
 
 
-def _reference_writes(rows: list[dict], ref: str) -> None:
+def _reference_writes(rows: list[dict[str, Any]], ref: str) -> None:
     """Fill ``vs_reference_written``: the colder tiers' bytes written per hit against *ref*'s run."""
     base = {(r["trace"], r["capacity"]): r for r in rows if r["policy"] == ref}
     for r in rows:
@@ -293,7 +297,7 @@ def _reference_writes(rows: list[dict], ref: str) -> None:
             r["vs_reference_written"] = (mine / r["hits"]) / (theirs / b["hits"])
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     traces = _traces(args)
     caps = _capacities(args)
     policies = _policies(args)
@@ -305,7 +309,9 @@ def run(args) -> int:
     hinted = [p for p in policies if hints is not None and _takes_hints(p)]
     labels = [*policies, *(f"{p} +hints" for p in hinted)]
     ref = "prefix-arc" if "prefix-arc" in policies else "lru"
-    progress = (lambda msg: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    progress: Callable[[str], None] = (
+        (lambda msg: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    )
     rows = []
     for trace in traces:
         distinct = trace.distinct
@@ -335,18 +341,18 @@ def run(args) -> int:
                 rows.append(row)
     _reference_writes(rows, ref)
     summaries = _summary(rows, labels, stacks=False) + _summary(rows, labels, stacks=True)
-    cost = []
+    cost: list[dict[str, Any]] = []
     if args.cost:
         for p in policies:
             progress(f"cost: {p} at {args.cost_blocks:,} blocks")
-            c = measure_cost(p, blocks=args.cost_blocks)
+            stats = measure_cost(p, blocks=args.cost_blocks)
             cost.append(
                 {
                     "policy": p,
-                    "blocks": c.blocks,
-                    "fill_per_s": c.fill_per_s,
-                    "decisions": c.decisions,
-                    "decisions_per_s": c.decisions_per_s,
+                    "blocks": stats.blocks,
+                    "fill_per_s": stats.fill_per_s,
+                    "decisions": stats.decisions,
+                    "decisions_per_s": stats.decisions_per_s,
                 }
             )
         by = {c["policy"]: c["decisions_per_s"] for c in cost}

@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import time
+from collections.abc import Callable
 
 from kvfs.config import DramConfig, NamespaceConfig, PolicyConfig
 from kvfs.names import TierName
@@ -68,7 +69,7 @@ def _put_us(policy: str, n: int, passes: int, namespaces: tuple[NamespaceConfig,
     return best / n * 1e6
 
 
-def _call_us(fn, repeat: int = 2000) -> float:
+def _call_us(fn: Callable[[], object], repeat: int = 2000) -> float:
     best = float("inf")
     for _ in range(5):
         t0 = time.perf_counter()

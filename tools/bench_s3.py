@@ -21,6 +21,7 @@ import statistics
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from kvfs.blockfile import checksum, encode_header
@@ -44,7 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
-def _timed(fn, items, threads: int) -> float:
+def _timed(fn: Callable[[str], object], items: list[str], threads: int) -> float:
     t0 = time.perf_counter()
     if threads == 1:
         for it in items:
@@ -97,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
         bodies = {n: encode_header(n, size, csum) + payload for n in names}
         meta = {"kvfs-length": str(size), "kvfs-checksum": f"{csum:016x}"}
 
-        ops = {
+        ops: dict[str, tuple[Callable[[str], object], Callable[[str], object]]] = {
             "put": (
                 lambda n: tier.put(n, payload, csum),
                 lambda n: raw.put_object(Bucket=bucket, Key=tier.key(n), Body=bodies[n], Metadata=meta),
@@ -111,7 +112,8 @@ def run(args: argparse.Namespace) -> int:
         for threads in levels:
             for op, (kv_fn, raw_fn) in ops.items():
                 kv_fn(names[0]), raw_fn(names[0])  # warm connections
-                kv_t, raw_t = [], []
+                kv_t: list[float] = []
+                raw_t: list[float] = []
                 for r in range(args.rounds):
                     order = [(kv_fn, kv_t), (raw_fn, raw_t)]
                     for fn, out in order if r % 2 == 0 else reversed(order):

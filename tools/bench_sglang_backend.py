@@ -14,7 +14,10 @@ kept. Figures: GB/s of sets and gets, kvfs/HiCacheFile (aim >= 1.5 on gets).
 
 from __future__ import annotations
 
+import argparse
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from .bench_native_rows import failed, gbps_rows
 from .engine_clients import ClientFailed, run_client
@@ -25,7 +28,7 @@ AIM_GET = 1.5
 WHAT = "SGLang HiCache: kvfs backend vs HiCacheFile"
 
 
-def _run(backend: str, d: Path, pages: int, rounds: int, venvs: Path | None) -> dict:
+def _run(backend: str, d: Path, pages: int, rounds: int, venvs: Path | None) -> dict[str, Any]:
     d.mkdir(parents=True, exist_ok=True)
     shape = ["--layers", "8", "--heads", "8", "--head-dim", "128", "--layout", "page_first"]
     args = ["--backend", backend, "--dir", str(d), "--phase", "bench", "--pages", str(pages), *shape]
@@ -33,11 +36,13 @@ def _run(backend: str, d: Path, pages: int, rounds: int, venvs: Path | None) -> 
     return run_client("sglang-backend", *args, venvs=venvs, timeout=900)
 
 
-def bench_sglang_backend(plain_root: Path, mountpoint: Path, args, progress) -> dict:
+def bench_sglang_backend(
+    plain_root: Path, mountpoint: Path, args: argparse.Namespace, progress: Callable[[str], None]
+) -> dict[str, Any]:
     """Run both backends; their figures and kvfs/HiCacheFile ratios (higher is better)."""
     venvs = Path(args.venvs) if args.venvs else None
     pages, rounds = (16 if args.quick else 64), max(3, args.rounds)
-    out: dict = {"client": "sglang-backend", "what": WHAT, "baseline": "HiCacheFile on a plain directory"}
+    out: dict[str, Any] = {"client": "sglang-backend", "what": WHAT, "baseline": "HiCacheFile on a plain directory"}
     figs = {}
     for kind, backend, d in (("plain", "file", plain_root / "sglang-backend"), ("kvfs", "kvfs", mountpoint)):
         progress(f"sglang-backend: {backend} on {kind} ({d})")
@@ -58,6 +63,6 @@ def bench_sglang_backend(plain_root: Path, mountpoint: Path, args, progress) -> 
     return out
 
 
-def rows(c: dict) -> list[list[str]]:
+def rows(c: dict[str, Any]) -> list[list[str]]:
     """Table rows (the columns of ``kvfs bench engines``)."""
     return gbps_rows(c, [("set", "-"), ("get", f">= {AIM_GET}")])

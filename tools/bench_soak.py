@@ -53,6 +53,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -147,7 +148,7 @@ class Figures:
     listings: int = 0
     errors: list[str] = field(default_factory=list)
 
-    def add(self, **kw) -> None:
+    def add(self, **kw: int) -> None:
         with self.lock:
             for k, v in kw.items():
                 setattr(self, k, getattr(self, k) + v)
@@ -180,7 +181,7 @@ class Soak:
         self.fig.add(**{key: 1})
         return True
 
-    def guard(self, what: str, fn, *args) -> None:
+    def guard(self, what: str, fn: Callable[..., object], *args: object) -> None:
         try:
             fn(*args)
         except OSError as exc:
@@ -321,7 +322,7 @@ class Soak:
             + [(self.lister, 300)]
         )
 
-    def run(self, extra: list[tuple[Any, tuple]] = (), progress: Any = None) -> None:
+    def run(self, extra: Sequence[tuple[Any, tuple[Any, ...]]] = (), progress: Any = None) -> None:
         """Run the load (and *extra* ``(fn, args)`` threads, each given the stop event
         last) for ``args.seconds``; *progress()* is printed every 10 s."""
         a = self.args
@@ -346,14 +347,14 @@ class Soak:
                 t.join(timeout=60)
 
 
-def _store_figures(mp: Path) -> dict:
+def _store_figures(mp: Path) -> dict[str, Any]:
     from kvfs.mount.paths import control_socket_path
-    from kvfs.protocol import Top
+    from kvfs.protocol import Top, TopResult
 
     from .control_client import ControlClient
 
     with ControlClient(control_socket_path(mp)) as c:
-        top = c.request(Top()).to_json()
+        top = c.request(Top(), TopResult).to_json()
     tiers = top["statistics"]["tiers"]
     ops = {o["op"]: o for o in top["ops"]}
     return {
@@ -428,7 +429,7 @@ def run(args: argparse.Namespace) -> int:
             sampler = Sampler(pid)
             faults = Faults(mp, "tenant-b", base / "disk", stall, every=args.fault_every, stall_for=args.stall)
             t0 = time.monotonic()
-            extra: list[tuple[Any, tuple]] = [(clients.worker, (i,)) for i in range(args.clients)]
+            extra: list[tuple[Any, tuple[Any, ...]]] = [(clients.worker, (i,)) for i in range(args.clients)]
             extra += [(events.run, ()), (sampler.run, (t0,))]
             if args.fault_every > 0:
                 extra.append((faults.run, (t0,)))
@@ -495,7 +496,7 @@ def run(args: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
-def _print(r: dict) -> None:
+def _print(r: dict[str, Any]) -> None:
     fds = r["fds"] or [0]
     rows = [
         ("writes", f"{sum(r['writes'].values()):,}", ", ".join(f"{k} {v:,}" for k, v in r["writes"].items() if v)),

@@ -18,7 +18,9 @@ import sys
 import tempfile
 import time
 import tracemalloc
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -49,7 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
-def best_of(fn, passes: int) -> float:
+def best_of(fn: Callable[[], object], passes: int) -> float:
     """Seconds of the fastest of *passes* runs of *fn* (the least disturbed by the neighbours)."""
     best = float("inf")
     for _ in range(passes):
@@ -105,20 +107,20 @@ def _raw_file(directory: Path, blocks: list[np.ndarray], passes: int) -> tuple[f
     def put() -> None:
         for p, b in zip(paths, blocks):
             fd = os.open(p + ".tmp", os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
-            os.pwrite(fd, b, 0)
+            os.pwrite(fd, b, 0)  # type: ignore[arg-type]  # numpy stubs: ndarray is a Buffer from Python 3.12 only
             os.close(fd)
             os.rename(p + ".tmp", p)
 
     def get() -> None:
         for p in paths:
             fd = os.open(p, os.O_RDONLY)
-            os.preadv(fd, [out], 0)
+            os.preadv(fd, [out], 0)  # type: ignore[list-item]  # numpy stubs: ndarray is a Buffer from Python 3.12 only
             os.close(fd)
 
     return best_of(put, passes), best_of(get, passes)
 
 
-def catalog_figures(n: int) -> dict:
+def catalog_figures(n: int) -> dict[str, Any]:
     """Bytes per block of the catalog plus one policy entry, and the cost of a lookup."""
     gc.collect()
     tracemalloc.start()
@@ -158,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
     size = parse_size(args.block_size)
     rng = np.random.default_rng(0)
     blocks = [rng.integers(0, 256, size, dtype=np.uint8) for _ in range(args.blocks)]
-    total = size * args.blocks
+    total: int = size * args.blocks
     base = args.dir or Path(tempfile.mkdtemp(prefix="kvfs-bench-", dir="/var/tmp"))
     rows = []
 

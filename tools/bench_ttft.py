@@ -42,13 +42,21 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from kvfs.errors import ConfigError
 
 from .flags import at_least, positive_int
 from .scratch import drop_page_cache_under, progress
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import DynamicCache, LlamaForCausalLM
+
+    from kvfs.gpu.prefix_cache import Prefill, PrefixHit
 
 __all__ = ["add_arguments", "run"]
 
@@ -164,7 +172,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 class _Target:
     label: str
     root: str  # the bench's own subdirectory inside the given directory
-    cache: object = None
+    cache: Any = None  # its kvfs.gpu.prefix_cache.PrefixCache, made once the model is built
     backing: str | None = None  # a kvfs tier's own directory, whose page cache is dropped too
     client: bool = False  # the prefix cache uses the batch client (a kvfs mount), else file I/O
 
@@ -200,7 +208,7 @@ class _KvfsMounts:
     """kvfs mounts made for the bench, one per tier kind, each with its blocks in that
     tier; everything is unmounted and removed on close."""
 
-    def __init__(self, kinds: list[str], dram_bytes: int, say) -> None:
+    def __init__(self, kinds: list[str], dram_bytes: int, say: Callable[..., None]) -> None:
         from kvfs.tools.scratch import mount, start_moto
 
         self.bases: list[Path] = []
@@ -346,7 +354,7 @@ def run(args: argparse.Namespace) -> int:
     for label, path in args.dirs:
         if not os.path.isdir(path):
             raise ConfigError("--dir", f"{label}={path}: not a directory")
-    specs = [(label, path, False, None) for label, path in args.dirs] or [
+    specs: list[tuple[str, str, bool, str | None]] = [(label, path, False, None) for label, path in args.dirs] or [
         (label, path, created, None) for label, path, created in _default_dirs()
     ]
     kinds = _kvfs_kinds(args.kvfs)
@@ -400,34 +408,37 @@ def run(args: argparse.Namespace) -> int:
     vocab = model.config.vocab_size
     gen = torch.Generator().manual_seed(args.seed + 1)
 
-    def timed(fn):
+    def timed(fn: Callable[[], Prefill]) -> tuple[float, Prefill]:
         start = time.perf_counter()
         res = fn()
         int(res.logits.argmax())  # the first token
         return time.perf_counter() - start, res
 
-    def warm_once(t: _Target, prompt: list[int]):
+    def warm_once(t: _Target, prompt: list[int]) -> tuple[float, PrefixHit]:
         """One warm request; returns (ttft seconds, the load's PrefixHit without its cache)."""
         if args.page_cache == "drop":
             _drop_page_cache([t.cache.path(d) for d in t.cache.digests(prompt[: len(prompt) - 1])])
             if t.backing:  # the kvfs tier's own files: the read must come from the device
                 drop_page_cache_under(Path(t.backing))
         s, res = timed(lambda: pcm.prefill(model, prompt, t.cache))
-        return s, dataclasses.replace(res.hit, cache=None)
+        assert res.hit is not None  # prefill was given a cache: it says what it loaded
+        return s, dataclasses.replace(res.hit, cache=None)  # type: ignore[arg-type]  # only its figures are kept
 
     cold_repeat = args.cold_repeat or (3 if args.quick else 1)
     summary = statistics.median if args.stat == "median" else min
 
-    def cold_ttft(prompt: list[int]):
+    def cold_ttft(prompt: list[int]) -> tuple[float, Prefill]:
         """Median TTFT of a full prefill, and the last run's result (its cache is stored)."""
         runs = [timed(lambda: pcm.prefill(model, prompt)) for _ in range(cold_repeat)]
         return summary([s for s, _ in runs]), runs[-1][1]
 
-    def measure(row: dict, prompt: list[int], kv, cached: int) -> None:
+    def measure(
+        row: dict[str, Any], prompt: list[int], kv: list[tuple[torch.Tensor, torch.Tensor]] | None, cached: int
+    ) -> None:
         """Ideal and warm TTFT of *prompt*, interleaved round by round so that load from
         other processes hits every variant alike; the summaries (``--stat``) go into *row*."""
         ideal: list[float] = []
-        warm: dict[str, list] = {t.label: [] for t in targets}
+        warm: dict[str, list[tuple[float, PrefixHit]]] = {t.label: [] for t in targets}
         for _ in range(args.repeat):
             if kv is not None:
                 in_memory = lambda: pcm.prefill(model, prompt, cache=pcm.cache_from_tensors(model, kv, cached))
@@ -454,7 +465,7 @@ def run(args: argparse.Namespace) -> int:
     # Warm up torch's kernels and allocator so the first case is not penalized.
     pcm.prefill(model, torch.randint(0, vocab, (64,), generator=gen).tolist())
 
-    results: dict = {
+    results: dict[str, Any] = {
         "model": rm.name,
         "parameters": rm.parameters,
         "dtype": args.dtype,
@@ -479,7 +490,7 @@ def run(args: argparse.Namespace) -> int:
             for t in targets:
                 st = t.cache.store(prompt[:seen], cold.cache)
                 row.setdefault("store_s", {})[t.label] = st.seconds
-            kv = [(layer.keys, layer.values) for layer in cold.cache.layers]
+            kv = _layer_kv(cold.cache)
             del cold
             cached = min((seen // args.block_tokens) * args.block_tokens, n - 1)
             row["cached_tokens"] = cached
@@ -508,12 +519,23 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _multi_turn(args, model, targets, turns, turn_tokens, gen, vocab, cold_ttft, measure, say) -> list[dict]:
+def _multi_turn(
+    args: argparse.Namespace,
+    model: LlamaForCausalLM,
+    targets: list[_Target],
+    turns: int,
+    turn_tokens: int,
+    gen: torch.Generator,
+    vocab: int,
+    cold_ttft: Callable[[list[int]], tuple[float, Prefill]],
+    measure: Callable[[dict[str, Any], list[int], list[tuple[torch.Tensor, torch.Tensor]] | None, int], None],
+    say: Callable[..., None],
+) -> list[dict[str, Any]]:
     import torch
 
     out = []
     convo: list[int] = []
-    prev_kv = None
+    prev_kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None
     prev_tokens = 0
     for turn in range(1, turns + 1):
         convo = convo + torch.randint(0, vocab, (turn_tokens,), generator=gen).tolist()
@@ -533,7 +555,7 @@ def _multi_turn(args, model, targets, turns, turn_tokens, gen, vocab, cold_ttft,
         prev_tokens = cache.get_seq_length()  # the last answer token has no KV yet
         for t in targets:
             t.cache.store(convo[:prev_tokens], cache)
-        prev_kv = [(layer.keys, layer.values) for layer in cache.layers]
+        prev_kv = _layer_kv(cache)
         del cold
         gc.collect()
         out.append(row)
@@ -541,7 +563,13 @@ def _multi_turn(args, model, targets, turns, turn_tokens, gen, vocab, cold_ttft,
     return out
 
 
-def _prompt_line(row: dict, targets, turn: int | None = None) -> str:
+def _layer_kv(cache: DynamicCache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each layer's (keys, values) of a filled cache (prefix_cache's caches hold full-attention
+    layers only, which have both)."""
+    return [(layer.keys, layer.values) for layer in cache.layers]  # type: ignore[union-attr,misc]
+
+
+def _prompt_line(row: dict[str, Any], targets: list[_Target], turn: int | None = None) -> str:
     head = f"turn {turn}: " if turn else ""
     parts = [
         (
@@ -555,7 +583,7 @@ def _prompt_line(row: dict, targets, turn: int | None = None) -> str:
     return ", ".join(parts)
 
 
-def format_tables(results: dict) -> str:
+def format_tables(results: dict[str, Any]) -> str:
     """The results as aligned text tables (what the docs paste)."""
     labels = list(results["dirs"])
     lines = [
@@ -567,7 +595,7 @@ def format_tables(results: dict) -> str:
         "",
     ]
 
-    def table(rows: list[dict], first: str) -> list[str]:
+    def table(rows: list[dict[str, Any]], first: str) -> list[str]:
         cols = [first, "tokens", "cached", "cold s", "ideal s", "ideal x"]
         for label in labels:
             cols += [f"{label} s", f"{label} x", f"{label}/ideal", f"{label} load s"]
@@ -592,7 +620,7 @@ def format_tables(results: dict) -> str:
                 ]
             body.append(cells)
         widths = [max(len(c), *(len(b[i]) for b in body)) for i, c in enumerate(cols)]
-        fmt = lambda cells: "  ".join(c.rjust(w) for c, w in zip(cells, widths))
+        fmt: Callable[[list[str]], str] = lambda cells: "  ".join(c.rjust(w) for c, w in zip(cells, widths))
         return [fmt(cols), fmt(["-" * w for w in widths]), *(fmt(b) for b in body)]
 
     if results["prompts"]:

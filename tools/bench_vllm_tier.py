@@ -15,8 +15,11 @@ both); the best round of each.
 
 from __future__ import annotations
 
+import argparse
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from .bench_native_rows import failed, gbps_rows
 from .engine_clients import ClientFailed, run_client
@@ -27,19 +30,25 @@ AIM = 2.0
 WHAT = "vLLM tiered offloading: kvfs tier vs fs tier"
 
 
-def _phase(tier: str, d: Path, phase: str, blocks: int, venvs: Path | None) -> dict:
+def _phase(tier: str, d: Path, phase: str, blocks: int, venvs: Path | None) -> dict[str, Any]:
     args = ["--tier", tier, "--dir", str(d), "--phase", phase, "--blocks", str(blocks), "--block-kib", "1024"]
     return run_client("vllm-tier", *args, venvs=venvs, timeout=900)
 
 
-def bench_vllm_tier(plain_root: Path, mountpoint: Path, args, progress) -> dict:
+def bench_vllm_tier(
+    plain_root: Path, mountpoint: Path, args: argparse.Namespace, progress: Callable[[str], None]
+) -> dict[str, Any]:
     """Both tiers, ``max(2, --rounds)`` rounds each; figures and kvfs/fs ratios."""
     venvs = Path(args.venvs) if args.venvs else None
     blocks = 32 if args.quick else 128
-    out: dict = {"client": "vllm-tier", "what": WHAT, "baseline": "vLLM's fs tier on a plain directory (O_DIRECT)"}
-    figs: dict[str, dict] = {}
+    out: dict[str, Any] = {
+        "client": "vllm-tier",
+        "what": WHAT,
+        "baseline": "vLLM's fs tier on a plain directory (O_DIRECT)",
+    }
+    figs: dict[str, dict[str, Any]] = {}
     for kind, tier, root in (("plain", "fs", plain_root / "vllm-tier"), ("kvfs", "kvfs", mountpoint)):
-        best: dict = {}
+        best: dict[str, Any] = {}
         for r in range(max(2, args.rounds)):
             d = root / f"round-{r}" if tier == "fs" else root
             if tier == "kvfs":
@@ -69,6 +78,6 @@ def bench_vllm_tier(plain_root: Path, mountpoint: Path, args, progress) -> dict:
     return out
 
 
-def rows(c: dict) -> list[list[str]]:
+def rows(c: dict[str, Any]) -> list[list[str]]:
     """Table rows (the columns of ``kvfs bench engines``)."""
     return gbps_rows(c, [("store", f">= {AIM}"), ("load", f">= {AIM}")])

@@ -11,6 +11,7 @@ import argparse
 import importlib
 import os
 import sys
+from types import ModuleType
 
 from kvfs import __version__
 from kvfs.errors import KvfsError
@@ -91,7 +92,7 @@ BENCHES: dict[str, tuple[str, str]] = {
 }
 
 
-def _load(module: str):
+def _load(module: str) -> ModuleType:
     return importlib.import_module(module)
 
 

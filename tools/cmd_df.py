@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from kvfs.protocol import Df
+from kvfs.protocol import Df, DfResult
 
 from .cmd_quota import render as render_namespaces
 from .control_client import add_socket_option, clients_for
@@ -39,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     [(target, client)] = clients_for([args.mountpoint], args.socket)
-    st = client.request(Df()).to_json()
+    st = client.request(Df(), DfResult).to_json()
     tiers = []
     for t in st["tiers"]:
         cap = t["capacity"]

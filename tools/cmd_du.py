@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from kvfs.protocol import Du
+from kvfs.protocol import Du, DuResult
 
 from .control_client import about, add_socket_option, clients_for
 from .render import format_size, print_json, table
@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     results = []
     for target, client in clients_for(args.paths, args.socket):
         with about(target):
-            res = client.request(Du(name=target.name)).to_json()
+            res = client.request(Du(name=target.name), DuResult).to_json()
         res["path"] = target.display()
         results.append(res)
     if args.json:

@@ -9,10 +9,12 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 from kvfs.protocol import EventItem, Events
 
-from .control_client import add_socket_option, clients_for
+from .control_client import Target, add_socket_option, clients_for
 from .flags import at_least, positive_int
 from .render import format_size
 
@@ -44,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_socket_option(parser)
 
 
-def _publish(args: argparse.Namespace, target) -> int:
+def _publish(args: argparse.Namespace, target: Target) -> int:
     """``--zmq``: the stream of the mount's events, republished as vLLM KV events."""
     from kvfs.client import Client
     from kvfs.mount.kv_events import KvEventPublisher, Translator, publish_stream, tier_places
@@ -65,7 +67,7 @@ def _publish(args: argparse.Namespace, target) -> int:
     return 0
 
 
-def _line(ev: dict, display) -> str:
+def _line(ev: dict[str, Any], display: Callable[[str], str]) -> str:
     t = time.strftime("%H:%M:%S", time.localtime(ev["time"])) + f".{int(ev['time'] * 1000) % 1000:03d}"
     parts = [t, f"{ev['kind']:<8}", f"{ev['tier'] or '-':<6}", display(ev["name"]), format_size(ev["size"])]
     if ev["detail"]:

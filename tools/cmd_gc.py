@@ -85,16 +85,12 @@ def run(args: argparse.Namespace) -> int:
         tier = open_tier(tc)
         tally = Tally(f"gc {tc.name}", force=args.progress)
         verb = "to remove" if args.dry_run else "removed"
+
+        def progress(scanned: int, removed: int, tally: Tally = tally, verb: str = verb) -> None:
+            tally.update(f"{scanned} scanned, {removed} {verb}")
+
         try:
-            report = collect(
-                tier,
-                plan,
-                now=now,
-                dry_run=args.dry_run,
-                progress=lambda scanned, removed, tally=tally, verb=verb: tally.update(
-                    f"{scanned} scanned, {removed} {verb}"
-                ),
-            )
+            report = collect(tier, plan, now=now, dry_run=args.dry_run, progress=progress)
             tally.update(f"{report.scanned} scanned, {len(report.removed)} {verb}", final=True)
         except KvfsError as exc:
             raise KvfsError(f"gc of tier {tc.name!r} stopped: {exc}") from exc

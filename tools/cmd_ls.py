@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
-from kvfs.protocol import Ls
+from kvfs.protocol import Ls, LsResult
 
 from .control_client import about, add_socket_option, clients_for
 from .render import format_size, format_time, print_json, table
@@ -26,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_socket_option(parser)
 
 
-def _long(entries: list[dict]) -> str:
+def _long(entries: list[dict[str, Any]]) -> str:
     rows = []
     for e in entries:
         if e["type"] == "dir":
@@ -49,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     results = []
     for target, client in clients_for(args.paths, args.socket):
         with about(target):
-            res = client.request(Ls(name=target.name)).to_json()
+            res = client.request(Ls(name=target.name), LsResult).to_json()
         res["path"] = target.display()
         results.append(res)
     if args.json:

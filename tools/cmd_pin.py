@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kvfs.protocol import Pin
+from kvfs.protocol import Pin, PinResult
 
 from .control_client import about, add_socket_option, clients_for
 from .flags import seconds
@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     results = []
     for target, client in clients_for(args.paths, args.socket):
         with about(target):
-            res = client.request(Pin(paths=[target.name], pinned=pinned, ttl=ttl))
+            res = client.request(Pin(paths=[target.name], pinned=pinned, ttl=ttl), PinResult)
         if res.failed:
             rc = 1
         if args.json:

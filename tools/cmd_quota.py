@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from typing import Any
 
 from kvfs.errors import ConfigError
-from kvfs.protocol import QuotaSet, QuotaShow
+from kvfs.protocol import QuotaResult, QuotaSet, QuotaShow
 from kvfs.units import format_duration, format_size, parse_duration, parse_size
 
 from .control_client import add_socket_option, clients_for
@@ -84,10 +86,12 @@ def run(args: argparse.Namespace) -> int:
                 raise ConfigError("--retention", str(exc)) from None
         if not quotas and retention is None:
             raise ConfigError("--tier", "give at least one --tier TIER=SIZE (or --retention)")
-        ns = client.request(QuotaSet(name=target.name, quotas=quotas, retention=retention)).to_json()["namespaces"][0]
+        ns = client.request(QuotaSet(name=target.name, quotas=quotas, retention=retention), QuotaResult).to_json()[
+            "namespaces"
+        ][0]
         spaces = [ns]
     else:
-        res = client.request(QuotaShow(name=target.name or None)).to_json()
+        res = client.request(QuotaShow(name=target.name or None), QuotaResult).to_json()
         spaces = res["namespaces"]
     if args.json:
         print_json({"namespaces": spaces})
@@ -96,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def render(spaces: list[dict], display=lambda name: "/" + name) -> str:
+def render(spaces: list[dict[str, Any]], display: Callable[[str], str] = lambda name: "/" + name) -> str:
     """The namespaces as a table: one row per namespace and tier (``kvfs df`` uses it too)."""
     if not spaces:
         return "no namespaces (kvfs quota set, or [[namespaces]] in the config)"
@@ -125,7 +129,7 @@ def render(spaces: list[dict], display=lambda name: "/" + name) -> str:
     )
 
 
-def _rules(ns: dict) -> str:
+def _rules(ns: dict[str, Any]) -> str:
     parts = []
     if ns.get("owner") is not None:
         parts.append(f"owner {ns['owner']}:{ns['group']} {ns['mode']}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from kvfs.protocol import Stat
+from kvfs.protocol import Stat, StatResult
 
 from .control_client import about, add_socket_option, clients_for
 from .render import format_size, format_time, print_json, yes_no
@@ -28,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     [(target, client)] = clients_for([args.path], args.socket)
     with about(target):
-        st = client.request(Stat(name=target.name)).to_json()
+        st = client.request(Stat(name=target.name), StatResult).to_json()
     st["path"] = target.display()
     if args.json:
         print_json(st)

@@ -11,8 +11,9 @@ import json
 import os
 import sys
 import time
+from typing import Any
 
-from kvfs.protocol import Top
+from kvfs.protocol import Top, TopResult
 
 from .cmd_events import stop_on_sigterm
 from .control_client import add_socket_option, clients_for
@@ -54,7 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_socket_option(parser)
 
 
-def frame(prev: dict, cur: dict) -> dict:
+def frame(prev: dict[str, Any], cur: dict[str, Any]) -> dict[str, Any]:
     """Rates and ratios between two ``top`` snapshots (see :meth:`ControlHandler.op_top`)."""
     dt = max(cur["time"] - prev["time"], 1e-9)
     ps, cs = prev["statistics"], cur["statistics"]
@@ -123,7 +124,7 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.0f}%"
 
 
-def render(f: dict) -> str:
+def render(f: dict[str, Any]) -> str:
     head = (
         f"kvfs top  {f['mountpoint']}  {time.strftime('%H:%M:%S', time.localtime(f['time']))}  "
         f"blocks {f['blocks']}  reads/s {f['lookups_per_s']:.0f}  hit ratio {_pct(f['hit_ratio'])}  "
@@ -180,7 +181,7 @@ def render(f: dict) -> str:
     return "\n".join(out)
 
 
-def render_peers(peers: list[dict]) -> str:
+def render_peers(peers: list[dict[str, Any]]) -> str:
     """The cluster's peers (docs/cluster.md): blocks read from each per second, bytes,
     the mean time of a read from it over the interval, blocks it read from this node."""
     rows = [
@@ -210,12 +211,12 @@ def run(args: argparse.Namespace) -> int:
     shown = 0
     tty = sys.stdout.isatty() and not args.json and frames is None
     with client:
-        prev = client.request(Top()).to_json()
+        prev = client.request(Top(), TopResult).to_json()
         if target.mountpoint is not None:
             prev["mountpoint"] = target.mountpoint
         while frames is None or shown < frames:
             time.sleep(args.interval)  # the refresh period itself, not a wait for something
-            cur = client.request(Top()).to_json()
+            cur = client.request(Top(), TopResult).to_json()
             if target.mountpoint is not None:
                 cur["mountpoint"] = target.mountpoint
             f = frame(prev, cur)

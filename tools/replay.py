@@ -38,7 +38,7 @@ from __future__ import annotations
 import heapq
 import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
 from kvfs.policies import EvictionPolicy, Hint, PolicyContext, make_policy
@@ -188,29 +188,29 @@ class Belady(EvictionPolicy):
 
     name = BELADY
 
-    def __init__(self, next_use: dict) -> None:
+    def __init__(self, next_use: dict[Hashable, float]) -> None:
         self._next_use = next_use
-        self._at: dict = {}  # resident key -> the next use its heap entry carries
-        self._heap: list = []
+        self._at: dict[Hashable, float] = {}  # resident key -> the next use its heap entry carries
+        self._heap: list[tuple[float, int, Hashable]] = []
         self._seq = 0
 
-    def _schedule(self, key) -> None:
+    def _schedule(self, key: Hashable) -> None:
         nxt = self._next_use.get(key, math.inf)
         self._at[key] = nxt
         self._seq += 1
         heapq.heappush(self._heap, (-nxt, self._seq, key))
 
-    def insert(self, key, size: int = 0, parent=None) -> None:
+    def insert(self, key: Hashable, size: int = 0, parent: Hashable | None = None) -> None:
         self._schedule(key)
 
-    def touch(self, key) -> None:
+    def touch(self, key: Hashable) -> None:
         if key in self._at:
             self._schedule(key)
 
-    def remove(self, key) -> None:
+    def remove(self, key: Hashable) -> None:
         self._at.pop(key, None)
 
-    def victim(self):
+    def victim(self) -> Hashable | None:
         heap, at = self._heap, self._at
         while heap:
             neg, _, key = heap[0]
@@ -222,10 +222,10 @@ class Belady(EvictionPolicy):
     def __len__(self) -> int:
         return len(self._at)
 
-    def __contains__(self, key) -> bool:
+    def __contains__(self, key: object) -> bool:
         return key in self._at
 
-    def admit(self, key, parent=None, *, hits: int = 0, idle: float | None = None) -> bool:
+    def admit(self, key: Hashable, parent: Hashable | None = None, *, hits: int = 0, idle: float | None = None) -> bool:
         """Only blocks that will be read again are worth a write."""
         return self._next_use.get(key, math.inf) != math.inf
 
@@ -234,7 +234,7 @@ def _next_uses(requests: Sequence[Sequence[int]]) -> list[float]:
     """For each access position, the position of the same block's next access (or inf)."""
     flat = [b for r in requests for b in r]
     out: list[float] = [math.inf] * len(flat)
-    last: dict = {}
+    last: dict[int, int] = {}
     for i in range(len(flat) - 1, -1, -1):
         b = flat[i]
         out[i] = last.get(b, math.inf)
@@ -242,13 +242,15 @@ def _next_uses(requests: Sequence[Sequence[int]]) -> list[float]:
     return out
 
 
-def _ended_events(requests: Sequence, times: list[float], hints: HintModel) -> list[tuple[float, int, int]]:
+def _ended_events(
+    requests: Sequence[Sequence[int]], times: list[float], hints: HintModel
+) -> list[tuple[float, int, int]]:
     """(time, request index) of the ENDED hints, in time order, for the sessions that send one."""
     if hints.ended <= 0:
         return []
     rng = random.Random(f"kvfs-hints-{hints.seed}")
-    chosen: dict = {}
-    out = []
+    chosen: dict[object, bool] = {}
+    out: list[tuple[float, int, int]] = []
     for i, r in enumerate(requests):
         session = getattr(r, "session", None)
         if session is None or not getattr(r, "last", False):
@@ -285,13 +287,13 @@ def replay(
         raise ValueError("a replay needs at least one tier")
     times = [float(i) for i in range(len(requests))]
     if requests and getattr(requests[0], "time", None) is not None:
-        times = [r.time for r in requests]
+        times = [r.time for r in requests]  # type: ignore[attr-defined]  # traces.Request (timed), checked above
     now = [0.0]
 
     def clock() -> float:
         return now[0]
 
-    namespaces: dict = {}
+    namespaces: dict[Hashable, Hashable] = {}
     for r in requests:
         ns = getattr(r, "namespace", None)
         if ns is not None:
@@ -305,7 +307,7 @@ def replay(
         hint_ttl=base.hint_ttl,
     )
     oracle = policy == BELADY and factory is None
-    next_use: dict = {}
+    next_use: dict[Hashable, float] = {}
     if oracle:
         nxt = _next_uses(requests)
         pols: list[EvictionPolicy] = [Belady(next_use) for _ in tiers]
@@ -318,13 +320,13 @@ def replay(
     n = len(tiers)
     used = [0] * n
     written_to = [0] * n
-    copies: dict = {}  # block -> bitmask of the tiers holding a copy
-    parent_of: dict = {}
-    read_count: dict = {}  # block -> hits so far (the store's record counts them)
-    last_seen: dict = {}  # block -> time of its last access (the record's ``accessed``)
+    copies: dict[int, int] = {}  # block -> bitmask of the tiers holding a copy
+    parent_of: dict[int, int] = {}
+    read_count: dict[int, int] = {}  # block -> hits so far (the store's record counts them)
+    last_seen: dict[int, float] = {}  # block -> time of its last access (the record's ``accessed``)
     demotions = dropped = refused = sent = 0
 
-    def place(t: int, key, parent) -> None:
+    def place(t: int, key: int, parent: int | None) -> None:
         nonlocal demotions, dropped, refused
         pols[t].insert(key, block_bytes, parent)
         copies[key] = copies.get(key, 0) | (1 << t)
@@ -353,7 +355,7 @@ def replay(
             if not copies.get(v, 0):
                 copies.pop(v, None)  # no copy left (the colder tier may have given it up at once)
 
-    def tell(keys, when: Hint) -> None:
+    def tell(keys: list[int], when: Hint) -> None:
         nonlocal sent
         sent += 1
         for p in pols:
@@ -371,7 +373,7 @@ def replay(
         now[0] = times[i]
         if soon and i + soon < len(requests):
             tell(list(requests[i + soon]), Hint.SOON)
-        prev = None
+        prev: int | None = None
         hitting = True
         for key in request:
             if oracle:

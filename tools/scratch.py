@@ -46,7 +46,9 @@ def dram_disk_config(
     return cfg
 
 
-def mount(mp: Path, config: Path, fuse_options: dict | None = None, env: dict | None = None) -> int:
+def mount(
+    mp: Path, config: Path, fuse_options: dict[str, object] | None = None, env: dict[str, str] | None = None
+) -> int:
     """``kvfs mount MP --config CONFIG`` (background daemon); returns the daemon's pid."""
     from kvfs.mount.paths import pid_path
 
@@ -81,10 +83,11 @@ def umount(mp: Path) -> None:
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
-def start_moto() -> tuple[subprocess.Popen, str]:
+def start_moto() -> tuple[subprocess.Popen[bytes], str]:
     """moto's S3 server in a subprocess on 127.0.0.1; returns ``(process, endpoint url)``."""
     port = _free_port()
     proc = subprocess.Popen(

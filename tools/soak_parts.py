@@ -27,7 +27,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kvfs.client import BatchError
 
 __all__ = ["ClientLoad", "EventCounter", "Faults", "Sampler", "slope"]
 
@@ -130,7 +133,7 @@ class ClientLoad:
                         self.errors.append(f"client session: {exc}")
                 stop.wait(0.2)
 
-    def _round(self, c: Any, rng: random.Random, names: list[str], batch_error: type) -> None:
+    def _round(self, c: Any, rng: random.Random, names: list[str], batch_error: type[BatchError]) -> None:
         batch = rng.sample(names, 6)
         with self.lock:
             self._version += 1
@@ -177,7 +180,7 @@ class EventCounter:
         import msgpack
         import zmq
 
-        sock = zmq.Context.instance().socket(zmq.SUB)
+        sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.SUB)
         sock.setsockopt(zmq.SUBSCRIBE, b"")
         sock.connect(self.addr)
         last = None

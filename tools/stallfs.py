@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Self
 
@@ -64,18 +65,29 @@ def _serve(source: str, mountpoint: str, flag: str) -> None:
                 self.paths[st.st_ino] = path
             return a
 
-        async def lookup(self, parent_inode, name, ctx=None):
+        async def lookup(
+            self, parent_inode: pyfuse3.InodeT, name: bytes, ctx: pyfuse3.RequestContext | None = None
+        ) -> pyfuse3.EntryAttributes:
             await self._gate()
             return self._attr(self._path(parent_inode, name))
 
-        async def forget(self, inode_list):
+        async def forget(self, inode_list: Sequence[tuple[pyfuse3.InodeT, int]]) -> None:
             pass  # paths are kept: cheap for a test's few files
 
-        async def getattr(self, inode, ctx=None):
+        async def getattr(
+            self, inode: pyfuse3.InodeT, ctx: pyfuse3.RequestContext | None = None
+        ) -> pyfuse3.EntryAttributes:
             await self._gate()
             return self._attr(self._path(inode))
 
-        async def setattr(self, inode, attr, fields, fh, ctx):
+        async def setattr(
+            self,
+            inode: pyfuse3.InodeT,
+            attr: pyfuse3.EntryAttributes,
+            fields: pyfuse3.SetattrFields,
+            fh: pyfuse3.FileHandleT | None,
+            ctx: pyfuse3.RequestContext,
+        ) -> pyfuse3.EntryAttributes:
             await self._gate()
             try:
                 if fields.update_size:
@@ -86,7 +98,9 @@ def _serve(source: str, mountpoint: str, flag: str) -> None:
                 raise fail(exc) from None
             return self._attr(self._path(inode))
 
-        async def mkdir(self, parent_inode, name, mode, ctx):
+        async def mkdir(
+            self, parent_inode: pyfuse3.InodeT, name: bytes, mode: int, ctx: pyfuse3.RequestContext
+        ) -> pyfuse3.EntryAttributes:
             await self._gate()
             path = self._path(parent_inode, name)
             try:
@@ -95,21 +109,29 @@ def _serve(source: str, mountpoint: str, flag: str) -> None:
                 raise fail(exc) from None
             return self._attr(path)
 
-        async def rmdir(self, parent_inode, name, ctx):
+        async def rmdir(self, parent_inode: pyfuse3.InodeT, name: bytes, ctx: pyfuse3.RequestContext) -> None:
             await self._gate()
             try:
                 os.rmdir(self._path(parent_inode, name))
             except OSError as exc:
                 raise fail(exc) from None
 
-        async def unlink(self, parent_inode, name, ctx):
+        async def unlink(self, parent_inode: pyfuse3.InodeT, name: bytes, ctx: pyfuse3.RequestContext) -> None:
             await self._gate()
             try:
                 os.unlink(self._path(parent_inode, name))
             except OSError as exc:
                 raise fail(exc) from None
 
-        async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
+        async def rename(
+            self,
+            parent_inode_old: pyfuse3.InodeT,
+            name_old: bytes,
+            parent_inode_new: pyfuse3.InodeT,
+            name_new: bytes,
+            flags: int,
+            ctx: pyfuse3.RequestContext,
+        ) -> None:
             await self._gate()
             old, new = self._path(parent_inode_old, name_old), self._path(parent_inode_new, name_new)
             try:
@@ -118,11 +140,11 @@ def _serve(source: str, mountpoint: str, flag: str) -> None:
                 raise fail(exc) from None
             self._attr(new)
 
-        async def opendir(self, inode, ctx):
+        async def opendir(self, inode: pyfuse3.InodeT, ctx: pyfuse3.RequestContext) -> pyfuse3.FileHandleT:
             await self._gate()
-            return inode
+            return pyfuse3.FileHandleT(inode)
 
-        async def readdir(self, fh, start_id, token):
+        async def readdir(self, fh: pyfuse3.FileHandleT, start_id: int, token: pyfuse3.ReaddirToken) -> None:
             await self._gate()
             path = self._path(fh)
             try:
@@ -137,10 +159,10 @@ def _serve(source: str, mountpoint: str, flag: str) -> None:
                 if not pyfuse3.readdir_reply(token, os.fsencode(name), attr, i):
                     return
 
-        async def releasedir(self, fh):
+        async def releasedir(self, fh: pyfuse3.FileHandleT) -> None:
             pass
 
-        async def statfs(self, ctx):
+        async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:
             await self._gate()
             st = os.statvfs(source)
             out = pyfuse3.StatvfsData()
@@ -149,38 +171,40 @@ def _serve(source: str, mountpoint: str, flag: str) -> None:
             out.f_namemax = 255
             return out
 
-        async def open(self, inode, flags, ctx):
+        async def open(self, inode: pyfuse3.InodeT, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
             await self._gate()
             try:
-                return pyfuse3.FileInfo(fh=os.open(self._path(inode), flags & ~os.O_CREAT))
+                return pyfuse3.FileInfo(fh=pyfuse3.FileHandleT(os.open(self._path(inode), flags & ~os.O_CREAT)))
             except OSError as exc:
                 raise fail(exc) from None
 
-        async def create(self, parent_inode, name, mode, flags, ctx):
+        async def create(
+            self, parent_inode: pyfuse3.InodeT, name: bytes, mode: int, flags: int, ctx: pyfuse3.RequestContext
+        ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
             await self._gate()
             path = self._path(parent_inode, name)
             try:
                 fd = os.open(path, flags | os.O_CREAT, mode)
             except OSError as exc:
                 raise fail(exc) from None
-            return pyfuse3.FileInfo(fh=fd), self._attr(path)
+            return pyfuse3.FileInfo(fh=pyfuse3.FileHandleT(fd)), self._attr(path)
 
-        async def read(self, fh, off, size):
+        async def read(self, fh: pyfuse3.FileHandleT, off: int, size: int) -> bytes:
             await self._gate()
             return os.pread(fh, size, off)
 
-        async def write(self, fh, off, buf):
+        async def write(self, fh: pyfuse3.FileHandleT, off: int, buf: bytes) -> int:
             await self._gate()
             return os.pwrite(fh, buf, off)
 
-        async def flush(self, fh):
+        async def flush(self, fh: pyfuse3.FileHandleT) -> None:
             await self._gate()
 
-        async def fsync(self, fh, datasync):
+        async def fsync(self, fh: pyfuse3.FileHandleT, datasync: bool) -> None:
             await self._gate()
             os.fsync(fh)
 
-        async def release(self, fh):
+        async def release(self, fh: pyfuse3.FileHandleT) -> None:
             os.close(fh)
 
     ops = StallFS()

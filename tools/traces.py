@@ -24,6 +24,7 @@ import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, overload
 
 from .conversations import MODELS, sessions
 
@@ -42,7 +43,7 @@ MOONCAKE_FILE = "mooncake_synthetic.jsonl"
 
 
 @dataclass(frozen=True, slots=True)
-class Request(Sequence):
+class Request(Sequence[int]):
     """One request: its prefix blocks in order, and what else the trace knows about it.
 
     ``time``: arrival in seconds from the trace's start (``None``: untimed trace).
@@ -61,10 +62,14 @@ class Request(Sequence):
     def __len__(self) -> int:
         return len(self.blocks)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[int]:
         return iter(self.blocks)
 
-    def __getitem__(self, i):
+    @overload
+    def __getitem__(self, i: int) -> int: ...
+    @overload
+    def __getitem__(self, i: slice) -> tuple[int, ...]: ...
+    def __getitem__(self, i: int | slice) -> int | tuple[int, ...]:
         return self.blocks[i]
 
 
@@ -107,7 +112,7 @@ def load_mooncake(path: str | Path, *, limit: int | None = None) -> Trace:
     line is not JSON or has no list of integer ``hash_ids``; ``OSError`` if unreadable.
     """
     path = Path(path)
-    requests = []
+    requests: list[Request] = []
     with path.open() as f:
         for lineno, line in enumerate(f, 1):
             if limit is not None and len(requests) >= limit:
@@ -226,7 +231,7 @@ def _agents(rng: random.Random, ids: _Ids) -> Iterator[tuple[int, ...]]:
     turns.
     """
     kinds = [ids.new(rng.randint(8, 24)) for _ in range(6)]
-    running: list[list] = []  # [context, steps left]
+    running: list[list[Any]] = []  # [context, steps left]
     while True:
         if len(running) < 32 and (not running or rng.random() < 0.08):
             running.append([list(rng.choice(kinds)), rng.randint(5, 40)])

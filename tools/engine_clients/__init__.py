@@ -26,6 +26,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from kvfs.errors import KvfsError
 
@@ -186,7 +187,7 @@ def client_command(
     return [python, str(client.path), *args], full_env
 
 
-def result_of(stdout: str) -> dict | None:
+def result_of(stdout: str) -> dict[str, Any] | None:
     """The object on the last ``KVFS-RESULT`` line of a client's output, or None."""
     result = None
     for line in stdout.splitlines():
@@ -201,7 +202,7 @@ def run_client(
     venvs: Path | None = None,
     timeout: float = 600,
     env: dict[str, str] | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """Run *client*'s script with *args* in its virtualenv and return the object on its
     ``KVFS-RESULT`` line. :class:`ClientFailed` if it exits non-zero, prints no result or
     runs past *timeout* seconds (the process is killed); :class:`ClientMissing` if its
@@ -237,7 +238,7 @@ def _text(data: bytes | str | None) -> str:
     return data if isinstance(data, str) else data.decode(errors="replace")
 
 
-def without(result, *keys: str):
+def without(result: Any, *keys: str) -> Any:
     """*result* less the entries named *keys* (default: :data:`TIMING_KEYS`) at any depth."""
     keys = keys or TIMING_KEYS
     if isinstance(result, dict):
@@ -247,13 +248,13 @@ def without(result, *keys: str):
     return result
 
 
-def differences(got, want, path: tuple = ()) -> list[tuple]:
+def differences(got: object, want: object, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
     """The key paths (tuples of dict keys) where *got* and *want* differ, each as deep as
     both are dicts; empty if they are equal."""
     if got == want:
         return []
     if isinstance(got, dict) and isinstance(want, dict):
-        out: list[tuple] = []
+        out: list[tuple[str, ...]] = []
         for k in sorted(set(got) | set(want)):
             if k not in got or k not in want:
                 out.append((*path, k))

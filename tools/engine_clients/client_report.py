@@ -24,17 +24,17 @@ from typing import Any
 RESULT_MARK = "KVFS-RESULT "
 
 
-def emit(result: dict) -> None:
+def emit(result: dict[str, Any]) -> None:
     """Print the result line (the last thing a client prints)."""
     sys.stdout.flush()
     sys.stderr.flush()
     print(RESULT_MARK + json.dumps(result, sort_keys=True), flush=True)
 
 
-def tree(root: str | os.PathLike) -> dict[str, dict]:
+def tree(root: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
     """Every file under *root* (dot files, temp files included): relative path -> size and
     sha256 of the bytes read back now. A file that vanishes while listed is left out."""
-    out: dict[str, dict] = {}
+    out: dict[str, dict[str, Any]] = {}
     root = Path(root)
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames.sort()
@@ -58,7 +58,7 @@ def describe_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def step(results: dict, name: str, fn: Callable[[], Any]) -> Any:
+def step(results: dict[str, Any], name: str, fn: Callable[[], Any]) -> Any:
     """Run one step of a client; its value (or the error it raised, described) goes into
     ``results[name]``. Returns the value, or None after an error."""
     try:
@@ -71,7 +71,7 @@ def step(results: dict, name: str, fn: Callable[[], Any]) -> Any:
 
 
 @contextmanager
-def timed(times: dict, name: str) -> Iterator[None]:
+def timed(times: dict[str, Any], name: str) -> Iterator[None]:
     """Adds the wall seconds of the block to ``times[name]``."""
     t0 = time.perf_counter()
     try:

@@ -26,10 +26,14 @@ import argparse
 import os
 import tempfile
 import time
+from typing import TYPE_CHECKING, Any
 
 from lmcache_client import CHUNK, HEAD_DIM, KV_HEADS, LAYERS, MODEL, _pending
 
 from client_report import describe_error, emit
+
+if TYPE_CHECKING:
+    import torch
 
 COMMON = f"""\
 chunk_size: {CHUNK}
@@ -55,7 +59,7 @@ def config_text(backend: str, path: str, cpu_gb: float) -> str:
     return common + f'remote_storage_plugins: ["fs"]\nextra_config:\n  remote_storage_plugin.fs.base_path: "{path}"\n'
 
 
-def _manager(backend: str, path: str, cpu_gb: float):
+def _manager(backend: str, path: str, cpu_gb: float) -> Any:
     import torch
     from lmcache.v1.config import LMCacheEngineConfig
     from lmcache.v1.event_manager import EventManager
@@ -81,14 +85,14 @@ def _manager(backend: str, path: str, cpu_gb: float):
     return StorageManager(config=config, metadata=metadata, event_manager=EventManager())
 
 
-def _remote(sm):
+def _remote(sm: Any) -> tuple[str | None, Any]:
     for name, backend in sm.storage_backends.items():
         if name.startswith("RemoteBackend"):
             return name, backend
     return None, None
 
 
-def _chunks(n: int, salt: str = ""):
+def _chunks(n: int, salt: str = "") -> tuple[list[Any], list[torch.Tensor]]:
     import hashlib
 
     import torch
@@ -110,7 +114,7 @@ def _chunks(n: int, salt: str = ""):
     return keys, data
 
 
-def _put(sm, name, backend, keys, data, timeout: float) -> float:
+def _put(sm: Any, name: str | None, backend: Any, keys: list[Any], data: list[torch.Tensor], timeout: float) -> float:
     """Seconds from ``batched_put`` until every chunk is stored: its put tasks done and
     the remote backend finds every key (a backend with batched puts, as kvfs's, keeps no
     put tasks LMCache could wait on)."""
@@ -137,7 +141,7 @@ def _put(sm, name, backend, keys, data, timeout: float) -> float:
     return seconds
 
 
-def _get(sm, name, keys, data) -> tuple[float, list[bool]]:
+def _get(sm: Any, name: str | None, keys: list[Any], data: list[torch.Tensor]) -> tuple[float, list[bool]]:
     import torch
 
     t0 = time.perf_counter()
@@ -150,9 +154,9 @@ def _get(sm, name, keys, data) -> tuple[float, list[bool]]:
     return seconds, equal
 
 
-def run(args: argparse.Namespace) -> dict:
-    out: dict = {"backend": args.backend, "phase": args.phase}
-    times: dict = {}
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    out: dict[str, Any] = {"backend": args.backend, "phase": args.phase}
+    times: dict[str, Any] = {}
     out["times"] = times
     keys, data = _chunks(args.chunks)
     out["bytes"] = sum(d.numel() * d.element_size() for d in data)
@@ -179,7 +183,7 @@ def run(args: argparse.Namespace) -> dict:
     return out
 
 
-def bench(sm, name, backend, args: argparse.Namespace, times: dict) -> dict:
+def bench(sm: Any, name: str | None, backend: Any, args: argparse.Namespace, times: dict[str, Any]) -> dict[str, Any]:
     """Best of ``--rounds``: a put of fresh chunks, then a get by a second manager of
     this process (its own CPU cache, which has none of them), as a second engine would."""
     puts, gets, ok = [], [], True

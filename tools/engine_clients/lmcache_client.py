@@ -33,9 +33,12 @@ import logging
 import os
 import tempfile
 import time
-from typing import Self
+from typing import TYPE_CHECKING, Any, Self
 
 from client_report import describe_error, emit, timed, tree
+
+if TYPE_CHECKING:
+    import torch
 
 SETUPS = ("plugin", "url", "odirect", "meta_odirect", "refused", "disk")
 MODEL = "kvfs-test/tiny-llama"
@@ -104,7 +107,7 @@ class _Warnings(logging.Handler):
             logging.getLogger(name).removeHandler(self)
 
 
-def _manager(setup: str, path: str):
+def _manager(setup: str, path: str) -> Any:
     import torch
     from lmcache.v1.config import LMCacheEngineConfig
     from lmcache.v1.event_manager import EventManager
@@ -130,7 +133,7 @@ def _manager(setup: str, path: str):
     return StorageManager(config=config, metadata=metadata, event_manager=EventManager())
 
 
-def _chunks(n: int):
+def _chunks(n: int) -> tuple[list[Any], list[torch.Tensor]]:
     import torch
     from lmcache.utils import CacheEngineKey
 
@@ -150,7 +153,7 @@ def _chunks(n: int):
     return keys, data
 
 
-def _backend(sm, setup: str):
+def _backend(sm: Any, setup: str) -> tuple[str | None, Any]:
     """(name, backend) of the setup's storage backend, or (None, None) if LMCache made none."""
     for name, backend in sm.storage_backends.items():
         if setup == "disk" and name == "LocalDiskBackend":
@@ -160,13 +163,13 @@ def _backend(sm, setup: str):
     return None, None
 
 
-def _pending(backend) -> int:
+def _pending(backend: Any) -> int:
     if hasattr(backend, "disk_worker"):
         return len(backend.disk_worker.put_tasks)
     return len(backend.put_tasks)
 
 
-def _put(sm, backend, keys, data, timeout: float) -> dict:
+def _put(sm: Any, backend: Any, keys: list[Any], data: list[torch.Tensor], timeout: float) -> dict[str, Any]:
     from lmcache.v1.memory_management import MemoryFormat
 
     objs = []
@@ -181,7 +184,7 @@ def _put(sm, backend, keys, data, timeout: float) -> dict:
     return {"pending_put_tasks": _pending(backend) if backend is not None else None}
 
 
-def _get_equal(sm, name, keys, data) -> list:
+def _get_equal(sm: Any, name: str | None, keys: list[Any], data: list[torch.Tensor]) -> list[bool]:
     import torch
 
     got = sm.batched_get(keys, location=name)
@@ -192,11 +195,13 @@ def _get_equal(sm, name, keys, data) -> list:
     return out
 
 
-def run_setup(setup: str, root: str, phase: str, keys, data, timeout: float) -> dict:
+def run_setup(
+    setup: str, root: str, phase: str, keys: list[Any], data: list[torch.Tensor], timeout: float
+) -> dict[str, Any]:
     path = os.path.join(root, setup)
     if setup in ("odirect", "meta_odirect"):
         os.makedirs(path, exist_ok=True)  # O_DIRECT setups statvfs the path before creating it
-    r: dict = {}
+    r: dict[str, Any] = {}
     times: dict[str, float] = {}
     with _Warnings() as warnings:
         _run(setup, path, phase, keys, data, timeout, r, times)
@@ -211,7 +216,16 @@ def _redact(message: str, path: str) -> str:
     return message.replace(path, "<dir>")
 
 
-def _run(setup: str, path: str, phase: str, keys, data, timeout: float, r: dict, times: dict) -> None:
+def _run(
+    setup: str,
+    path: str,
+    phase: str,
+    keys: list[Any],
+    data: list[torch.Tensor],
+    timeout: float,
+    r: dict[str, Any],
+    times: dict[str, Any],
+) -> None:
     sm = _manager(setup, path)
     try:
         name, backend = _backend(sm, setup)

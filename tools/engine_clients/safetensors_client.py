@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import Any
 
 from client_report import emit, step, timed, tree
 
 
-def _tensors(seed: int, tokens: int) -> dict:
+def _tensors(seed: int, tokens: int) -> dict[str, Any]:
     import torch
 
     g = torch.Generator().manual_seed(seed)
@@ -33,7 +34,7 @@ def _tensors(seed: int, tokens: int) -> dict:
     }
 
 
-def _equal(a: dict, b: dict) -> bool:
+def _equal(a: dict[str, Any], b: dict[str, Any]) -> bool:
     import torch
 
     return a.keys() == b.keys() and all(a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]) for k in a)
@@ -51,7 +52,11 @@ def main() -> None:
 
     os.makedirs(args.dir, exist_ok=True)
     times: dict[str, float] = {}
-    r: dict = {"safetensors": safetensors.__version__, "transformers": transformers.__version__, "times": times}
+    r: dict[str, Any] = {
+        "safetensors": safetensors.__version__,
+        "transformers": transformers.__version__,
+        "times": times,
+    }
     if args.part in ("safetensors", "all"):
         _safetensors_steps(args.dir, args.tokens, r, times)
     if args.part in ("transformers", "all"):
@@ -60,7 +65,7 @@ def main() -> None:
     emit(r)
 
 
-def _safetensors_steps(directory: str, tokens: int, r: dict, times: dict) -> None:
+def _safetensors_steps(directory: str, tokens: int, r: dict[str, Any], times: dict[str, Any]) -> None:
     import torch
     from safetensors import safe_open
     from safetensors.torch import load_file, save_file
@@ -83,7 +88,7 @@ def _safetensors_steps(directory: str, tokens: int, r: dict, times: dict) -> Non
     step(r, "load_file_replaced_equal", lambda: _equal(load_file(path), second))
 
 
-def _transformers_steps(directory: str, r: dict, times: dict) -> None:
+def _transformers_steps(directory: str, r: dict[str, Any], times: dict[str, Any]) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 

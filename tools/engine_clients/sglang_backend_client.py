@@ -29,6 +29,8 @@ import json
 import tempfile
 import time
 import types
+from collections.abc import Callable
+from typing import Any
 
 from client_report import describe_error, emit, step
 from sglang_client import storage_config
@@ -37,7 +39,7 @@ PAGE_TOKENS = 64
 MISSING = "f" * 64
 
 
-def _pool(args):
+def _pool(args: argparse.Namespace) -> Any:
     import torch
     from sglang.srt.mem_cache.device_pool_info import KVBufferLayout, KVBuffers, MHABufferInfo
     from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
@@ -75,7 +77,7 @@ def _pool(args):
     )
 
 
-def _config(args, directory: str):
+def _config(args: argparse.Namespace, directory: str) -> Any:
     if args.backend == "kvfs":
         extra = {
             "backend_name": "kvfs",
@@ -92,7 +94,9 @@ def _config(args, directory: str):
     return storage_config(extra, page_first=args.layout == "page_first")
 
 
-def _controller(args, pool, directory: str):
+def _controller(
+    args: argparse.Namespace, pool: Any, directory: str
+) -> tuple[Any, Callable[[list[str], Any], bool], Callable[[list[str], Any], int]]:
     """The backend as SGLang's attach_storage_backend makes it, and the controller's own
     get/set page functions bound to an object with what they read."""
     from sglang.srt.managers.cache_controller import HiCacheController
@@ -108,11 +112,13 @@ def _controller(args, pool, directory: str):
         get, put = HiCacheController._generic_page_get, HiCacheController._generic_page_set
     op = types.SimpleNamespace(request_id="kvfs-test", is_terminated=lambda: False)
 
-    def set_pages(keys, host_indices) -> bool:
-        return put(ctl, keys, host_indices)
+    def set_pages(keys: list[str], host_indices: Any) -> bool:
+        done: bool = put(ctl, keys, host_indices)
+        return done
 
-    def get_pages(keys, host_indices) -> int:
-        return get(ctl, op, keys, host_indices)
+    def get_pages(keys: list[str], host_indices: Any) -> int:
+        got: int = get(ctl, op, keys, host_indices)
+        return got
 
     return backend, set_pages, get_pages
 
@@ -128,7 +134,7 @@ def _keys(n: int, salt: int = 0) -> list[str]:
     return keys
 
 
-def _fill(pool, host_indices, n: int, seed: int) -> list[str]:
+def _fill(pool: Any, host_indices: Any, n: int, seed: int) -> list[str]:
     """Random bf16 pages at *host_indices*; each page's sha256 (flat-page bytes)."""
     import torch
 
@@ -141,14 +147,14 @@ def _fill(pool, host_indices, n: int, seed: int) -> list[str]:
     return out
 
 
-def _sha(pool, index: int) -> str:
+def _sha(pool: Any, index: int) -> str:
     import torch
 
     page = pool.get_data_page(index, flat=True)
     return hashlib.sha256(page.view(torch.uint8).numpy().tobytes()).hexdigest()
 
 
-def _alloc(pool, pages: int, skip: int):
+def _alloc(pool: Any, pages: int, skip: int) -> Any:
     if skip:
         pool.alloc(skip * PAGE_TOKENS)  # the second engine's pages land elsewhere in its pool
     return pool.alloc(pages * PAGE_TOKENS)
@@ -173,7 +179,7 @@ def main() -> None:
 
     import torch
 
-    r: dict = {"phase": args.phase, "backend": args.backend, "layout": args.layout}
+    r: dict[str, Any] = {"phase": args.phase, "backend": args.backend, "layout": args.layout}
     pool = _pool(args)
     keys = _keys(args.pages)
     if args.probe:
@@ -216,13 +222,13 @@ def _wait_for(path: str, timeout: float = 1800) -> None:  # a file the test make
         time.sleep(0.05)
 
 
-def _outage(args, pool, keys) -> dict:
+def _outage(args: argparse.Namespace, pool: Any, keys: list[str]) -> dict[str, Any]:
     """Store pages, then (the daemon unmounted meanwhile) every call is a quick miss; after
     FLAG.back (mounted again) the backend reconnects and finds the pages."""
     backend, set_pages, get_pages = _controller(args, pool, args.dir)
     idx = _alloc(pool, args.pages, 0)
     _fill(pool, idx, args.pages, seed=0)
-    out: dict = {"set": set_pages(keys, idx)}
+    out: dict[str, Any] = {"set": set_pages(keys, idx)}
     open(args.flag + ".ready", "w").close()
     _wait_for(args.flag + ".go")
     t0 = time.monotonic()
@@ -242,7 +248,7 @@ def _outage(args, pool, keys) -> dict:
     return out
 
 
-def _threads(args, pool, keys) -> dict:
+def _threads(args: argparse.Namespace, pool: Any, keys: list[str]) -> dict[str, Any]:
     """One backend used at once by a prefetch thread (gets of stored pages into other
     indices, bytes checked) and a backup thread (sets of new pages), as SGLang's
     controller does."""
@@ -251,7 +257,7 @@ def _threads(args, pool, keys) -> dict:
     backend, set_pages, get_pages = _controller(args, pool, args.dir)
     src = _alloc(pool, args.pages, 0)
     want = _fill(pool, src, args.pages, seed=0)
-    out: dict = {"set": set_pages(keys, src), "gets": [], "sets": []}
+    out: dict[str, Any] = {"set": set_pages(keys, src), "gets": [], "sets": []}
     dst = pool.alloc(args.pages * PAGE_TOKENS)
 
     def prefetch() -> None:
@@ -265,7 +271,7 @@ def _threads(args, pool, keys) -> dict:
         for rnd in range(args.rounds):
             out["sets"].append(set_pages(_keys(args.pages, salt=100 + rnd), src))
 
-    def guarded(fn):
+    def guarded(fn: Callable[[], None]) -> Callable[[], None]:
         def run() -> None:
             try:
                 fn()
@@ -283,7 +289,7 @@ def _threads(args, pool, keys) -> dict:
     return out
 
 
-def _bench(args, pool) -> dict:
+def _bench(args: argparse.Namespace, pool: Any) -> dict[str, Any]:
     """Best of ``--rounds``: set ``--pages`` pages, then get them into other indices."""
     times: dict[str, list[float]] = {"set_s": [], "get_s": []}
     src = _alloc(pool, args.pages, 0)

@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import Any
 
 from client_report import emit, step, timed, tree
 
 PAGE_TOKENS = 64
 
 
-def storage_config(extra: dict, *, page_first: bool = True):
+def storage_config(extra: dict[str, Any], *, page_first: bool = True) -> Any:
     """The ``HiCacheStorageConfig`` of one unsharded rank of the test model."""
     from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
 
@@ -47,13 +48,13 @@ def storage_config(extra: dict, *, page_first: bool = True):
     )
 
 
-def _storage(directory: str, metadata_cache: bool):
+def _storage(directory: str, metadata_cache: bool) -> Any:
     from sglang.srt.mem_cache.hicache_storage import HiCacheFile
 
     return HiCacheFile(storage_config({"file_storage_path": directory, "enable_metadata_cache": metadata_cache}))
 
 
-def _pages(n: int, layers: int, heads: int, head_dim: int):
+def _pages(n: int, layers: int, heads: int, head_dim: int) -> Any:
     import torch
     from sglang.srt.mem_cache.utils import get_hash_str
 
@@ -83,9 +84,9 @@ def main() -> None:
     keys, pages = _pages(args.pages, args.layers, args.heads, args.head_dim)
     missing = "f" * 64
     times: dict[str, float] = {}
-    r: dict = {"phase": args.phase, "times": times, "bytes": sum(p.numel() * 2 for p in pages)}
+    r: dict[str, Any] = {"phase": args.phase, "times": times, "bytes": sum(p.numel() * 2 for p in pages)}
 
-    def get_all(storage) -> list:
+    def get_all(storage: Any) -> list[Any]:
         targets = [torch.empty_like(p) for p in pages]
         got = storage.batch_get(keys, targets)
         return [g is not None and torch.equal(g, p) for g, p in zip(got, pages)]

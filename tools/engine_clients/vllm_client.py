@@ -32,15 +32,16 @@ import argparse
 import logging
 import os
 import time
+from typing import Any
 
 from client_report import emit, tree
 
 
-def make_model(args: argparse.Namespace) -> dict:
+def make_model(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(
+    cfg = LlamaConfig(  # type: ignore[call-arg]  # torch_dtype goes through the config's **kwargs
         vocab_size=512,
         hidden_size=args.heads * args.head_dim,
         intermediate_size=2 * args.heads * args.head_dim,
@@ -52,7 +53,8 @@ def make_model(args: argparse.Namespace) -> dict:
         torch_dtype="bfloat16",
     )
     torch.manual_seed(0)
-    LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(args.out)
+    model: Any = LlamaForCausalLM(cfg)  # transformers types .to() for its own decorator, not a dtype
+    model.to(torch.bfloat16).save_pretrained(args.out)
     return {"model": args.out, "files": sorted(os.listdir(args.out))}
 
 
@@ -63,7 +65,7 @@ class _ConnectorLog(logging.Handler):
         super().__init__()
         self.hits = 0
         self.injected_tokens: list[int] = []
-        self.kvfs = {"cached": [], "loaded": 0, "load_failed": 0, "saved": 0, "save_failed": 0}
+        self.kvfs: dict[str, Any] = {"cached": [], "loaded": 0, "load_failed": 0, "saved": 0, "save_failed": 0}
         self.kvfs["times"] = {"lookup_ms": [], "load_ms": [], "save_ms": []}  # what the connector measured
         self.layers_waited: list[int] = []  # per layer-by-layer load, the layers vLLM waited for
 
@@ -93,7 +95,7 @@ class _ConnectorLog(logging.Handler):
             self.injected_tokens.append(int(msg.split()[4]))
 
 
-def transfer_config(connector: str, kv: str, layerwise: bool = True):
+def transfer_config(connector: str, kv: str, layerwise: bool = True) -> Any:
     """The ``KVTransferConfig`` of *connector* (``example``/``kvfs``) on the directory *kv*."""
     from vllm.config import KVTransferConfig
 
@@ -119,7 +121,7 @@ def prompts(n: int, length: int) -> list[list[int]]:
     return [[(i * 7919 + j * 31) % 500 + 1 for j in range(length)] for i in range(n)]
 
 
-def generate(args: argparse.Namespace) -> dict:
+def generate(args: argparse.Namespace) -> dict[str, Any]:
     # One process (the engine core in this one, so its connector logs are seen here),
     # a small CPU KV cache.
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from typing import Any
 
 from client_report import emit
 
@@ -31,13 +32,13 @@ def main() -> None:
     from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 
     decoder = msgspec.msgpack.Decoder(type=KVEventBatch)
-    sock = zmq.Context.instance().socket(zmq.SUB)
+    sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.SUB)
     sock.setsockopt(zmq.SUBSCRIBE, b"")
     sock.connect(args.connect)
     time.sleep(0.5)  # the subscription reaches the publisher (ZMQ's slow joiner)
     print("READY", flush=True)
 
-    def hx(h):
+    def hx(h: object) -> object:
         return h.hex() if isinstance(h, bytes) else h
 
     messages, errors, stored = [], [], 0
@@ -54,7 +55,7 @@ def main() -> None:
             continue
         events = []
         for ev in batch.events:
-            rec = {"type": type(ev).__name__}
+            rec: dict[str, Any] = {"type": type(ev).__name__}
             if isinstance(ev, BlockStored):
                 stored += 1
                 rec.update(

@@ -30,6 +30,7 @@ import mmap
 import os
 import time
 import types
+from typing import Any
 
 from client_report import emit, timed, tree
 
@@ -57,7 +58,7 @@ def _block_bytes(i: int, size: int) -> bytes:
     return (seed * (size // len(seed) + 1))[:size]
 
 
-def _wait(manager, job_id: int, timeout: float) -> dict:
+def _wait(manager: Any, job_id: int, timeout: float) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for res in manager.get_finished_jobs():
@@ -67,7 +68,7 @@ def _wait(manager, job_id: int, timeout: float) -> dict:
     return {"success": None, "error": f"job {job_id} did not finish within {timeout} s"}
 
 
-def run_tier(root: str, phase: str, io: str, n: int, size: int, model: str, timeout: float) -> dict:
+def run_tier(root: str, phase: str, io: str, n: int, size: int, model: str, timeout: float) -> dict[str, Any]:
     import numpy as np
     from vllm.v1.kv_offload.base import ReqContext, make_offload_key
     from vllm.v1.kv_offload.tiering.base import TransferJob
@@ -83,10 +84,15 @@ def run_tier(root: str, phase: str, io: str, n: int, size: int, model: str, time
     missing = make_offload_key(hashlib.sha256(b"never stored").digest()[:16], 0)
     ctx = ReqContext(req_id="kvfs-test")
     times: dict[str, float] = {}
-    out: dict = {"times": times, "bytes": n * size}
+    out: dict[str, Any] = {"times": times, "bytes": n * size}
 
     tier = fs_manager.FileSystemTierManager(
-        _spec(model), memoryview(view), "fs", root, n_read_threads=4, n_write_threads=4
+        _spec(model),
+        memoryview(view),  # type: ignore[arg-type]  # numpy stubs: ndarray is a Buffer from Python 3.12 only
+        "fs",
+        root,
+        n_read_threads=4,
+        n_write_threads=4,
     )
     try:
         out["use_o_direct"] = tier._use_o_direct
@@ -126,7 +132,7 @@ def main() -> None:
     parser.add_argument("--io", default="fs_io_C,python", help="which I/O paths, comma separated")
     parser.add_argument("--timeout", type=float, default=120)
     args = parser.parse_args()
-    out: dict = {"phase": args.phase}
+    out: dict[str, Any] = {"phase": args.phase}
     for io in args.io.split(","):
         root = os.path.join(args.root, io)
         out[io] = run_tier(root, args.phase, io, args.blocks, args.block_kib * 1024, args.model, args.timeout)

@@ -23,13 +23,14 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from typing import Any
 
 from vllm_client import prompts
 
 from client_report import emit
 
 
-def generate(args: argparse.Namespace) -> dict:
+def generate(args: argparse.Namespace) -> dict[str, Any]:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from vllm import LLM, SamplingParams
     from vllm.config import KVTransferConfig

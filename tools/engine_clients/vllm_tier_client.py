@@ -34,11 +34,13 @@ import hashlib
 import os
 import signal
 import time
+from collections.abc import Callable
+from typing import Any
 
 from client_report import emit
 
 
-def _config(args: argparse.Namespace, tier: dict, n: int = 0):
+def _config(args: argparse.Namespace, tier: dict[str, Any], n: int = 0) -> Any:
     from vllm.v1.kv_offload.config import (
         OffloadingCacheConfig,
         OffloadingConfig,
@@ -71,7 +73,7 @@ def _config(args: argparse.Namespace, tier: dict, n: int = 0):
     )
 
 
-def _tier(args: argparse.Namespace) -> dict:
+def _tier(args: argparse.Namespace) -> dict[str, Any]:
     if args.tier == "fs":
         return {"type": "fs", "root_dir": args.dir, "n_read_threads": 16, "n_write_threads": 16}
     tier = {"type": "KvfsTier", "module_path": "kvfs.gpu.vllm_tier", "kvfs_path": args.dir}
@@ -84,7 +86,7 @@ def _tier(args: argparse.Namespace) -> dict:
     return tier
 
 
-def _keys(n: int, salt: str = ""):
+def _keys(n: int, salt: str = "") -> list[Any]:
     from vllm.v1.kv_offload.base import make_offload_key
 
     return [make_offload_key(hashlib.sha256(f"{salt}chunk-{i}".encode()).digest(), 0) for i in range(n)]
@@ -95,7 +97,7 @@ def _chunk(i: int, size: int, salt: str = "") -> bytes:
     return (seed * (size // len(seed) + 1))[:size]
 
 
-def _ctx(req: str, keys):
+def _ctx(req: str, keys: list[Any]) -> Any:
     from vllm.v1.kv_offload.base import ReqContext
 
     ctx = ReqContext(req_id=req)
@@ -104,13 +106,13 @@ def _ctx(req: str, keys):
     return ctx
 
 
-def _step(manager) -> None:
+def _step(manager: Any) -> None:
     from vllm.v1.kv_offload.base import ScheduleEndContext
 
     manager.on_schedule_end(ScheduleEndContext(new_req_ids=(), preempted_req_ids=()))
 
 
-def _until(cond, manager, deadline_s: float) -> bool:
+def _until(cond: Callable[[], bool], manager: Any, deadline_s: float) -> bool:
     end = time.monotonic() + deadline_s
     while time.monotonic() < end:
         _step(manager)
@@ -120,7 +122,7 @@ def _until(cond, manager, deadline_s: float) -> bool:
     return False
 
 
-def store(manager, view, keys, ctx, size: int, salt: str = "") -> dict:
+def store(manager: Any, view: Any, keys: list[Any], ctx: Any, size: int, salt: str = "") -> dict[str, Any]:
     """GPU->CPU as the worker would, then the cascade to the secondary tier."""
     import numpy as np
 
@@ -138,14 +140,16 @@ def store(manager, view, keys, ctx, size: int, salt: str = "") -> dict:
     return {"stored": len(keys), "cascaded": done, "seconds": seconds}
 
 
-def load(manager, view, keys, ctx, size: int, salt: str = "", deadline_s: float = 600) -> dict:
+def load(
+    manager: Any, view: Any, keys: list[Any], ctx: Any, size: int, salt: str = "", deadline_s: float = 600
+) -> dict[str, Any]:
     """Look every key up (promoting secondary hits) until each is settled; then the bytes."""
     import numpy as np
     from vllm.v1.kv_offload.base import LookupResult
 
     manager.on_new_request(ctx)
     t0 = time.perf_counter()
-    final: list = [None] * len(keys)
+    final: list[Any] = [None] * len(keys)
 
     def settled() -> bool:
         for i, k in enumerate(keys):
@@ -157,7 +161,7 @@ def load(manager, view, keys, ctx, size: int, salt: str = "", deadline_s: float 
     done = _until(settled, manager, deadline_s)
     seconds = time.perf_counter() - t0
     hits = [k for k, r in zip(keys, final, strict=True) if r is LookupResult.HIT]
-    equal: list = [None] * len(keys)
+    equal: list[bool | None] = [None] * len(keys)
     if hits:
         spec = manager.prepare_load(hits, ctx)
         rows = np.frombuffer(view, dtype=np.uint8).reshape(view.shape[0], -1)
@@ -175,7 +179,7 @@ def load(manager, view, keys, ctx, size: int, salt: str = "", deadline_s: float 
     }
 
 
-def _stats(manager) -> dict:
+def _stats(manager: Any) -> dict[str, Any]:
     stats = manager.get_stats()
     if stats is None:
         return {}
@@ -185,7 +189,7 @@ def _stats(manager) -> dict:
 _SPECS = iter(range(1 << 30))
 
 
-def _manager(args: argparse.Namespace):
+def _manager(args: argparse.Namespace) -> tuple[Any, Any]:
     """A fresh ``TieringOffloadingManager`` (its own primary region) with the tier."""
     from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
@@ -194,12 +198,12 @@ def _manager(args: argparse.Namespace):
     return manager, manager.primary_tier.get_kv_memoryview()
 
 
-def run(args: argparse.Namespace) -> dict:
+def run(args: argparse.Namespace) -> dict[str, Any]:
     size = args.block_kib * 1024
     manager, view = _manager(args)
     tier = manager.secondary_tiers[0]
     keys = _keys(args.blocks)
-    out: dict = {
+    out: dict[str, Any] = {
         "phase": args.phase,
         "tier": type(tier).__name__,
         "medium": tier.medium.value if tier.medium else None,
@@ -208,7 +212,7 @@ def run(args: argparse.Namespace) -> dict:
     }
     if hasattr(tier, "names"):  # the kvfs tier: the block of each key
         out["names"] = [tier.names.of(k) for k in keys]
-    times: dict = {}
+    times: dict[str, Any] = {}
     out["times"] = times
     try:
         if args.phase == "store":
@@ -228,12 +232,14 @@ def run(args: argparse.Namespace) -> dict:
     return out
 
 
-def stall(manager, view, keys, size: int, args: argparse.Namespace, times: dict) -> dict:
+def stall(
+    manager: Any, view: Any, keys: list[Any], size: int, args: argparse.Namespace, times: dict[str, Any]
+) -> dict[str, Any]:
     """The daemon stopped with jobs in flight: every job fails and every lookup misses
     within the tier's deadline; after it continues, the tier finds the blocks again."""
     from vllm.v1.kv_offload.base import LookupResult
 
-    out: dict = {}
+    out: dict[str, Any] = {}
     half = len(keys) // 2
     out["store"] = store(manager, view, keys[:half], _ctx("first", keys[:half]), size)
     out["store"].pop("seconds")
@@ -243,7 +249,7 @@ def stall(manager, view, keys, size: int, args: argparse.Namespace, times: dict)
     try:
         ctx = _ctx("load", keys[:half])
         reader.on_new_request(ctx)
-        seen: list = [None] * half
+        seen: list[Any] = [None] * half
 
         def queued() -> bool:
             for i, k in enumerate(keys[:half]):
@@ -267,7 +273,7 @@ def stall(manager, view, keys, size: int, args: argparse.Namespace, times: dict)
             fresh = _keys(4, salt="fresh-")
             fctx = _ctx("fresh", fresh)
             reader.on_new_request(fctx)
-            looked: list = [None] * len(fresh)
+            looked: list[Any] = [None] * len(fresh)
 
             def fresh_settled() -> bool:
                 for i, k in enumerate(fresh):
@@ -286,7 +292,7 @@ def stall(manager, view, keys, size: int, args: argparse.Namespace, times: dict)
             os.kill(args.daemon_pid, signal.SIGCONT)
         # the daemon answers again: once the tier reconnected, the stored blocks load
         deadline = time.monotonic() + 300
-        again: dict = {}
+        again: dict[str, Any] = {}
         n = 0
         while time.monotonic() < deadline:
             n += 1

@@ -23,7 +23,7 @@ class Missing:
             raise AttributeError(attr)
         return Missing(f"{self._name}.{attr}")
 
-    def __mro_entries__(self, bases: tuple) -> tuple:
+    def __mro_entries__(self, bases: tuple[Any, ...]) -> tuple[type, ...]:
         return (object,)
 
 

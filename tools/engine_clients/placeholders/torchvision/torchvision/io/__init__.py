@@ -1,5 +1,5 @@
 """Import-only torchvision placeholder."""
 
-from torchvision._missing import module_getattr
+from .._missing import module_getattr
 
 __getattr__ = module_getattr(__name__)

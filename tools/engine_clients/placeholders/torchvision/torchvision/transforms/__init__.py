@@ -1,7 +1,7 @@
 """Import-only torchvision placeholder."""
 
-from torchvision._missing import module_getattr
+from .._missing import module_getattr
 
 __getattr__ = module_getattr(__name__)
 
-from torchvision.transforms.functional import InterpolationMode  # noqa: F401
+from .functional import InterpolationMode  # noqa: F401

@@ -3,7 +3,7 @@ code of its importers reads its members); every other name raises when used."""
 
 import enum
 
-from torchvision._missing import module_getattr
+from .._missing import module_getattr
 
 __getattr__ = module_getattr(__name__)
 
