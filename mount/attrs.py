@@ -31,11 +31,20 @@ __all__ = ["Attributes"]
 
 class Attributes:
     """Builds the replies; *negative_timeout*: how long the kernel may cache a miss;
+    *sealed_entry_timeout*: the name of a sealed block (default ``entry_timeout``);
     *namespaces*: the store's, whose access rules set owners and modes under them."""
 
-    def __init__(self, options: FsOptions, *, negative_timeout: float, namespaces: Namespaces | None = None) -> None:
+    def __init__(
+        self,
+        options: FsOptions,
+        *,
+        negative_timeout: float,
+        sealed_entry_timeout: float | None = None,
+        namespaces: Namespaces | None = None,
+    ) -> None:
         self.options = options
         self.negative_timeout = negative_timeout
+        self.sealed_entry_timeout = options.entry_timeout if sealed_entry_timeout is None else sealed_entry_timeout
         self.namespaces = namespaces if namespaces is not None else Namespaces()
         self.started = time.time()
 
@@ -70,6 +79,8 @@ class Attributes:
             else:  # a sealed version: its attributes never change
                 a.st_size = node.size
                 a.attr_timeout = self.options.attr_timeout
+                if node.name is not None:  # its name: until the daemon says it changed
+                    a.entry_timeout = self.sealed_entry_timeout
         rule = self.rule(node.name if node.name is not None else node.was)
         a.st_uid, a.st_gid = rule.uid, rule.gid
         a.st_mode = mode_of(rule, is_dir=node.is_dir)

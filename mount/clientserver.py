@@ -36,6 +36,7 @@ from kvfs.blockfile import checksum as compute_checksum
 from kvfs.client.buffers import copy_hashed
 from kvfs.config import ClientConfig
 from kvfs.errors import BlockCorrupt, KvfsError, NoSpace
+from kvfs.events import Event
 from kvfs.ingest import Reservation
 from kvfs.leases import MAX_TTL
 from kvfs.leases import Lease as StoreLease
@@ -114,6 +115,10 @@ class MountSide(Protocol):
 
     async def published_outside(self, names: list[str]) -> None:
         """After names were published: the kernel drops what it cached of them."""
+
+    def names_changed(self, events: list[Event], dropped: int) -> None:
+        """The store's events as drained, and its count of events lost so far: the kernel
+        forgets the names they removed, replaced or renamed."""
 
 
 class ClientOps:

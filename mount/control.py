@@ -487,13 +487,16 @@ class ControlHandler:
         """Drain the store's event queue forever and publish to :attr:`hub`. :func:`serve`
         runs it; only one task may drain a store's events. It polls only while someone
         subscribes: with nobody, it wakes once a second to empty the queue (an idle
-        daemon does not spin)."""
+        daemon does not spin). Every drain is shown to the mount first, whose kernel
+        forgets the names the events changed (so it may cache sealed names long)."""
         task_status.started()
         while True:
             if not self.hub.subscribers:
                 with trio.move_on_after(_EVENT_IDLE_DRAIN):
                     await self.hub.until_subscribed()
             events = self.store.events.drain()  # a lock and a list copy: fine on the loop
+            if self.mount is not None:  # names removed or replaced behind the kernel's cache
+                self.mount.names_changed(events, self.store.events.dropped)
             if events:
                 self.hub.publish(events)
             if self.hub.subscribers:

@@ -31,6 +31,7 @@ from pyfuse3 import FUSEError
 
 from kvfs.access import Operation, Peer
 from kvfs.errors import KvfsError
+from kvfs.events import Event, EventKind
 from kvfs.names import check_creatable, normalize, normalize_valid
 from kvfs.store import BlockStat, Store
 from kvfs.tier import BlockRef
@@ -55,6 +56,7 @@ log = logging.getLogger("kvfs.mount.fs")
 
 _NAME_MAX = 255
 _UNBOUNDED_BLOCK = 5 << 40  # the largest block an unbounded tier takes (S3's largest object)
+_NAME_CHANGES = frozenset({EventKind.STORED, EventKind.REMOVED, EventKind.RENAMED})  # events that move a name
 _SETTLE_ON_LOOP = 4096  # names of a batch-client request normalized on the loop; more in a worker thread
 
 
@@ -108,7 +110,16 @@ class KvfsOperations(pyfuse3.Operations):
             promise=self._promise,
             give_up=store.give_up_promise,
         )
-        self.attrs = Attributes(options, negative_timeout=self._negative_timeout, namespaces=store.namespaces)
+        # Without shared tiers a name changes only through this daemon, which tells the
+        # kernel when its store removes, replaces or renames one (names_changed): sealed
+        # names may be cached long, sparing a LOOKUP per open of a name idle over 1 s.
+        self.attrs = Attributes(
+            options,
+            negative_timeout=self._negative_timeout,
+            sealed_entry_timeout=options.entry_timeout if shared else options.sealed_entry_timeout,
+            namespaces=store.namespaces,
+        )
+        self._events_dropped = store.events.dropped
         self.notices = KernelNotices(self.inodes)
         self.reads = BlockReads(store, options, slow=self._slow, meta=self._meta)
 
@@ -146,6 +157,33 @@ class KvfsOperations(pyfuse3.Operations):
             if node is not None and not node.is_dir and node.version is None:
                 self.inodes.detach(name)  # handles open on it keep their version
         await self.notices.entries_now(names)
+
+    def names_changed(self, events: list[Event], dropped: int) -> None:
+        """The store's events since the last call (drained by the control side at least
+        once a second) and its count of events lost so far: the kernel forgets the names
+        of blocks removed, replaced or renamed behind it (the next lookup asks the store),
+        all of the names it holds when events were lost. On the loop; the notifications
+        go out in a worker thread."""
+        if dropped != self._events_dropped:
+            self._events_dropped = dropped
+            names = [n for n, node in list(self.inodes.by_name.items()) if not node.is_dir]
+        else:
+            names = []
+            for ev in events:
+                if ev.kind is EventKind.STORED:
+                    node = self.inodes.bound(ev.name)
+                    if node is not None and node.version is None and node.size == ev.size:
+                        # the inode the kernel holds has that size already (this mount's own
+                        # seal, as a rule): its name may stay; an open still asks the daemon,
+                        # which answers ESTALE for any other version of the same size
+                        continue
+                if ev.kind in _NAME_CHANGES:
+                    names.append(ev.name)
+                    if ev.kind is EventKind.RENAMED and ev.detail:
+                        names.append(ev.detail)  # the old name
+        bound = [n for n in dict.fromkeys(names) if (node := self.inodes.bound(n)) is not None and not node.is_dir]
+        if bound:
+            self.notices.entries(bound)
 
     async def _open_block(self, name: str) -> BlockRef:
         """A reference to the sealed block *name*'s bytes (ENOENT if absent)."""

@@ -17,7 +17,8 @@ class FsOptions:
     ``attr_timeout``: seconds the kernel may cache a sealed block's attributes (they never
     change: a new version is a new inode). ``entry_timeout``: seconds it may cache a name
     (misses too: for at most the store's negative TTL when shared tiers may add names),
-    and the attributes of directories and of files being written. ``release_wait``: how long an operation on a name waits for the
+    and the attributes of directories and of files being written; of sealed blocks' names
+    too when a tier is shared (else ``sealed_entry_timeout``). ``release_wait``: how long an operation on a name waits for the
     release that follows a close of that file (close-to-open; docs/SEMANTICS.md).
     """
 
@@ -26,6 +27,12 @@ class FsOptions:
     direct_io_write: bool = False
     attr_timeout: float = 30.0
     entry_timeout: float = 1.0
+    sealed_entry_timeout: float = 30.0
+    """Seconds the kernel may cache the name of a sealed block when no tier is shared: a
+    name changes only through this daemon then, and the daemon makes the kernel forget
+    the names its store removes, replaces or renames (``KvfsOperations.names_changed``,
+    from the store's events, drained at least once a second). With shared tiers another
+    node may change a name behind the daemon's back: ``entry_timeout`` then."""
     release_wait: float = 1.0
     read_ahead_kb: int = 2048
     """Set on the mount's backing device (sysfs; needs root): the kernel's default of

@@ -567,6 +567,14 @@ def test_top_shows_fuse_op_rates(store, capsys, monkeypatch):
             stop.set()
             th.join()
     assert res["ops_per_s"]["read"] > 0
+    # the mean time of one, from the recorded seconds: every observation above took 100 µs
+    assert res["ops_mean_us"]["read"] == pytest.approx(100.0)
+    from kvfs.tools.cmd_top import frame, render
+
+    idle = {"lookups": 0, "misses": 0, "tiers": [], "blocks": 0, "pending_writes": 0}
+    before = {"time": 0.0, "mountpoint": "/m", "statistics": idle, "events_dropped": 0, "ops": []}
+    after = {**before, "time": 1.0, "ops": [{"op": "open", "count": 4, "errors": 0, "seconds": 2e-4}]}
+    assert "open 4 (50)" in render(frame(before, after))
 
 
 # -- the handler directly: protocol errors do not take the server down ---------------------------

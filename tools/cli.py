@@ -130,6 +130,10 @@ def main(argv: list[str] | None = None) -> int:
     if module is None:
         parser.print_help()
         return 2
+    if args.command == "bench":
+        from .scratch import end_on_sigterm
+
+        end_on_sigterm()  # a bench's mounts are unmounted when it is killed
     try:
         return int(_load(module).run(args) or 0)
     except KvfsError as exc:

@@ -31,7 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "evictions per second, corrupt copies, errors and health; on a cluster node, per peer "
         "the blocks read from it per second, their bytes, the mean time of a read, blocks it "
         "read from this node, misses, errors, corrupt reads and reads given up with every "
-        "landing buffer busy; FUSE operations per second when the mount records them. Rates "
+        "landing buffer busy; FUSE operations per second and the mean time the daemon took for each, "
+        "when the mount records them. Rates "
         "are over the last "
         "interval. Ctrl-C quits."
     )
@@ -104,7 +105,14 @@ def frame(prev: dict[str, Any], cur: dict[str, Any]) -> dict[str, Any]:
             }
         )
     prev_ops = {o["op"]: o for o in prev.get("ops", [])}
-    ops = {o["op"]: (o["count"] - prev_ops.get(o["op"], {"count": 0})["count"]) / dt for o in cur.get("ops", [])}
+    ops, ops_us = {}, {}
+    for o in cur.get("ops", []):
+        p = prev_ops.get(o["op"], {"count": 0, "seconds": 0.0})
+        n = o["count"] - p["count"]
+        ops[o["op"]] = n / dt
+        # the mean time the daemon spent on one such request over the interval (its handler,
+        # from decoded request to reply): what `kvfs top` shows beside the rate
+        ops_us[o["op"]] = 1e6 * (o["seconds"] - p["seconds"]) / n if n else None
     return {
         "time": cur["time"],
         "interval": dt,
@@ -117,7 +125,12 @@ def frame(prev: dict[str, Any], cur: dict[str, Any]) -> dict[str, Any]:
         "tiers": tiers,
         "peers": peers,
         "ops_per_s": ops,
+        "ops_mean_us": ops_us,
     }
+
+
+def _us(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0f}"
 
 
 def _pct(x: float | None) -> str:
@@ -177,7 +190,12 @@ def render(f: dict[str, Any]) -> str:
     busy = [(op, rate) for op, rate in f["ops_per_s"].items() if rate > 0]
     if busy:  # the ten busiest FUSE operations over the interval (none when idle)
         busiest = sorted(busy, key=lambda kv: -kv[1])[:10]
-        out += ["", "fuse ops/s: " + "  ".join(f"{op} {rate:.0f}" for op, rate in busiest)]
+        means = f.get("ops_mean_us", {})
+        out += [
+            "",
+            "fuse ops/s (mean µs each): "
+            + "  ".join(f"{op} {rate:.0f} ({_us(means.get(op))})" for op, rate in busiest),
+        ]
     return "\n".join(out)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -16,7 +17,37 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["dram_disk_config", "drop_page_cache_under", "mount", "progress", "start_moto", "umount"]
+__all__ = [
+    "dram_disk_config",
+    "drop_page_cache_under",
+    "end_on_sigterm",
+    "mount",
+    "progress",
+    "start_moto",
+    "umount",
+]
+
+_mounting = 0  # mounts in progress: a SIGTERM waits for them (see end_on_sigterm)
+_term_pending = False
+
+
+def end_on_sigterm() -> None:
+    """Make SIGTERM (``kill``, ``timeout``, a CI job's cancel) end a bench as Ctrl-C does
+    (``KeyboardInterrupt``): its ``finally`` blocks run, so the mounts it made are unmounted
+    and their daemons end. Python's default ends the process at once, which left a bench's
+    mount daemon running. A SIGTERM that comes while :func:`mount` runs is held until the
+    mount is made, then unmounts it and ends the bench (killing ``kvfs mount`` half-way
+    would leave a daemon no one knows of). A second SIGTERM ends the process at once."""
+
+    def stop(signum: int, frame: object) -> None:
+        global _term_pending
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if _mounting:
+            _term_pending = True
+            return
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
 
 
 def progress(as_json: bool) -> Callable[..., None]:
@@ -56,14 +87,22 @@ def mount(
     full_env = {**os.environ, **(env or {})}
     if fuse_options:
         full_env["KVFS_FUSE_OPTIONS"] = json.dumps(fuse_options)
-    res = subprocess.run(
-        [sys.executable, "-m", "kvfs.tools.cli", "mount", str(mp), "--config", str(config)],
-        capture_output=True,
-        text=True,
-        env=full_env,
-        timeout=120,
-        check=False,
-    )
+    global _mounting
+    _mounting += 1
+    try:
+        res = subprocess.run(
+            [sys.executable, "-m", "kvfs.tools.cli", "mount", str(mp), "--config", str(config)],
+            capture_output=True,
+            text=True,
+            env=full_env,
+            timeout=120,
+            check=False,
+        )
+    finally:
+        _mounting -= 1
+    if _term_pending and not _mounting:  # a SIGTERM came meanwhile: undo the mount, then end
+        umount(mp)
+        raise KeyboardInterrupt
     if res.returncode != 0:
         raise SystemExit(f"kvfs: bench: mount of {mp} failed: {res.stderr.strip()}")
     return int(pid_path(mp).read_text())
