@@ -82,12 +82,28 @@ class _Held:
     one written to through it), and the block it is sending in chunks (its lease and the
     bytes sent)."""
 
-    __slots__ = ("agent", "done", "lease")
+    __slots__ = ("agent", "candidates", "done", "lease", "peer")
 
-    def __init__(self) -> None:
+    def __init__(self, candidates: list[PeerConfig]) -> None:
+        self.candidates = candidates  # the configured peers at the connection's address
+        # the peer it is: known from the address alone, or from the first good hello
+        self.peer: PeerConfig | None = candidates[0] if len(candidates) == 1 else None
         self.agent: str | None = None
         self.lease: Lease | None = None
         self.done = 0
+
+    @property
+    def named(self) -> str:
+        return self.peer.name if self.peer is not None else " or ".join(p.name for p in self.candidates)
+
+
+def _named_by(candidates: list[PeerConfig], agent: object) -> PeerConfig:
+    """The peer among *candidates* (several at one address) whose agents *agent* names
+    as one of theirs; the first when none does, so that its hello is refused saying why."""
+    for peer in candidates:
+        if isinstance(agent, str) and agent_belongs(agent, peer.name):
+            return peer
+    return candidates[0]
 
 
 def _addresses(host: str) -> set[str]:
@@ -112,10 +128,12 @@ class PeerServer:
         self.arena = store.slots[0]
         self._remote: dict[str, str] = {}  # peer -> its NIXL agent, loaded from its hello
         self.lease_ttl = max(30.0, config.timeout * 4)
-        self._by_address: dict[str, PeerConfig] = {}
+        # the peers at each address: one, in a cluster of one node per host; several where
+        # nodes share a host (a test bed), told apart by the agent their hello names
+        self._by_address: dict[str, list[PeerConfig]] = {}
         for peer in config.peers:
             for addr in _addresses(peer.host):
-                self._by_address[addr] = peer
+                self._by_address.setdefault(addr, []).append(peer)
         uid, gid = os.getuid(), os.getgid()
         self._identity = {
             p.name: Peer(uid if p.uid is None else p.uid, gid if p.gid is None else p.gid) for p in config.peers
@@ -150,8 +168,8 @@ class PeerServer:
                 conn, addr = self._sock.accept()
             except OSError:
                 continue
-            peer = self._by_address.get(addr[0])
-            if peer is None:
+            peers = self._by_address.get(addr[0])
+            if peers is None:
                 self.refused += 1
                 log.warning("peer channel: refused %s: not a configured peer", addr[0])
                 conn.close()
@@ -167,10 +185,11 @@ class PeerServer:
                 continue
             with self._lock:
                 self._conns.add(conn)
-            threading.Thread(target=self._serve, args=(conn, peer), name=f"kvfs-peer-{peer.name}", daemon=True).start()
+            name = "|".join(p.name for p in peers)
+            threading.Thread(target=self._serve, args=(conn, peers), name=f"kvfs-peer-{name}", daemon=True).start()
 
-    def _serve(self, conn: socket.socket, peer: PeerConfig) -> None:
-        held = _Held()
+    def _serve(self, conn: socket.socket, peers: list[PeerConfig]) -> None:
+        held = _Held(peers)
         try:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             conn.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
@@ -180,15 +199,15 @@ class PeerServer:
                 try:
                     msg = recv_frame(conn, limit=MAX_REQUEST, within=self.config.timeout)
                 except (TierUnavailable, PeerProtocolError) as exc:
-                    log.info("peer channel from %s ended: %s", peer.name, exc)
+                    log.info("peer channel from %s ended: %s", held.named, exc)
                     return
                 if msg is None:
                     return
-                reply = self._answer(peer, msg, held)
+                reply = self._answer(msg, held)
                 if reply is not None:
                     send_frame(conn, reply)
         except (TierUnavailable, PeerProtocolError) as exc:
-            log.info("peer channel to %s ended: %s", peer.name, exc)
+            log.info("peer channel to %s ended: %s", held.named, exc)
         finally:
             self._let_go(held)
             with self._lock:
@@ -198,12 +217,19 @@ class PeerServer:
 
     # -- requests ----------------------------------------------------------------------
 
-    def _answer(self, peer: PeerConfig, msg: dict[str, Any], held: _Held) -> dict[str, Any] | None:
+    def _answer(self, msg: dict[str, Any], held: _Held) -> dict[str, Any] | None:
         op = msg.get("op")
         if op == "hello":
+            peer = held.peer or _named_by(held.candidates, msg.get("agent"))
             reply = self._hello(peer, msg)
-            held.agent = None if "error" in reply else msg["agent"]
+            if "error" not in reply:
+                held.agent, held.peer = msg["agent"], peer
             return reply
+        peer = held.peer
+        if peer is None:
+            return {
+                "error": f"{op}: say hello first: peers {held.named} share this address, and the hello tells them apart"
+            }
         if op in ("fetch", "more"):
             name, dests, room = msg.get("name"), msg.get("dests"), msg.get("room")
             if (

@@ -289,6 +289,21 @@ def test_a_peer_cannot_pass_itself_off_as_another(nodes):
     assert not peer_server.agent_belongs("a-b-1-ff", "a")  # node "a" cannot claim node "a-b"'s agents
 
 
+def test_peers_sharing_an_address_are_told_apart_by_their_hello(nodes):
+    """b names a and c, both on 127.0.0.1: a's hello to b is a's, not refused as c's (the
+    address alone was last-wins, so a connection from a could be taken for c)."""
+    a, b, ca, cb = nodes
+    md = ca.agent.metadata_for("b")
+    port = cb.config.port
+    reply = _hello(port, {"op": "hello", "node": "a", "agent": ca.agent.name, "metadata": md})
+    assert reply["node"] == "b" and "error" not in reply
+    reply = _hello(port, {"op": "holdings"})
+    assert "say hello first" in reply["error"] and "a or c" in reply["error"]  # which of them is asking?
+    stranger = f"d-1-{ca.agent.name.rsplit('-', 1)[1]}"
+    reply = _hello(port, {"op": "hello", "node": "d", "agent": stranger, "metadata": md})
+    assert "is not one of node" in reply["error"]  # neither a's nor c's
+
+
 def _closed_by_server(sock: socket.socket) -> bool:
     """Whether the server closes *sock* (a read gets end of file) within the deadline."""
     sock.settimeout(DEADLINE)
