@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from .blockfile import checksum as compute_checksum
 from .catalog import BlockRecord, BlockStat
-from .errors import BlockCorrupt, IsADirectory, KvfsError, NoSpace, NotADirectory
+from .errors import BlockCorrupt, IsADirectory, KvfsError, NoSpace, NotADirectory, ReservationEnded
 from .names import normalize
 from .slot import TierSlot
 from .tier import Location
@@ -36,12 +36,7 @@ from .tier import Location
 if TYPE_CHECKING:
     from .store import Store
 
-__all__ = ["Ingest", "Reservation", "ReservationEnded"]
-
-
-class ReservationEnded(KvfsError):
-    """Raised when a reservation is committed or aborted after it ended: committed or
-    aborted already, past its deadline, or its store closed."""
+__all__ = ["Ingest", "Reservation"]
 
 
 @dataclass(eq=False)

@@ -12,10 +12,18 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from .errors import BlockCorrupt, BlockNotFound, IsADirectory, StoreBusy, TierUnavailable
+from .errors import (
+    BlockCorrupt,
+    BlockNotFound,
+    CrossNamespace,
+    IsADirectory,
+    NamespaceRetired,
+    StoreBusy,
+    TierUnavailable,
+)
 from .events import EventKind
 from .names import check_creatable, normalize, parent_of
-from .namespaces import CrossNamespace, NamespaceRetired, NamespaceState
+from .namespaces import NamespaceState
 
 if TYPE_CHECKING:
     from .catalog import BlockRecord

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from .blockfile import checksum as compute_checksum
 from .catalog import BlockStat
-from .errors import BlockCorrupt, BlockNotFound, KvfsError, NoSpace, TierUnavailable
+from .errors import BlockCorrupt, BlockNotFound, LastCopy, NoSpace, Pinned, TierUnavailable
 from .events import EventKind
 from .names import normalize
 
@@ -23,19 +23,9 @@ if TYPE_CHECKING:
     from .slot import TierSlot
     from .store import Store
 
-__all__ = ["LastCopy", "OperatorCommands", "Pinned", "Usage"]
+__all__ = ["OperatorCommands", "Usage"]
 
 log = logging.getLogger("kvfs.store")
-
-
-class LastCopy(KvfsError):
-    """Raised by :meth:`OperatorCommands.evict` when dropping the copy would lose the
-    block and no colder tier can take it; pass ``force=True`` to drop it anyway."""
-
-
-class Pinned(KvfsError):
-    """Raised by :meth:`OperatorCommands.evict` for a pinned block (pinned blocks are
-    never evicted, by policy or by request); unpin it first, or pass ``force=True``."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -54,6 +54,7 @@ from .errors import (
     BlockNotFound,
     IsADirectory,
     KvfsError,
+    NamespaceRetired,
     StoreBusy,
     TierUnavailable,
 )
@@ -63,7 +64,6 @@ from .leases import Lease, Leases
 from .lifetimes import Lifetimes, SweepReport
 from .names import check_creatable, normalize, parent_of, split
 from .namespaces import (
-    NamespaceRetired,
     Namespaces,
     NamespaceState,
     NamespaceStatistics,
@@ -79,7 +79,7 @@ from .revalidation import SharedRecords
 from .shared import SharedView
 from .slot import TierSlot
 from .stats import StoreStatistics
-from .steering import LastCopy, OperatorCommands, Pinned, Usage
+from .steering import OperatorCommands, Usage
 from .tenancy import Tenancy
 from .tier import BlockRef, Tier
 from .writeback import FlushReport, WriteBack
@@ -87,9 +87,7 @@ from .writeback import FlushReport, WriteBack
 __all__ = [
     "BlockStat",
     "FlushReport",
-    "LastCopy",
     "Lease",
-    "Pinned",
     "Reservation",
     "Store",
     "StoreBusy",
@@ -668,7 +666,7 @@ class Store:
         return self.tenancy.namespace_statistics(path)
 
     def check_access(self, peer: Peer, name: str, op: Operation) -> None:
-        """Raise :class:`~kvfs.access.AccessDenied` unless *peer* may do *op* to *name*
+        """Raise :class:`~kvfs.errors.AccessDenied` unless *peer* may do *op* to *name*
         under the rule that decides for it (:meth:`Namespaces.rule`: its namespace's, or
         the mount's default outside every namespace with one; :func:`kvfs.access.check`).
         The one access decision: the client socket asks it (with ``Peer.of_socket``) and

@@ -16,17 +16,19 @@ import time
 
 from pyfuse3 import FUSEError
 
-from kvfs.access import AccessDenied
 from kvfs.errors import (
+    AccessDenied,
     BlockCorrupt,
     BlockExists,
     BlockNotFound,
     ConfigError,
+    CrossNamespace,
     DescriptorsExhausted,
     DirectoryNotEmpty,
     InvalidName,
     IsADirectory,
     KvfsError,
+    NamespaceRetired,
     NoSpace,
     NotADirectory,
     OutOfMemory,
@@ -34,7 +36,6 @@ from kvfs.errors import (
     TierFull,
     TierUnavailable,
 )
-from kvfs.namespaces import CrossNamespace, NamespaceRetired
 
 __all__ = ["errno_of", "handler", "refused"]
 
