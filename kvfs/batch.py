@@ -18,14 +18,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from .catalog import Catalog
 from .errors import InvalidName, KvfsError
-from .leases import Lease
+from .leases import Lease, Leases
 from .names import normalize
-
-if TYPE_CHECKING:
-    from .store import Store
+from .peers import Elsewhere
+from .placement import Placement
+from .reading import Reading
+from .steering import OperatorCommands
 
 __all__ = ["PROMOTE_ALWAYS", "PROMOTE_NEVER", "PROMOTE_POLICY", "BatchReads", "Probe"]
 
@@ -48,12 +49,25 @@ class Probe:
 
 
 class BatchReads:
-    """Probes and leases many names of *store* at once (see the module doc)."""
+    """Probes and leases many names of the blocks *placement* keeps at once (see the
+    module doc): *elsewhere* learns of names other nodes hold, *leases* hands out the
+    copies, *reading* counts the reads and says what to promote, *operator* promotes."""
 
-    def __init__(self, store: Store) -> None:
-        self.store = store
-        self.placement = store.placement
-        self.catalog = store.catalog
+    def __init__(
+        self,
+        placement: Placement,
+        catalog: Catalog,
+        elsewhere: Elsewhere,
+        leases: Leases,
+        reading: Reading,
+        operator: OperatorCommands,
+    ) -> None:
+        self.placement = placement
+        self.catalog = catalog
+        self.elsewhere = elsewhere
+        self.leases = leases
+        self.reading = reading
+        self.operator = operator
 
     def _names(self, names: Sequence[str]) -> list[str | InvalidName]:
         """Each name normalized (a name the catalog holds already is), or why it cannot be."""
@@ -70,16 +84,16 @@ class BatchReads:
         return out
 
     def _refresh(self, names: Sequence[str | InvalidName]) -> None:
-        if self.store.elsewhere.active:
+        if self.elsewhere.active:
             for n in names:
                 if isinstance(n, str):
-                    self.store.elsewhere.refresh(n)
+                    self.elsewhere.refresh(n)
 
     def probe(self, names: Sequence[str]) -> Probe:
         """Presence of every name (see :class:`Probe`), under one acquisition of the lock.
         Raises :class:`InvalidName` for a name that is not a valid kvfs path."""
         blocks = self.catalog.blocks
-        if self.store.elsewhere.active:
+        if self.elsewhere.active:
             self._refresh([n if n in blocks else normalize(n) for n in names])
         with self.placement.locked():
             get = blocks.get
@@ -106,11 +120,11 @@ class BatchReads:
         self._refresh(normalized)
         for name in self._to_promote(normalized, promote):
             try:
-                self.store.prefetch(name)
+                self.operator.prefetch(name)
             except KvfsError:
                 pass  # not promoted (DRAM full of pinned blocks, gone meanwhile): lease what is there
         out: list[Lease | KvfsError] = []
-        leases = self.store.leases
+        leases = self.leases
         with self.placement.locked():
             taken = iter(leases.take_many([n for n in normalized if not isinstance(n, InvalidName)], ttl=ttl))
             for n in normalized:
@@ -121,7 +135,7 @@ class BatchReads:
                 if count_hits and isinstance(lease, Lease):
                     rec = self.catalog.get(n)
                     if rec is not None:
-                        self.store.count_read(rec, lease.slot)
+                        self.reading.count_read(rec, lease.slot)
                 out.append(lease)
         return out
 
@@ -129,7 +143,7 @@ class BatchReads:
         """The names to copy into a hotter tier before leasing; inside ``Store.nowait``
         :class:`~kvfs.errors.StoreBusy` when there are any (nothing changed yet)."""
         p = self.placement
-        slots = self.store.slots
+        slots = self.placement.slots
         hot = slots[0]
         out: list[str] = []
         source = 0  # the tier whose I/O the first promotion needs
@@ -147,7 +161,7 @@ class BatchReads:
                 first = slots[(local & -local).bit_length() - 1]
                 if not first.persistent or hot.persistent or promote == PROMOTE_NEVER:
                     continue
-                if promote == PROMOTE_ALWAYS or self.store.should_promote(rec, extra_hit=True):
+                if promote == PROMOTE_ALWAYS or self.reading.should_promote(rec, extra_hit=True):
                     if not out:
                         source = first.index
                     out.append(rec.name)

@@ -24,17 +24,16 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from .blockfile import checksum as compute_checksum
 from .catalog import BlockRecord, BlockStat
 from .errors import BlockCorrupt, IsADirectory, KvfsError, NoSpace, NotADirectory, ReservationEnded
 from .names import normalize
+from .placement import Placement
+from .sealing import Sealing
+from .shared import SharedView
 from .slot import TierSlot
 from .tier import Location
-
-if TYPE_CHECKING:
-    from .store import Store
 
 __all__ = ["Ingest", "Reservation"]
 
@@ -59,14 +58,26 @@ class Reservation:
 
 
 class Ingest:
-    """The reservations of *store*'s hottest tier (see the module doc). *clock* is
-    monotonic seconds (deadlines). Thread-safe; every change of room is made under the
-    store's lock, no bytes are read under it."""
+    """The reservations of the hottest tier of *placement* (see the module doc), sealed
+    by *sealing*; *shared*: whether an adopted block learns its shared copies. *clock* is
+    monotonic seconds (deadlines), *record_clock* stamps the records (the store's clock).
+    Thread-safe; every change of room is made under the store's lock, no bytes are read
+    under it."""
 
-    def __init__(self, store: Store, *, clock: Callable[[], float] = time.monotonic) -> None:
-        self.store = store
-        self.placement = store.placement
+    def __init__(
+        self,
+        placement: Placement,
+        sealing: Sealing,
+        shared: SharedView,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        record_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.placement = placement
+        self.sealing = sealing
+        self.shared = shared
         self.clock = clock
+        self.record_clock = record_clock
         self._ids = itertools.count(1)
         self._open: dict[int, Reservation] = {}
         self._lock = threading.Lock()
@@ -83,7 +94,7 @@ class Ingest:
         :class:`IsADirectory`/:class:`~kvfs.errors.NotADirectory` for a name that cannot
         be a block, and :class:`KvfsError` when the hottest tier is no arena."""
         name = normalize(name)
-        self.store.check_writable(name)
+        self.sealing.check_writable(name)
         slot = self.slot
         if slot is None:
             raise KvfsError(
@@ -164,10 +175,10 @@ class Ingest:
         self.claim(res)
         try:
             self.verify(res, checksum)
-            now = self.store.clock()
+            now = self.record_clock()
             rec = BlockRecord(res.name, res.size, checksum, created=now, accessed=now, parent=res.parent)
             with self.placement.locked():
-                old = self.store.seal_begin(res.name)
+                old = self.sealing.seal_begin(res.name)
                 if old is not None:
                     for i in old.tier_indexes():
                         self.placement.slots[i].policy.remove(res.name)  # the new version's entry replaces it
@@ -175,7 +186,7 @@ class Ingest:
                 with self._lock:
                     res.state = "committed"
                     self._open.pop(res.id, None)
-                return self.store.seal_end(rec, res.slot)
+                return self.sealing.seal_end(rec, res.slot)
         finally:
             if res.state == "committing":
                 self.fail(res)
@@ -192,18 +203,18 @@ class Ingest:
         self.claim(res)
         try:
             self.verify(res, checksum)
-            now = self.store.clock()
+            now = self.record_clock()
             rec = BlockRecord(res.name, res.size, checksum, created=now, accessed=now, parent=res.parent, checked=now)
-            rec.learn_shared = bool(self.store.shared)
+            rec.learn_shared = bool(self.shared)
             with self.placement.locked():
                 if self.placement.catalog.get(res.name) is not None:
                     return None
-                self.store.seal_begin(res.name)
+                self.sealing.seal_begin(res.name)
                 self.placement.commit_extent(res.slot, rec, res.offset, source)
                 with self._lock:
                     res.state = "committed"
                     self._open.pop(res.id, None)
-                return self.store.seal_end(rec, res.slot, through=False)
+                return self.sealing.seal_end(rec, res.slot, through=False)
         finally:
             if res.state == "committing":
                 self.fail(res)

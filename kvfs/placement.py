@@ -272,6 +272,20 @@ class Placement:
 
     # -- reading a copy -------------------------------------------------------------
 
+    def hottest_first(self, rec: BlockRecord) -> Iterator[TierSlot]:
+        """Under the lock: the tiers holding a copy of *rec*, hottest first, each once.
+        ``rec.tiers`` is read again at every step (a caller may let the lock go between
+        steps, to read a copy), and the walk ends when *rec* is no longer the block's
+        record. The one walk over a record's copies: ``Reading`` and ``BackingFiles``."""
+        tried = 0
+        while self.is_current(rec):
+            left = rec.tiers & ~tried
+            if not left:
+                return
+            i = (left & -left).bit_length() - 1
+            tried |= 1 << i
+            yield self.slots[i]
+
     def fetch(
         self, slot: TierSlot, rec: BlockRecord, fetch: Callable[[Tier, str], T], unpack: Callable[[T], Any]
     ) -> T | None:
