@@ -37,7 +37,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from .backlog import WriteThroughQueue
 from .catalog import BlockRecord, Catalog
@@ -48,14 +48,19 @@ from .policies import EvictionPolicy
 from .slot import TierSlot
 from .tier import BackingFile, BlockRef, Tier
 
-if TYPE_CHECKING:
-    from .promises import Promise
-
-__all__ = ["Placement"]
+__all__ = ["GivenUp", "Placement"]
 
 log = logging.getLogger("kvfs.store")
 
 T = TypeVar("T")
+
+
+class GivenUp(Protocol):
+    """Room held for a write that will not come (a :class:`kvfs.promises.Promise` given
+    up): :meth:`Placement.settle_promises` ends it under the lock, giving the room back."""
+
+    def end(self, state: str) -> bool: ...
+
 
 _TIER_FULL_RETRIES = 8  # evictions tried when a tier says it is full although the count says not
 
@@ -99,7 +104,7 @@ class Placement:
         self.shared_mask = sum(s.bit for s in self.slots if s.shared)
         self.local_mask = sum(s.bit for s in self.slots if not s.shared)
         self.local_persistent_mask = self.persistent_mask & self.local_mask
-        self.given_up: deque[Promise] = deque()
+        self.given_up: deque[GivenUp] = deque()
         """Promises of room given up outside the lock (:mod:`kvfs.promises`), whose room
         :meth:`settle_promises` gives back (appends are thread-safe)."""
 
