@@ -6,8 +6,8 @@ store's lock, without touching a tier (a name unknown here is looked up in the s
 tiers first, as any lookup does). :meth:`BatchReads.lease` leases one local copy per
 name for a reader that copies the bytes itself (a DRAM extent, a disk block file),
 counting the read as a hit; a block whose hottest local copy is in a persistent tier is
-first copied into DRAM when the caller asks (:data:`PROMOTE_ALWAYS`) or when the store's
-``[policy] promote`` would promote on this read (:data:`PROMOTE_POLICY`), and a block
+first copied into DRAM when the caller asks (:attr:`Promote.ALWAYS <kvfs.promotion.Promote.ALWAYS>`) or when the store's
+``[policy] promote`` would promote on this read (:attr:`Promote.POLICY <kvfs.promotion.Promote.POLICY>`), and a block
 only shared tiers hold is always fetched into a local tier first (a client cannot read S3
 or NFS through a lease). Promotions are two-phase moves like any other and run in the
 caller's thread; inside ``Store.nowait`` they raise :class:`~kvfs.errors.StoreBusy` before
@@ -25,14 +25,11 @@ from .leases import Lease, Leases
 from .names import normalize
 from .peers import Elsewhere
 from .placement import Placement
+from .promotion import Promote
 from .reading import Reading
 from .steering import OperatorCommands
 
-__all__ = ["PROMOTE_ALWAYS", "PROMOTE_NEVER", "PROMOTE_POLICY", "BatchReads", "Probe"]
-
-PROMOTE_POLICY = "policy"
-PROMOTE_ALWAYS = "always"
-PROMOTE_NEVER = "never"
+__all__ = ["BatchReads", "Probe"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,12 +107,12 @@ class BatchReads:
         return Probe(sizes=sizes, tiers=tiers, pinned=pinned, prefix=prefix)
 
     def lease(
-        self, names: Sequence[str], *, ttl: float, promote: str = PROMOTE_POLICY, count_hits: bool = True
+        self, names: Sequence[str], *, ttl: float, promote: str = Promote.POLICY, count_hits: bool = True
     ) -> list[Lease | KvfsError]:
         """Per name: a :class:`Lease` on its hottest local copy (after promoting it per
         *promote*), or the error that name met (:class:`~kvfs.errors.BlockNotFound`, …)."""
-        if promote not in (PROMOTE_POLICY, PROMOTE_ALWAYS, PROMOTE_NEVER):
-            raise ValueError(f"promote must be one of policy, always, never (got {promote!r})")
+        if promote not in Promote.ALL:
+            raise ValueError(f"promote must be one of {', '.join(Promote.ALL)} (got {promote!r})")
         normalized = self._names(names)
         self._refresh(normalized)
         for name in self._to_promote(normalized, promote):
@@ -159,9 +156,9 @@ class BatchReads:
                     out.append(rec.name)  # only shared tiers hold it: fetch it into a local one
                     continue
                 first = slots[(local & -local).bit_length() - 1]
-                if not first.persistent or hot.persistent or promote == PROMOTE_NEVER:
+                if not first.persistent or hot.persistent or promote == Promote.NEVER:
                     continue
-                if promote == PROMOTE_ALWAYS or self.reading.should_promote(rec, extra_hit=True):
+                if promote == Promote.ALWAYS or self.reading.should_promote(rec, extra_hit=True):
                     if not out:
                         source = first.index
                     out.append(rec.name)

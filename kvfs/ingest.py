@@ -19,6 +19,7 @@ block. The daemon bounds what one session may hold reserved instead.
 
 from __future__ import annotations
 
+import enum
 import itertools
 import threading
 import time
@@ -35,7 +36,17 @@ from .shared import SharedView
 from .slot import TierSlot
 from .tier import Location
 
-__all__ = ["Ingest", "Reservation"]
+__all__ = ["Ingest", "Reservation", "ReservationState"]
+
+
+class ReservationState(enum.StrEnum):
+    """Where a :class:`Reservation` is: ``OPEN``, then ``COMMITTING``, then ``COMMITTED``;
+    or ``ABORTED`` (from open or committing)."""
+
+    OPEN = "open"
+    COMMITTING = "committing"
+    COMMITTED = "committed"
+    ABORTED = "aborted"
 
 
 @dataclass(eq=False)
@@ -53,8 +64,7 @@ class Reservation:
     slot: TierSlot = field(repr=False)
     offset: int = field(repr=False)
     """The extent's offset as the tier counts it (``location.offset`` is the file's)."""
-    state: str = "open"
-    """``open``, then ``committing``, then ``committed``; or ``aborted``."""
+    state: ReservationState = ReservationState.OPEN
 
 
 class Ingest:
@@ -147,13 +157,13 @@ class Ingest:
         """Mark *res* being committed; :class:`ReservationEnded` if it is not open or its
         deadline passed (it stays reserved until aborted)."""
         with self._lock:
-            if res.state != "open" or self._open.get(res.id) is not res:
+            if res.state is not ReservationState.OPEN or self._open.get(res.id) is not res:
                 raise ReservationEnded(f"the reservation for {res.name!r} was already {res.state}")
             if self.clock() > res.expires:
                 raise ReservationEnded(
                     f"the reservation for {res.name!r} passed its deadline before it was committed; put it again"
                 )
-            res.state = "committing"
+            res.state = ReservationState.COMMITTING
 
     def verify(self, res: Reservation, checksum: int) -> None:
         """Check the reserved bytes (read through the daemon's own mapping) against the
@@ -184,11 +194,11 @@ class Ingest:
                         self.placement.slots[i].policy.remove(res.name)  # the new version's entry replaces it
                 self.placement.commit_extent(res.slot, rec, res.offset)
                 with self._lock:
-                    res.state = "committed"
+                    res.state = ReservationState.COMMITTED
                     self._open.pop(res.id, None)
                 return self.sealing.seal_end(rec, res.slot)
         finally:
-            if res.state == "committing":
+            if res.state is ReservationState.COMMITTING:
                 self.fail(res)
 
     def adopt(self, res: Reservation, checksum: int, *, source: str) -> BlockStat | None:
@@ -212,27 +222,27 @@ class Ingest:
                 self.sealing.seal_begin(res.name)
                 self.placement.commit_extent(res.slot, rec, res.offset, source)
                 with self._lock:
-                    res.state = "committed"
+                    res.state = ReservationState.COMMITTED
                     self._open.pop(res.id, None)
                 return self.sealing.seal_end(rec, res.slot, through=False)
         finally:
-            if res.state == "committing":
+            if res.state is ReservationState.COMMITTING:
                 self.fail(res)
 
     def abort(self, res: Reservation) -> bool:
         """Give the extent back; False if *res* was committed or aborted already, or is
         being committed right now (that commit then publishes it or gives it back)."""
-        return self._give_back(res, "open")
+        return self._give_back(res, ReservationState.OPEN)
 
     def fail(self, res: Reservation) -> None:
         """Give back the extent of a claimed reservation whose commit failed."""
-        self._give_back(res, "committing")
+        self._give_back(res, ReservationState.COMMITTING)
 
-    def _give_back(self, res: Reservation, state: str) -> bool:
+    def _give_back(self, res: Reservation, state: ReservationState) -> bool:
         with self._lock:
-            if res.state != state or self._open.pop(res.id, None) is None:
+            if res.state is not state or self._open.pop(res.id, None) is None:
                 return False
-            res.state = "aborted"
+            res.state = ReservationState.ABORTED
         with self.placement.locked():
             self.placement.abort_extent(res.slot, res.name, res.size, res.offset)
         return True

@@ -59,7 +59,7 @@ class GivenUp(Protocol):
     """Room held for a write that will not come (a :class:`kvfs.promises.Promise` given
     up): :meth:`Placement.settle_promises` ends it under the lock, giving the room back."""
 
-    def end(self, state: str) -> bool: ...
+    def give_back(self) -> bool: ...
 
 
 _TIER_FULL_RETRIES = 8  # evictions tried when a tier says it is full although the count says not
@@ -435,7 +435,7 @@ class Placement:
     def settle_promises(self) -> None:
         """Under the lock: give back the room of the promises given up since (:mod:`kvfs.promises`)."""
         while self.given_up:
-            self.given_up.popleft().end("broken")
+            self.given_up.popleft().give_back()
 
     def absorb_held(self, slot: TierSlot) -> None:
         """Under the lock: count what *slot*'s tier reports of dropped copies readers still

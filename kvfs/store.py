@@ -66,6 +66,7 @@ from .peers import Elsewhere
 from .placement import Placement
 from .policies import EvictionPolicy, Hint, make_policy
 from .promises import Promise
+from .promotion import Promote
 from .reading import Reading
 from .rebuild import rebuild_catalog
 from .renames import Renames
@@ -514,7 +515,7 @@ class Store:
         return self.batch.probe(names)
 
     def lease_many(
-        self, names: Sequence[str], *, ttl: float = 30.0, promote: str = "policy", count_hits: bool = True
+        self, names: Sequence[str], *, ttl: float = 30.0, promote: str = Promote.POLICY, count_hits: bool = True
     ) -> list[Lease | KvfsError]:
         """A lease per name, promoting first per *promote* (see :meth:`BatchReads.lease`)."""
         return self.batch.lease(names, ttl=ttl, promote=promote, count_hits=count_hits)
