@@ -38,8 +38,8 @@ from typing import Any
 import torch
 
 from kvfs.client.buffers import read_file
-from kvfs.errors import BlockCorrupt, KvfsError
-from kvfs.nixl import Agent, Backend, NixlUnavailable, Registration, TransferFailed
+from kvfs.errors import BlockCorrupt, KvfsError, NixlUnavailable, TransferFailed
+from kvfs.nixl import Agent, Backend, Registration
 
 __all__ = [
     "TRANSFERS",

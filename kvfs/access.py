@@ -56,10 +56,9 @@ import struct
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from .errors import KvfsError
+from .errors import AccessDenied
 
 __all__ = [
-    "AccessDenied",
     "AccessRule",
     "Operation",
     "Peer",
@@ -72,11 +71,6 @@ __all__ = [
 
 _SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)  # Linux >= 4.13; Python does not export it everywhere
 _GROUPS_BUF = 1024  # the most getsockopt reads: 256 groups (more: /proc/<pid>/status)
-
-
-class AccessDenied(KvfsError, PermissionError):
-    """Raised by :func:`check` when a peer may not do an operation in a namespace; the
-    message names the peer, the operation, the namespace and its rule."""
 
 
 class Operation(enum.Enum):

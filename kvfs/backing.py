@@ -12,32 +12,24 @@ a hit (policy, access time) but promotes nothing: the daemon never holds the byt
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from .catalog import BlockRecord, Catalog
+from .catalog import Catalog
 from .placement import Placement
+from .reading import Reading
 from .revalidation import SharedRecords
-from .slot import TierSlot
 from .tier import BackingFile, Tier
 
 __all__ = ["BackingFiles"]
 
 
 class BackingFiles:
-    """Open block files (see the module doc). *count_read* records a read served
-    outside the store (:meth:`kvfs.store.Store.count_read`)."""
+    """Open block files (see the module doc). *reading* counts a read served outside
+    the store (:meth:`kvfs.reading.Reading.count_read`)."""
 
-    def __init__(
-        self,
-        placement: Placement,
-        catalog: Catalog,
-        records: SharedRecords,
-        count_read: Callable[[BlockRecord, TierSlot], None],
-    ) -> None:
+    def __init__(self, placement: Placement, catalog: Catalog, records: SharedRecords, reading: Reading) -> None:
         self.placement = placement
         self.catalog = catalog
         self.records = records
-        self.count_read = count_read
+        self.reading = reading
 
     def open(self, name: str) -> BackingFile | None:
         """The checked file of block *name*'s hottest copy, or None (see the module doc).
@@ -47,14 +39,7 @@ class BackingFiles:
         p = self.placement
         with p.locked():
             rec = self.catalog.require(name)
-            tried = 0
-            while p.is_current(rec):
-                left = rec.tiers & ~tried
-                if not left:
-                    return None
-                i = (left & -left).bit_length() - 1
-                tried |= 1 << i
-                slot = p.slots[i]
+            for slot in p.hottest_first(rec):
                 if not slot.persistent or slot.shared:
                     return None  # DRAM serves it from memory; a shared copy is read through the store
                 if not slot.usable():
@@ -65,7 +50,7 @@ class BackingFiles:
                     return None  # a header before the payload: read through the store
                 if result is None:
                     continue  # gone or bad (dropped and counted): the next copy
-                self.count_read(rec, slot)
+                self.reading.count_read(rec, slot)
                 return result
             return None
 
@@ -80,7 +65,7 @@ class BackingFiles:
             if rec is None or not rec.tiers or rec.checksum != checksum or rec.size != size:
                 return False
             i = (rec.tiers & -rec.tiers).bit_length() - 1
-            self.count_read(rec, p.slots[i])
+            self.reading.count_read(rec, p.slots[i])
             return True
 
 

@@ -6,8 +6,8 @@ store's lock, without touching a tier (a name unknown here is looked up in the s
 tiers first, as any lookup does). :meth:`BatchReads.lease` leases one local copy per
 name for a reader that copies the bytes itself (a DRAM extent, a disk block file),
 counting the read as a hit; a block whose hottest local copy is in a persistent tier is
-first copied into DRAM when the caller asks (:data:`PROMOTE_ALWAYS`) or when the store's
-``[policy] promote`` would promote on this read (:data:`PROMOTE_POLICY`), and a block
+first copied into DRAM when the caller asks (:attr:`Promote.ALWAYS <kvfs.promotion.Promote.ALWAYS>`) or when the store's
+``[policy] promote`` would promote on this read (:attr:`Promote.POLICY <kvfs.promotion.Promote.POLICY>`), and a block
 only shared tiers hold is always fetched into a local tier first (a client cannot read S3
 or NFS through a lease). Promotions are two-phase moves like any other and run in the
 caller's thread; inside ``Store.nowait`` they raise :class:`~kvfs.errors.StoreBusy` before
@@ -18,20 +18,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from .catalog import Catalog
 from .errors import InvalidName, KvfsError
-from .leases import Lease
+from .leases import Lease, Leases
 from .names import normalize
+from .peers import Elsewhere
+from .placement import Placement
+from .promotion import Promote
+from .reading import Reading
+from .steering import OperatorCommands
 
-if TYPE_CHECKING:
-    from .store import Store
-
-__all__ = ["PROMOTE_ALWAYS", "PROMOTE_NEVER", "PROMOTE_POLICY", "BatchReads", "Probe"]
-
-PROMOTE_POLICY = "policy"
-PROMOTE_ALWAYS = "always"
-PROMOTE_NEVER = "never"
+__all__ = ["BatchReads", "Probe"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,12 +46,25 @@ class Probe:
 
 
 class BatchReads:
-    """Probes and leases many names of *store* at once (see the module doc)."""
+    """Probes and leases many names of the blocks *placement* keeps at once (see the
+    module doc): *elsewhere* learns of names other nodes hold, *leases* hands out the
+    copies, *reading* counts the reads and says what to promote, *operator* promotes."""
 
-    def __init__(self, store: Store) -> None:
-        self.store = store
-        self.placement = store.placement
-        self.catalog = store.catalog
+    def __init__(
+        self,
+        placement: Placement,
+        catalog: Catalog,
+        elsewhere: Elsewhere,
+        leases: Leases,
+        reading: Reading,
+        operator: OperatorCommands,
+    ) -> None:
+        self.placement = placement
+        self.catalog = catalog
+        self.elsewhere = elsewhere
+        self.leases = leases
+        self.reading = reading
+        self.operator = operator
 
     def _names(self, names: Sequence[str]) -> list[str | InvalidName]:
         """Each name normalized (a name the catalog holds already is), or why it cannot be."""
@@ -70,16 +81,16 @@ class BatchReads:
         return out
 
     def _refresh(self, names: Sequence[str | InvalidName]) -> None:
-        if self.store.elsewhere.active:
+        if self.elsewhere.active:
             for n in names:
                 if isinstance(n, str):
-                    self.store.elsewhere.refresh(n)
+                    self.elsewhere.refresh(n)
 
     def probe(self, names: Sequence[str]) -> Probe:
         """Presence of every name (see :class:`Probe`), under one acquisition of the lock.
         Raises :class:`InvalidName` for a name that is not a valid kvfs path."""
         blocks = self.catalog.blocks
-        if self.store.elsewhere.active:
+        if self.elsewhere.active:
             self._refresh([n if n in blocks else normalize(n) for n in names])
         with self.placement.locked():
             get = blocks.get
@@ -96,21 +107,21 @@ class BatchReads:
         return Probe(sizes=sizes, tiers=tiers, pinned=pinned, prefix=prefix)
 
     def lease(
-        self, names: Sequence[str], *, ttl: float, promote: str = PROMOTE_POLICY, count_hits: bool = True
+        self, names: Sequence[str], *, ttl: float, promote: str = Promote.POLICY, count_hits: bool = True
     ) -> list[Lease | KvfsError]:
         """Per name: a :class:`Lease` on its hottest local copy (after promoting it per
         *promote*), or the error that name met (:class:`~kvfs.errors.BlockNotFound`, …)."""
-        if promote not in (PROMOTE_POLICY, PROMOTE_ALWAYS, PROMOTE_NEVER):
-            raise ValueError(f"promote must be one of policy, always, never (got {promote!r})")
+        if promote not in Promote.ALL:
+            raise ValueError(f"promote must be one of {', '.join(Promote.ALL)} (got {promote!r})")
         normalized = self._names(names)
         self._refresh(normalized)
         for name in self._to_promote(normalized, promote):
             try:
-                self.store.prefetch(name)
+                self.operator.prefetch(name)
             except KvfsError:
                 pass  # not promoted (DRAM full of pinned blocks, gone meanwhile): lease what is there
         out: list[Lease | KvfsError] = []
-        leases = self.store.leases
+        leases = self.leases
         with self.placement.locked():
             taken = iter(leases.take_many([n for n in normalized if not isinstance(n, InvalidName)], ttl=ttl))
             for n in normalized:
@@ -121,7 +132,7 @@ class BatchReads:
                 if count_hits and isinstance(lease, Lease):
                     rec = self.catalog.get(n)
                     if rec is not None:
-                        self.store.count_read(rec, lease.slot)
+                        self.reading.count_read(rec, lease.slot)
                 out.append(lease)
         return out
 
@@ -129,7 +140,7 @@ class BatchReads:
         """The names to copy into a hotter tier before leasing; inside ``Store.nowait``
         :class:`~kvfs.errors.StoreBusy` when there are any (nothing changed yet)."""
         p = self.placement
-        slots = self.store.slots
+        slots = self.placement.slots
         hot = slots[0]
         out: list[str] = []
         source = 0  # the tier whose I/O the first promotion needs
@@ -145,9 +156,9 @@ class BatchReads:
                     out.append(rec.name)  # only shared tiers hold it: fetch it into a local one
                     continue
                 first = slots[(local & -local).bit_length() - 1]
-                if not first.persistent or hot.persistent or promote == PROMOTE_NEVER:
+                if not first.persistent or hot.persistent or promote == Promote.NEVER:
                     continue
-                if promote == PROMOTE_ALWAYS or self.store.should_promote(rec, extra_hit=True):
+                if promote == Promote.ALWAYS or self.reading.should_promote(rec, extra_hit=True):
                     if not out:
                         source = first.index
                     out.append(rec.name)

@@ -8,21 +8,35 @@ from a filesystem, botocore's, kvikio's) are translated at the tier boundary wit
 from __future__ import annotations
 
 __all__ = [
+    "AccessDenied",
     "BlockCorrupt",
     "BlockExists",
     "BlockNotFound",
     "ConfigError",
+    "CrossNamespace",
+    "DescriptorsExhausted",
     "DirectoryNotEmpty",
     "InvalidName",
     "IsADirectory",
     "KvfsError",
+    "LandingBusy",
+    "LastCopy",
+    "LimitReached",
+    "NamespaceRetired",
+    "NixlUnavailable",
     "NoSpace",
     "NotADirectory",
+    "OutOfMemory",
+    "Pinned",
     "ReadOnlyBlock",
+    "ReservationEnded",
+    "RuntimeDirError",
     "StoreBusy",
     "TierFull",
     "TierInUse",
     "TierUnavailable",
+    "TransferFailed",
+    "TransferStuck",
 ]
 
 
@@ -139,3 +153,65 @@ class StoreBusy(KvfsError):
 class TierInUse(KvfsError):
     """Raised when a tier's arena or directory is held by another kvfs daemon (or is a
     file kvfs did not create); the message names the holder and what to do."""
+
+
+# -- raised by the store's collaborators ----------------------------------------------
+
+
+class LastCopy(KvfsError):
+    """Raised by ``Store.evict`` (:meth:`kvfs.steering.OperatorCommands.evict`) when dropping
+    the copy would lose the block and no colder tier can take it; pass ``force=True`` to drop
+    it anyway."""
+
+
+class Pinned(KvfsError):
+    """Raised by ``Store.evict`` (:meth:`kvfs.steering.OperatorCommands.evict`) for a pinned
+    block (pinned blocks are never evicted, by policy or by request); unpin it first, or pass
+    ``force=True``."""
+
+
+class CrossNamespace(KvfsError):
+    """Raised by ``Store.rename`` when it would move a block from one namespace into another
+    (quotas and owners differ): copy it and remove the original instead (``mv`` does)."""
+
+
+class NamespaceRetired(KvfsError):
+    """Raised when a block is written into a retired namespace (its model's KV is stale):
+    by every way of writing (``Store.put``, ``Store.reserve``, ``Store.rename``); write to
+    its successor."""
+
+
+class ReservationEnded(KvfsError):
+    """Raised by :class:`kvfs.ingest.Ingest` when a reservation is committed or aborted after
+    it ended: committed or aborted already, past its deadline, or its store closed."""
+
+
+class AccessDenied(KvfsError, PermissionError):
+    """Raised by :func:`kvfs.access.check` when a peer may not do an operation in a
+    namespace; the message names the peer, the operation, the namespace and its rule."""
+
+
+class LandingBusy(KvfsError):
+    """Raised by :meth:`kvfs.peers.PeerSource.fetch` when every landing buffer for the peer
+    stayed in use until the deadline: the read is a miss, the peer is not at fault."""
+
+
+class RuntimeDirError(KvfsError):
+    """Raised by :func:`kvfs.runtime.runtime_dir` when the runtime directory (or a file in
+    it) is not safe to use: a symlink, not a directory, owned by another user, or open to
+    others."""
+
+
+class NixlUnavailable(KvfsError):
+    """Raised by :mod:`kvfs.nixl` when NIXL cannot be loaded (no ``nixl-cu12``/``nixl-cu13``),
+    or an agent or a backend of it cannot start here."""
+
+
+class TransferFailed(KvfsError):
+    """Raised by :meth:`kvfs.nixl.Agent.transfer` when a transfer failed or passed its
+    deadline and was cancelled: nothing more will be written to its destination."""
+
+
+class TransferStuck(TransferFailed):
+    """Raised by :meth:`kvfs.nixl.Agent.transfer` when a transfer failed or passed its
+    deadline and NIXL could not cancel it: its destination may still be written later."""

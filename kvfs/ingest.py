@@ -19,29 +19,34 @@ block. The daemon bounds what one session may hold reserved instead.
 
 from __future__ import annotations
 
+import enum
 import itertools
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from .blockfile import checksum as compute_checksum
 from .catalog import BlockRecord, BlockStat
-from .errors import BlockCorrupt, IsADirectory, KvfsError, NoSpace, NotADirectory
+from .errors import BlockCorrupt, IsADirectory, KvfsError, NoSpace, NotADirectory, ReservationEnded
 from .names import normalize
+from .placement import Placement
+from .sealing import Sealing
+from .shared import SharedView
 from .slot import TierSlot
 from .tier import Location
 
-if TYPE_CHECKING:
-    from .store import Store
-
-__all__ = ["Ingest", "Reservation", "ReservationEnded"]
+__all__ = ["Ingest", "Reservation", "ReservationState"]
 
 
-class ReservationEnded(KvfsError):
-    """Raised when a reservation is committed or aborted after it ended: committed or
-    aborted already, past its deadline, or its store closed."""
+class ReservationState(enum.StrEnum):
+    """Where a :class:`Reservation` is: ``OPEN``, then ``COMMITTING``, then ``COMMITTED``;
+    or ``ABORTED`` (from open or committing)."""
+
+    OPEN = "open"
+    COMMITTING = "committing"
+    COMMITTED = "committed"
+    ABORTED = "aborted"
 
 
 @dataclass(eq=False)
@@ -59,19 +64,30 @@ class Reservation:
     slot: TierSlot = field(repr=False)
     offset: int = field(repr=False)
     """The extent's offset as the tier counts it (``location.offset`` is the file's)."""
-    state: str = "open"
-    """``open``, then ``committing``, then ``committed``; or ``aborted``."""
+    state: ReservationState = ReservationState.OPEN
 
 
 class Ingest:
-    """The reservations of *store*'s hottest tier (see the module doc). *clock* is
-    monotonic seconds (deadlines). Thread-safe; every change of room is made under the
-    store's lock, no bytes are read under it."""
+    """The reservations of the hottest tier of *placement* (see the module doc), sealed
+    by *sealing*; *shared*: whether an adopted block learns its shared copies. *clock* is
+    monotonic seconds (deadlines), *record_clock* stamps the records (the store's clock).
+    Thread-safe; every change of room is made under the store's lock, no bytes are read
+    under it."""
 
-    def __init__(self, store: Store, *, clock: Callable[[], float] = time.monotonic) -> None:
-        self.store = store
-        self.placement = store.placement
+    def __init__(
+        self,
+        placement: Placement,
+        sealing: Sealing,
+        shared: SharedView,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        record_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.placement = placement
+        self.sealing = sealing
+        self.shared = shared
         self.clock = clock
+        self.record_clock = record_clock
         self._ids = itertools.count(1)
         self._open: dict[int, Reservation] = {}
         self._lock = threading.Lock()
@@ -88,7 +104,7 @@ class Ingest:
         :class:`IsADirectory`/:class:`~kvfs.errors.NotADirectory` for a name that cannot
         be a block, and :class:`KvfsError` when the hottest tier is no arena."""
         name = normalize(name)
-        self.store.check_writable(name)
+        self.sealing.check_writable(name)
         slot = self.slot
         if slot is None:
             raise KvfsError(
@@ -141,13 +157,13 @@ class Ingest:
         """Mark *res* being committed; :class:`ReservationEnded` if it is not open or its
         deadline passed (it stays reserved until aborted)."""
         with self._lock:
-            if res.state != "open" or self._open.get(res.id) is not res:
+            if res.state is not ReservationState.OPEN or self._open.get(res.id) is not res:
                 raise ReservationEnded(f"the reservation for {res.name!r} was already {res.state}")
             if self.clock() > res.expires:
                 raise ReservationEnded(
                     f"the reservation for {res.name!r} passed its deadline before it was committed; put it again"
                 )
-            res.state = "committing"
+            res.state = ReservationState.COMMITTING
 
     def verify(self, res: Reservation, checksum: int) -> None:
         """Check the reserved bytes (read through the daemon's own mapping) against the
@@ -169,20 +185,20 @@ class Ingest:
         self.claim(res)
         try:
             self.verify(res, checksum)
-            now = self.store.clock()
+            now = self.record_clock()
             rec = BlockRecord(res.name, res.size, checksum, created=now, accessed=now, parent=res.parent)
             with self.placement.locked():
-                old = self.store.seal_begin(res.name)
+                old = self.sealing.seal_begin(res.name)
                 if old is not None:
                     for i in old.tier_indexes():
                         self.placement.slots[i].policy.remove(res.name)  # the new version's entry replaces it
                 self.placement.commit_extent(res.slot, rec, res.offset)
                 with self._lock:
-                    res.state = "committed"
+                    res.state = ReservationState.COMMITTED
                     self._open.pop(res.id, None)
-                return self.store.seal_end(rec, res.slot)
+                return self.sealing.seal_end(rec, res.slot)
         finally:
-            if res.state == "committing":
+            if res.state is ReservationState.COMMITTING:
                 self.fail(res)
 
     def adopt(self, res: Reservation, checksum: int, *, source: str) -> BlockStat | None:
@@ -197,36 +213,36 @@ class Ingest:
         self.claim(res)
         try:
             self.verify(res, checksum)
-            now = self.store.clock()
+            now = self.record_clock()
             rec = BlockRecord(res.name, res.size, checksum, created=now, accessed=now, parent=res.parent, checked=now)
-            rec.learn_shared = bool(self.store.shared)
+            rec.learn_shared = bool(self.shared)
             with self.placement.locked():
                 if self.placement.catalog.get(res.name) is not None:
                     return None
-                self.store.seal_begin(res.name)
+                self.sealing.seal_begin(res.name)
                 self.placement.commit_extent(res.slot, rec, res.offset, source)
                 with self._lock:
-                    res.state = "committed"
+                    res.state = ReservationState.COMMITTED
                     self._open.pop(res.id, None)
-                return self.store.seal_end(rec, res.slot, through=False)
+                return self.sealing.seal_end(rec, res.slot, through=False)
         finally:
-            if res.state == "committing":
+            if res.state is ReservationState.COMMITTING:
                 self.fail(res)
 
     def abort(self, res: Reservation) -> bool:
         """Give the extent back; False if *res* was committed or aborted already, or is
         being committed right now (that commit then publishes it or gives it back)."""
-        return self._give_back(res, "open")
+        return self._give_back(res, ReservationState.OPEN)
 
     def fail(self, res: Reservation) -> None:
         """Give back the extent of a claimed reservation whose commit failed."""
-        self._give_back(res, "committing")
+        self._give_back(res, ReservationState.COMMITTING)
 
-    def _give_back(self, res: Reservation, state: str) -> bool:
+    def _give_back(self, res: Reservation, state: ReservationState) -> bool:
         with self._lock:
-            if res.state != state or self._open.pop(res.id, None) is None:
+            if res.state is not state or self._open.pop(res.id, None) is None:
                 return False
-            res.state = "aborted"
+            res.state = ReservationState.ABORTED
         with self.placement.locked():
             self.placement.abort_extent(res.slot, res.name, res.size, res.offset)
         return True

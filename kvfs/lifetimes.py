@@ -26,15 +26,15 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from .catalog import BlockRecord
-from .namespaces import NamespaceState
+from .catalog import BlockRecord, Catalog
+from .namespaces import Namespaces, NamespaceState
+from .placement import Placement
+from .revalidation import SharedRecords
+from .shared import SharedView
 from .units import format_duration
-
-if TYPE_CHECKING:
-    from .store import Store
 
 __all__ = ["BATCH", "Lifetimes", "SweepReport"]
 
@@ -58,13 +58,27 @@ class SweepReport:
 
 
 class Lifetimes:
-    """Soft-pin expiries and retention sweeps over *store* (see the module doc)."""
+    """Soft-pin expiries and retention sweeps over the blocks *placement* keeps (see the
+    module doc): *namespaces* have the retentions, *records* drops a block's record and
+    local copies, *shared* the shared tiers whose copies expire too; *clock* is the
+    store's."""
 
-    def __init__(self, store: Store) -> None:
-        self.store = store
-        self.placement = store.placement
-        self.catalog = store.catalog
-        self.clock = store.clock
+    def __init__(
+        self,
+        placement: Placement,
+        catalog: Catalog,
+        namespaces: Namespaces,
+        records: SharedRecords,
+        shared: SharedView,
+        *,
+        clock: Callable[[], float],
+    ) -> None:
+        self.placement = placement
+        self.catalog = catalog
+        self.namespaces = namespaces
+        self.records = records
+        self.shared = shared
+        self.clock = clock
         self._due: list[tuple[float, int, BlockRecord]] = []  # (expiry, seq, record): a heap
         self._seq = itertools.count()
         self._next_retention = float("-inf")
@@ -115,7 +129,7 @@ class Lifetimes:
         unpinned = self._unpin_due(now)
         if now < self._next_retention:
             return SweepReport(unpinned=unpinned)
-        spaces = [ns for ns in self.store.namespaces if ns.retention is not None or ns.retired]
+        spaces = [ns for ns in self.namespaces if ns.retention is not None or ns.retired]
         self._next_retention = now + self._interval(spaces)
         expired = retired = 0
         for ns in spaces:
@@ -156,10 +170,9 @@ class Lifetimes:
     def _remove(self, rec: BlockRecord, cutoff: float | None, why: str) -> None:
         """Under the lock: drop this node's copies of *rec*; with *cutoff*, also the shared
         tiers' copies written before it (in the background, like an unlink's deletes)."""
-        store = self.store
-        store.records.drop_record(rec, why)
+        self.records.drop_record(rec, why)
         if cutoff is None:
             return
-        for slot in store.shared.slots:
+        for slot in self.shared.slots:
             self.placement.delete_copy(slot, rec.name, cutoff=cutoff)
-        store.shared.remember_missing(rec.name)
+        self.shared.remember_missing(rec.name)

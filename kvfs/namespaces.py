@@ -40,8 +40,6 @@ from .policies import EvictionPolicy, Hint
 
 __all__ = [
     "DEFAULT_MODE",
-    "CrossNamespace",
-    "NamespaceRetired",
     "NamespaceState",
     "NamespaceStatistics",
     "Namespaces",
@@ -53,15 +51,6 @@ __all__ = [
 DEFAULT_MODE = 0o755
 """The mode of everything outside the namespaces with an access rule (directories
 ``drwxr-xr-x``, blocks ``-rw-r--r--``)."""
-
-
-class CrossNamespace(KvfsError):
-    """Raised when a rename would move a block from one namespace into another (quotas
-    and owners differ): copy it and remove the original instead (``mv`` does)."""
-
-
-class NamespaceRetired(KvfsError):
-    """Raised when a block is written into a retired namespace (its model's KV is stale)."""
 
 
 @dataclass(eq=False)

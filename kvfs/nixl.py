@@ -53,16 +53,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from .errors import KvfsError
+from .errors import NixlUnavailable, TransferFailed, TransferStuck
 
 __all__ = [
     "MEMORY",
     "Agent",
     "Backend",
-    "NixlUnavailable",
     "Registration",
-    "TransferFailed",
-    "TransferStuck",
     "agent_of",
     "bindings",
     "leave",
@@ -103,21 +100,6 @@ _NL_ROUTE = "libnl-route"
 
 Region = tuple[int, int, int]
 """``(address, length, device)`` of memory; ``(offset, length, fd)`` of a file."""
-
-
-class NixlUnavailable(KvfsError):
-    """Raised when NIXL cannot be loaded (no ``nixl-cu12``/``nixl-cu13``), or an agent or
-    a backend of it cannot start here."""
-
-
-class TransferFailed(KvfsError):
-    """Raised by :meth:`Agent.transfer` when a transfer failed or passed its deadline
-    and was cancelled: nothing more will be written to its destination."""
-
-
-class TransferStuck(TransferFailed):
-    """Raised by :meth:`Agent.transfer` when a transfer failed or passed its deadline and
-    NIXL could not cancel it: its destination may still be written later."""
 
 
 _bindings: Any = None

@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .errors import BlockCorrupt, KvfsError, NoSpace, TierUnavailable
+from .errors import BlockCorrupt, KvfsError, LandingBusy, NoSpace, TierUnavailable
 from .hashing import block_hash_of
 from .health import HealthBreaker
 from .stats import PeerCounters, PeerStatistics
@@ -57,7 +57,6 @@ __all__ = [
     "PEER_DETAIL",
     "Elsewhere",
     "Incoming",
-    "LandingBusy",
     "Medium",
     "PeerIndex",
     "PeerReads",
@@ -87,11 +86,6 @@ class Incoming:
     name: str
     size: int
     checksum: int
-
-
-class LandingBusy(KvfsError):
-    """Raised by :meth:`PeerSource.fetch` when every landing buffer for the peer stayed
-    in use until the deadline: the read is a miss, the peer is not at fault."""
 
 
 class PeerSource(abc.ABC):

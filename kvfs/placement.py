@@ -37,7 +37,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from .backlog import WriteThroughQueue
 from .catalog import BlockRecord, Catalog
@@ -48,14 +48,19 @@ from .policies import EvictionPolicy
 from .slot import TierSlot
 from .tier import BackingFile, BlockRef, Tier
 
-if TYPE_CHECKING:
-    from .promises import Promise
-
-__all__ = ["Placement"]
+__all__ = ["GivenUp", "Placement"]
 
 log = logging.getLogger("kvfs.store")
 
 T = TypeVar("T")
+
+
+class GivenUp(Protocol):
+    """Room held for a write that will not come (a :class:`kvfs.promises.Promise` given
+    up): :meth:`Placement.settle_promises` ends it under the lock, giving the room back."""
+
+    def give_back(self) -> bool: ...
+
 
 _TIER_FULL_RETRIES = 8  # evictions tried when a tier says it is full although the count says not
 
@@ -99,7 +104,7 @@ class Placement:
         self.shared_mask = sum(s.bit for s in self.slots if s.shared)
         self.local_mask = sum(s.bit for s in self.slots if not s.shared)
         self.local_persistent_mask = self.persistent_mask & self.local_mask
-        self.given_up: deque[Promise] = deque()
+        self.given_up: deque[GivenUp] = deque()
         """Promises of room given up outside the lock (:mod:`kvfs.promises`), whose room
         :meth:`settle_promises` gives back (appends are thread-safe)."""
 
@@ -272,6 +277,20 @@ class Placement:
 
     # -- reading a copy -------------------------------------------------------------
 
+    def hottest_first(self, rec: BlockRecord) -> Iterator[TierSlot]:
+        """Under the lock: the tiers holding a copy of *rec*, hottest first, each once.
+        ``rec.tiers`` is read again at every step (a caller may let the lock go between
+        steps, to read a copy), and the walk ends when *rec* is no longer the block's
+        record. The one walk over a record's copies: ``Reading`` and ``BackingFiles``."""
+        tried = 0
+        while self.is_current(rec):
+            left = rec.tiers & ~tried
+            if not left:
+                return
+            i = (left & -left).bit_length() - 1
+            tried |= 1 << i
+            yield self.slots[i]
+
     def fetch(
         self, slot: TierSlot, rec: BlockRecord, fetch: Callable[[Tier, str], T], unpack: Callable[[T], Any]
     ) -> T | None:
@@ -416,7 +435,7 @@ class Placement:
     def settle_promises(self) -> None:
         """Under the lock: give back the room of the promises given up since (:mod:`kvfs.promises`)."""
         while self.given_up:
-            self.given_up.popleft().end("broken")
+            self.given_up.popleft().give_back()
 
     def absorb_held(self, slot: TierSlot) -> None:
         """Under the lock: count what *slot*'s tier reports of dropped copies readers still

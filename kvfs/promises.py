@@ -27,6 +27,7 @@ error does: logged and counted, nothing published.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -41,7 +42,16 @@ if TYPE_CHECKING:
     from .placement import Placement
     from .slot import TierSlot
 
-__all__ = ["Promise", "Promises"]
+__all__ = ["Promise", "PromiseState", "Promises"]
+
+
+class PromiseState(enum.StrEnum):
+    """Where a :class:`Promise` is: ``HELD``, then ``KEPT`` (a seal used its room) or
+    ``BROKEN`` (its room given back unused)."""
+
+    HELD = "held"
+    KEPT = "kept"
+    BROKEN = "broken"
 
 
 @dataclass(eq=False)
@@ -54,13 +64,20 @@ class Promise:
     slot: TierSlot
     fp: int
     ns: NamespaceState | None
-    state: str = "held"
-    """``held``, then ``kept`` (a seal used it) or ``broken`` (given back unused)."""
+    state: PromiseState = PromiseState.HELD
 
-    def end(self, state: str) -> bool:
+    def holds(self, ns: NamespaceState | None) -> bool:
+        """Whether its room is still held, for a block of namespace *ns*."""
+        return self.state is PromiseState.HELD and ns is self.ns
+
+    def give_back(self) -> bool:
+        """Under the store's lock: end it unused (``BROKEN``); False when it had ended already."""
+        return self.end(PromiseState.BROKEN)
+
+    def end(self, state: PromiseState) -> bool:
         """Under the store's lock: give the room back (it was kept or broken); False when
         it had ended already."""
-        if self.state != "held":
+        if self.state is not PromiseState.HELD:
             return False
         self.state = state
         self.slot.reserved -= self.fp
@@ -71,7 +88,7 @@ class Promise:
 
 class Promises:
     """Promises of room on *placement*'s tiers (see the module doc); *check* raises for a
-    name no block may be written under (``Store.check_writable``)."""
+    name no block may be written under (``Sealing.check_writable``)."""
 
     def __init__(self, placement: Placement, *, check: Callable[[str], None]) -> None:
         self.placement = placement
@@ -113,18 +130,18 @@ class Promises:
         p = self.placement
         p.settle_promises()
         ns = p.namespaces.of(rec.name) if p.namespaces else None
-        if promise.state != "held" or ns is not promise.ns:
-            promise.end("broken")
+        if not promise.holds(ns):
+            promise.end(PromiseState.BROKEN)
             return None
         slot = promise.slot
         if slot.persistent:
             p.require_io(slot.index, "writing a copy")  # before the room is given back
-        promise.end("kept")
+        promise.end(PromiseState.KEPT)
         try:
             placed = p.copy_into(slot, rec, data, EventKind.STORED, new=True)
         except BaseException:
-            if promise.state == "kept":  # not placed: hold the room again for the retry
-                promise.state = "held"
+            if promise.state is PromiseState.KEPT:  # not placed: hold the room again for the retry
+                promise.state = PromiseState.HELD
                 slot.reserved += promise.fp
                 if promise.ns is not None:
                     promise.ns.reserved[slot.index] += promise.fp
@@ -135,5 +152,5 @@ class Promises:
         """*promise* will not be kept: its room goes back the next time the placement
         makes room (:meth:`Placement.settle_promises`). Thread-safe and never waits (the
         FUSE loop calls it)."""
-        if promise.state == "held":
+        if promise.state is PromiseState.HELD:
             self.placement.given_up.append(promise)

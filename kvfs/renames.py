@@ -10,17 +10,25 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
 
-from .errors import BlockCorrupt, BlockNotFound, IsADirectory, StoreBusy, TierUnavailable
+from .backlog import WriteThroughQueue
+from .catalog import BlockRecord, Catalog
+from .errors import (
+    BlockCorrupt,
+    BlockNotFound,
+    CrossNamespace,
+    IsADirectory,
+    NamespaceRetired,
+    StoreBusy,
+    TierUnavailable,
+)
 from .events import EventKind
 from .names import check_creatable, normalize, parent_of
-from .namespaces import CrossNamespace, NamespaceRetired, NamespaceState
-
-if TYPE_CHECKING:
-    from .catalog import BlockRecord
-    from .slot import TierSlot
-    from .store import Store
+from .namespaces import Namespaces, NamespaceState
+from .placement import Placement
+from .revalidation import SharedRecords
+from .shared import SharedView
+from .slot import TierSlot
 
 __all__ = ["Renames"]
 
@@ -34,10 +42,26 @@ class _CopyBusy(StoreBusy):
 
 
 class Renames:
-    """Delete and rename on *store* (see the module doc)."""
+    """Delete and rename of the blocks *placement* keeps (see the module doc): *namespaces*
+    say where a block may go, *records* drops a deleted block and runs the shared tiers'
+    deletes, *shared* and *queue* delete and re-publish the shared copies."""
 
-    def __init__(self, store: Store) -> None:
-        self.store = store
+    def __init__(
+        self,
+        placement: Placement,
+        catalog: Catalog,
+        namespaces: Namespaces,
+        records: SharedRecords,
+        shared: SharedView,
+        queue: WriteThroughQueue,
+    ) -> None:
+        self.placement = placement
+        self.catalog = catalog
+        self.slots = placement.slots
+        self.namespaces = namespaces
+        self.records = records
+        self.shared = shared
+        self.queue = queue
 
     def delete(self, name: str) -> None:
         """Remove the block from every tier (shared ones too). :class:`BlockNotFound` if absent.
@@ -49,21 +73,21 @@ class Renames:
         believed here, and nothing republishes the name there first.
         """
         name = normalize(name)
-        self.store.records.refresh(name)
-        p = self.store.placement
+        self.records.refresh(name)
+        p = self.placement
         with p.locked():
-            rec = self.store.catalog.require(name)
+            rec = self.catalog.require(name)
             if p.waiting_forbidden:
                 for i in rec.tier_indexes():
-                    if self.store.slots[i].persistent and not self.store.slots[i].shared:
+                    if self.slots[i].persistent and not self.slots[i].shared:
                         p.require_io(i, "deleting a file")
-            self.store.records.drop_record(rec, "deleted")
-            for slot in self.store.shared.slots:
+            self.records.drop_record(rec, "deleted")
+            for slot in self.shared.slots:
                 p.delete_copy(slot, name)
-            self.store.shared.remember_missing(name)
-            self.store.shared.forget_listing(parent_of(name))
+            self.shared.remember_missing(name)
+            self.shared.forget_listing(parent_of(name))
             nowait = p.waiting_forbidden
-        self.store.records.run_deletes(name, wait=not nowait)
+        self.records.run_deletes(name, wait=not nowait)
 
     def rename(self, old: str, new: str) -> None:
         """Rename block *old* to *new*, atomically replacing a block named *new*.
@@ -80,14 +104,14 @@ class Renames:
             try:
                 return self._rename(old, new)
             except _CopyBusy:
-                if self.store.placement.waiting_forbidden or time.monotonic() > deadline:
+                if self.placement.waiting_forbidden or time.monotonic() > deadline:
                     raise
                 time.sleep(0.01)  # a copy's move takes a file write: it ends soon
 
     def _rename(self, old: str, new: str) -> None:
         old, new = normalize(old), normalize(new)
         check_creatable(new)
-        src, dst = self.store.namespaces.of(old), self.store.namespaces.of(new)
+        src, dst = self.namespaces.of(old), self.namespaces.of(new)
         if src is not dst:
             raise CrossNamespace(
                 f"{old!r} is in {_ns_label(src)} and {new!r} in {_ns_label(dst)}: a block cannot move between "
@@ -95,63 +119,63 @@ class Renames:
             )
         if dst is not None and dst.retired:
             raise NamespaceRetired(f"{new!r}: namespace {dst.path!r} is retired")
-        self.store.records.refresh(old)
-        p = self.store.placement
+        self.records.refresh(old)
+        p = self.placement
         with p.locked():
-            rec = self.store.catalog.require(old)
+            rec = self.catalog.require(old)
             if old == new:
                 return
-            if self.store.catalog.is_dir(new):
+            if self.catalog.is_dir(new):
                 raise IsADirectory(f"{new!r} is a directory")
             has_local = bool(rec.tiers & p.local_mask)
             moves = [
-                self.store.slots[i]
+                self.slots[i]
                 for i in rec.tier_indexes()
-                if self.store.slots[i].persistent and (not self.store.slots[i].shared or not has_local)
+                if self.slots[i].persistent and (not self.slots[i].shared or not has_local)
             ]
             for slot in moves:
                 p.require_io(slot.index, "renaming a copy")
                 if slot.is_busy(old) or slot.is_busy(new):
                     raise _CopyBusy(f"the copy of {old!r} or {new!r} in {slot.name!r} is in use; try again", slot.index)
-            if self.store.catalog.get(new) is None:
-                self.store.catalog.ensure_dir(parent_of(new))
+            if self.catalog.get(new) is None:
+                self.catalog.ensure_dir(parent_of(new))
             moved = self._rename_copies(rec, old, new, moves)
             if not p.is_current(rec):
                 for slot in moved:  # deleted or replaced meanwhile: the renamed files are nobody's
-                    if not (target := self.store.catalog.get(new)) or not target.tiers & slot.bit:
+                    if not (target := self.catalog.get(new)) or not target.tiers & slot.bit:
                         p.delete_copy(slot, new)
                 raise BlockNotFound(old)
-            target = self.store.catalog.get(new)
+            target = self.catalog.get(new)
             if target is not None:
                 for j in list(target.tier_indexes()):
-                    slot = self.store.slots[j]
+                    slot = self.slots[j]
                     if slot in moved or (not slot.persistent and rec.tiers & slot.bit):
                         p.forget_copy(slot, target)  # replaced by the renamed copy
                     else:
                         p.drop_copy(slot, target)
-                self.store.catalog.discard(target)
+                self.catalog.discard(target)
             for i in list(rec.tier_indexes()):
-                slot = self.store.slots[i]
+                slot = self.slots[i]
                 if slot.shared and slot not in moved:  # re-published under the new name below
                     p.forget_copy(slot, rec)
                     p.delete_copy(slot, old)
-                    self.store.queue.copy(rec, slot.index)
+                    self.queue.copy(rec, slot.index)
                 elif not slot.persistent:
                     slot.tier.rename(old, new)  # memory: under the lock, atomic for readers
             # footprints depend on the name (header length): recount under the new name
             for i in rec.tier_indexes():
-                slot = self.store.slots[i]
-                self.store.catalog.count_out(i, p.footprint(slot, rec), rec.name)
+                slot = self.slots[i]
+                self.catalog.count_out(i, p.footprint(slot, rec), rec.name)
                 slot.policy.remove(old)
-            self.store.catalog.rename(rec, new)
+            self.catalog.rename(rec, new)
             for i in rec.tier_indexes():
-                slot = self.store.slots[i]
-                self.store.catalog.count_in(i, p.footprint(slot, rec), rec.name)
+                slot = self.slots[i]
+                self.catalog.count_in(i, p.footprint(slot, rec), rec.name)
                 if not rec.pinned:
                     p.policy_insert(slot, rec)
-            self.store.shared.forget_missing(new)
-            self.store.shared.forget_listing(parent_of(old))
-            self.store.shared.forget_listing(parent_of(new))
+            self.shared.forget_missing(new)
+            self.shared.forget_listing(parent_of(old))
+            self.shared.forget_listing(parent_of(new))
             p.emit(EventKind.RENAMED, rec, detail=old)
             if not rec.tiers:
                 p.lose_if_empty(rec, "no copy survived the rename")
@@ -160,7 +184,7 @@ class Renames:
     def _rename_copies(self, rec: BlockRecord, old: str, new: str, moves: list[TierSlot]) -> list[TierSlot]:
         """Rename the persistent copies of *rec* in *moves* with the lock let go (both
         names held busy meanwhile); returns the tiers where it worked. Under the lock."""
-        p = self.store.placement
+        p = self.placement
         if not moves:
             return []
         moving = 0

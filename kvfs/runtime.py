@@ -25,11 +25,10 @@ import os
 import stat
 from pathlib import Path
 
-from kvfs.errors import KvfsError
+from kvfs.errors import RuntimeDirError
 
 __all__ = [
     "FSTYPE",
-    "RuntimeDirError",
     "control_socket_path",
     "find_mount",
     "kvfs_mounts",
@@ -46,11 +45,6 @@ __all__ = [
 ]
 
 FSTYPE = "fuse.kvfs"
-
-
-class RuntimeDirError(KvfsError):
-    """Raised when the runtime directory (or a file in it) is not safe to use: a symlink,
-    not a directory, owned by another user, or open to others."""
 
 
 def runtime_dir() -> Path:

@@ -12,7 +12,7 @@ victim, never overwritten and never deleted until it is idle again (see
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -25,7 +25,7 @@ from .tier import Tier
 if TYPE_CHECKING:
     from .namespaces import NamespaceState
 
-__all__ = ["TierSlot"]
+__all__ = ["TierSlot", "index_of"]
 
 _BACKGROUND_WORKERS = 2  # threads per shared tier for revalidations and listings
 
@@ -151,3 +151,12 @@ class TierSlot:
         if self.limiter is not None:
             self.limiter.close()
         self.tier.close()
+
+
+def index_of(slots: Sequence[TierSlot], name: str) -> int:
+    """The index of the tier named *name* among *slots*; :class:`KeyError` naming the
+    tiers there are when none is."""
+    for s in slots:
+        if s.name == name:
+            return s.index
+    raise KeyError(f"no tier named {name!r}; tiers: {', '.join(s.name for s in slots)}")

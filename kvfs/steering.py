@@ -10,32 +10,21 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from .blockfile import checksum as compute_checksum
-from .catalog import BlockStat
-from .errors import BlockCorrupt, BlockNotFound, KvfsError, NoSpace, TierUnavailable
+from .catalog import BlockRecord, BlockStat, Catalog
+from .errors import BlockCorrupt, BlockNotFound, LastCopy, NoSpace, Pinned, TierUnavailable
 from .events import EventKind
+from .lifetimes import Lifetimes
 from .names import normalize
+from .peers import Elsewhere
+from .placement import Placement
+from .reading import Reading
+from .slot import TierSlot, index_of
 
-if TYPE_CHECKING:
-    from .catalog import BlockRecord
-    from .slot import TierSlot
-    from .store import Store
-
-__all__ = ["LastCopy", "OperatorCommands", "Pinned", "Usage"]
+__all__ = ["OperatorCommands", "Usage"]
 
 log = logging.getLogger("kvfs.store")
-
-
-class LastCopy(KvfsError):
-    """Raised by :meth:`OperatorCommands.evict` when dropping the copy would lose the
-    block and no colder tier can take it; pass ``force=True`` to drop it anyway."""
-
-
-class Pinned(KvfsError):
-    """Raised by :meth:`OperatorCommands.evict` for a pinned block (pinned blocks are
-    never evicted, by policy or by request); unpin it first, or pass ``force=True``."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -50,13 +39,19 @@ class Usage:
 
 
 class OperatorCommands:
-    """Pin, prefetch, evict, usage and verify on *store* (see the module doc)."""
+    """Pin, prefetch, evict, usage and verify on the blocks *placement* keeps (see the
+    module doc): *elsewhere* learns of names other nodes hold, *lifetimes* keeps soft
+    pins, *reading* reads the copy a prefetch copies up."""
 
-    def __init__(self, store: Store) -> None:
-        self.store = store
-        self.placement = store.placement
-        self.catalog = store.catalog
-        self.slots = store.slots
+    def __init__(
+        self, placement: Placement, catalog: Catalog, elsewhere: Elsewhere, lifetimes: Lifetimes, reading: Reading
+    ) -> None:
+        self.placement = placement
+        self.catalog = catalog
+        self.slots = placement.slots
+        self.elsewhere = elsewhere
+        self.lifetimes = lifetimes
+        self.reading = reading
 
     def pin(self, name: str, pinned: bool = True, *, ttl: float | None = None) -> BlockStat:
         """Pin (or unpin) a block: a pinned block is never evicted from the tiers it is in.
@@ -64,28 +59,28 @@ class OperatorCommands:
         if ttl is not None and not ttl > 0:
             raise ValueError(f"a soft pin lasts longer than 0 seconds (got {ttl})")
         name = normalize(name)
-        self.store.elsewhere.refresh(name)
+        self.elsewhere.refresh(name)
         p = self.placement
         with p.locked():
             rec = self.catalog.require(name)
             p.set_pinned(rec, pinned)
-            self.store.lifetimes.pinned(rec, ttl)
+            self.lifetimes.pinned(rec, ttl)
             return rec.stat(p.names)
 
     def prefetch(self, name: str, tier: str | None = None) -> BlockStat:
         """Copy the block into *tier* (the hottest by default) now. Raises :class:`NoSpace`
         if the tier cannot make room, :class:`BlockNotFound` if no copy is readable."""
         name = normalize(name)
-        k = 0 if tier is None else self.store.tier_index(tier)
+        k = 0 if tier is None else index_of(self.slots, tier)
         slot = self.slots[k]
-        self.store.elsewhere.refresh(name)
+        self.elsewhere.refresh(name)
         p = self.placement
         with p.locked():
             rec = self.catalog.require(name)
             if rec.tiers & slot.bit:
                 slot.policy.touch(rec.name)
                 return rec.stat(p.names)
-        with self.store.open(name, count_hit=False) as ref, p.locked():
+        with self.reading.open(name, count_hit=False) as ref, p.locked():
             if not p.is_current(rec):
                 raise BlockNotFound(name)
             if not rec.tiers & slot.bit and not p.copy_into(slot, rec, ref.data, EventKind.PROMOTED):
@@ -110,7 +105,7 @@ class OperatorCommands:
             if tier is None:
                 targets = [i for i in rec.tier_indexes() if not self.slots[i].shared]
             else:
-                k = self.store.tier_index(tier)
+                k = index_of(self.slots, tier)
                 targets = [k] if rec.tiers & (1 << k) else []
             dropping = sum(1 << i for i in targets)
             for i in targets:
@@ -202,7 +197,7 @@ class OperatorCommands:
         is no longer the block's copy. Raises :class:`BlockNotFound` if absent."""
         name = normalize(name)
         p = self.placement
-        slot = self.slots[self.store.tier_index(tier)]
+        slot = self.slots[index_of(self.slots, tier)]
         with p.locked():
             rec = self.catalog.require(name)
             if not rec.tiers & slot.bit:

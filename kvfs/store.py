@@ -6,8 +6,13 @@ background for write-through tiers, promotes blocks read from colder tiers, veri
 every copy read from a persistent tier against the block's checksum, learns what the
 shared tiers hold, and rebuilds the catalog from the local persistent tiers when it starts.
 
-The store is a facade over collaborators that each own their state (docs/store.md):
+The store is the assembly of collaborators that each own their state, and their facade
+(docs/store.md); each takes the parts it uses, never the store:
 
+- :class:`~kvfs.sealing.Sealing`: every write of a new block version (``put``, and the
+  seal steps a client's reserved extent (:class:`~kvfs.ingest.Ingest`) and a peer's block
+  share); :class:`~kvfs.reading.Reading`: every read (``open``, ``read_into``, the hot
+  opens of the mount), the promotion decisions and the reads served outside the store;
 - :class:`~kvfs.slot.TierSlot` per tier: the tier, its policy, counters, health breaker,
   limiter, reservations and busy names;
 - :class:`~kvfs.placement.Placement`: the lock, the copy bookkeeping and every move of
@@ -47,39 +52,30 @@ from .access import Operation, Peer, check, may_map_arena
 from .backing import BackingFiles
 from .backlog import WriteThroughQueue
 from .batch import BatchReads, Probe
-from .blockfile import checksum as compute_checksum
 from .catalog import BlockRecord, BlockStat, Catalog
-from .config import NamespaceConfig, PolicyConfig, PromoteMode, WriteMode
-from .errors import (
-    BlockNotFound,
-    IsADirectory,
-    KvfsError,
-    StoreBusy,
-    TierUnavailable,
-)
+from .config import NamespaceConfig, PolicyConfig
+from .errors import BlockNotFound, KvfsError, StoreBusy
 from .events import EventLog
 from .ingest import Ingest, Reservation
 from .leases import Lease, Leases
 from .lifetimes import Lifetimes, SweepReport
 from .names import check_creatable, normalize, parent_of, split
-from .namespaces import (
-    NamespaceRetired,
-    Namespaces,
-    NamespaceState,
-    NamespaceStatistics,
-)
+from .namespaces import Namespaces, NamespaceState, NamespaceStatistics
 from .opencopies import OpenCopies
 from .peers import Elsewhere
 from .placement import Placement
 from .policies import EvictionPolicy, Hint, make_policy
-from .promises import Promise, Promises
+from .promises import Promise
+from .promotion import Promote
+from .reading import Reading
 from .rebuild import rebuild_catalog
 from .renames import Renames
 from .revalidation import SharedRecords
+from .sealing import Sealing
 from .shared import SharedView
-from .slot import TierSlot
+from .slot import TierSlot, index_of
 from .stats import StoreStatistics
-from .steering import LastCopy, OperatorCommands, Pinned, Usage
+from .steering import OperatorCommands, Usage
 from .tenancy import Tenancy
 from .tier import BlockRef, Tier
 from .writeback import FlushReport, WriteBack
@@ -87,9 +83,7 @@ from .writeback import FlushReport, WriteBack
 __all__ = [
     "BlockStat",
     "FlushReport",
-    "LastCopy",
     "Lease",
-    "Pinned",
     "Reservation",
     "Store",
     "StoreBusy",
@@ -100,8 +94,6 @@ __all__ = [
 log = logging.getLogger("kvfs.store")
 
 T = TypeVar("T")
-
-_READ_ATTEMPTS = 3  # a read retries when the block is replaced under it, or rediscovered
 
 
 class Store:
@@ -174,19 +166,29 @@ class Store:
             self.placement, self.shared, self.queue, self.writeback, clock=clock, shared_wait=shared_wait
         )
         self.elsewhere = Elsewhere(self.records, self.shared)  # peers (kvfs.peers) and shared tiers
-        self.operator = OperatorCommands(self)
-        self.renames = Renames(self)
-        self.tenancy = Tenancy(self)
+        self.reading = Reading(
+            self.placement,
+            self.catalog,
+            self.copies,
+            self.elsewhere,
+            self.records,
+            self.shared,
+            promote=policy.promote,
+            clock=clock,
+        )
+        self.sealing = Sealing(self.placement, self.catalog, self.namespaces, self.shared, self.queue, clock=clock)
+        self.promises = self.sealing.promises
+        self.lifetimes = Lifetimes(
+            self.placement, self.catalog, self.namespaces, self.records, self.shared, clock=clock
+        )
+        self.operator = OperatorCommands(self.placement, self.catalog, self.elsewhere, self.lifetimes, self.reading)
+        self.renames = Renames(self.placement, self.catalog, self.namespaces, self.records, self.shared, self.queue)
+        self.tenancy = Tenancy(self.placement, self.catalog, self.namespaces, self.lifetimes)
         self.leases = Leases(self.placement, clock=lease_clock)
-        self.lifetimes = Lifetimes(self)
-        self.ingest = Ingest(self, clock=lease_clock)
-        self.promises = Promises(self.placement, check=self.check_writable)
-        self.batch = BatchReads(self)
-        self.files = BackingFiles(self.placement, self.catalog, self.records, self.count_read)
+        self.ingest = Ingest(self.placement, self.sealing, self.shared, clock=lease_clock, record_clock=clock)
+        self.batch = BatchReads(self.placement, self.catalog, self.elsewhere, self.leases, self.reading, self.operator)
+        self.files = BackingFiles(self.placement, self.catalog, self.records, self.reading)
         """Block files for readers that read them themselves (FUSE passthrough: kvfs.backing)."""
-        self._through = [s for s in self.slots if s.index > 0 and s.tier.config.write is WriteMode.THROUGH]
-        self._lookups = 0
-        self._misses = 0
         self.rebuilt_corrupt = 0
         if rebuild:
             self.rebuild()
@@ -217,10 +219,8 @@ class Store:
         self.shared.listing_ttl = value
 
     def tier_index(self, name: str) -> int:
-        for s in self.slots:
-            if s.name == name:
-                return s.index
-        raise KeyError(f"no tier named {name!r}; tiers: {', '.join(s.name for s in self.slots)}")
+        """The index of the tier named *name* (:class:`KeyError` if none)."""
+        return index_of(self.slots, name)
 
     def _stat(self, rec: BlockRecord) -> BlockStat:
         return rec.stat(self.placement.names)
@@ -236,35 +236,10 @@ class Store:
     # -- writing -------------------------------------------------------------------------
 
     def put(self, name: str, data: Any, *, parent: str | None = None, promise: Promise | None = None) -> BlockStat:
-        """Seal *data* as block *name*, replacing an existing block atomically.
-
-        The block lands in the hottest tier that can take it (evicting by policy), or in
-        the room *promise* holds for it (:meth:`promise`); write-through tiers below get a
-        copy when :meth:`run_pending` runs. Readers that opened the old block keep its
-        bytes. Raises :class:`NoSpace` when no tier can take it, :class:`IsADirectory`
-        when *name* is a directory.
-        """
-        name = normalize(name)
-        self.check_writable(name)
-        mv = memoryview(data).cast("B")
-        csum = compute_checksum(mv)
-        now = self.clock()
-        p = self.placement
-        with p.locked():
-            old = self.seal_begin(name)
-            rec = BlockRecord(name, len(mv), csum, created=now, accessed=now, parent=parent)
-            if old is not None:
-                for j in old.tier_indexes():
-                    self.slots[j].policy.remove(name)
-            placed = self.promises.keep(promise, rec, mv) if promise is not None else None
-            placed = placed or p.place(rec, mv)
-            if placed is None:
-                old = self.catalog.get(name)  # again: the lock may have been let go meanwhile
-                if old is not None and not old.pinned:
-                    for j in old.tier_indexes():
-                        p.policy_insert(self.slots[j], old)
-                raise p.no_space(rec)
-            return self.seal_end(rec, placed)
+        """Seal *data* as block *name*, replacing an existing block atomically (see
+        :meth:`Sealing.put`): in the hottest tier that takes it, or in the room *promise*
+        holds for it (:meth:`promise`)."""
+        return self.sealing.put(name, data, parent=parent, promise=promise)
 
     def promise(self, name: str, size: int) -> Promise:
         """Room for *size* bytes to be sealed as *name* later by :meth:`put` (see :meth:`Promises.make`)."""
@@ -275,54 +250,8 @@ class Store:
         self.promises.give_up(promise)
 
     def check_writable(self, name: str) -> None:
-        """Raise :class:`NamespaceRetired` when *name* lies in a retired namespace (its
-        model's KV is stale), :class:`InvalidName` when a component of it is reserved for
-        kvfs's own files (:func:`kvfs.names.check_creatable`): every way of writing a
-        block asks this first."""
-        check_creatable(name)
-        ns = self.namespaces.of(name)
-        if ns is not None and ns.retired:
-            raise NamespaceRetired(
-                f"{name!r}: namespace {ns.path!r} is retired (its model's KV is stale); write to its successor"
-            )
-
-    def seal_begin(self, name: str) -> BlockRecord | None:
-        """Under the lock, before a new version of *name* is placed: the current record
-        (None for a new name, whose directories are made). Raises :class:`IsADirectory`,
-        and :class:`StoreBusy` inside :meth:`nowait` when the old version's files must go."""
-        p = self.placement
-        if self.catalog.is_dir(name):
-            raise IsADirectory(f"{name!r} is a directory")
-        old = self.catalog.get(name)
-        if old is None:
-            self.catalog.ensure_dir(parent_of(name))
-        elif p.waiting_forbidden:  # dropping the old version's files needs I/O
-            for i in old.tier_indexes():
-                if self.slots[i].persistent and not self.slots[i].shared:
-                    p.require_io(i, "replacing a block")
-        return old
-
-    def seal_end(self, rec: BlockRecord, placed: TierSlot, *, through: bool = True) -> BlockStat:
-        """Under the lock, once the new block *rec* has its first copy in *placed*: it
-        replaces the old version (whose other copies are dropped) and, if *through* (not
-        read from a peer), is queued for the write-through tiers below."""
-        p = self.placement
-        name = rec.name
-        old = self.catalog.get(name)  # again: the lock may have been let go meanwhile
-        if old is not None:
-            for j in list(old.tier_indexes()):
-                slot = self.slots[j]
-                if j == placed.index:
-                    p.forget_copy(slot, old, policy=False)  # overwritten in place by the new copy
-                else:
-                    p.drop_copy(slot, old)
-            self.catalog.discard(old)
-        self.catalog.add(rec)
-        self.shared.forget_missing(name)
-        for slot in self._through if through else ():
-            if slot.index > placed.index:
-                self.queue.copy(rec, slot.index)
-        return self._stat(rec)
+        """Raise unless a block may be written as *name* (see :meth:`Sealing.check_writable`)."""
+        self.sealing.check_writable(name)
 
     def reserve(self, name: str, size: int, *, parent: str | None = None, ttl: float = 30.0) -> Reservation:
         """Reserve an extent of the DRAM arena for a block a client writes itself (see
@@ -341,152 +270,24 @@ class Store:
     # -- reading -------------------------------------------------------------------------
 
     def open(self, name: str, *, count_hit: bool = True) -> BlockRef:
-        """A view of block *name*'s bytes, valid until released (use ``with``).
-
-        Tries the copies hottest first; a copy from a persistent tier is checked against the
-        block's checksum, and a bad one is dropped, counted and skipped (when no local copy
-        is good, the shared tiers are asked once more). A copy read from a colder tier is
-        promoted per the promote policy. Raises :class:`BlockNotFound` when no copy is
-        readable: never partial or wrong bytes; :class:`TierUnavailable` when the only
-        copies are in tiers that do not answer now.
-        """
-        return self._read(name, count_hit, self.copies.fetch, _unpack_ref)
+        """A view of block *name*'s bytes, valid until released (use ``with``); see
+        :meth:`Reading.open`. Raises :class:`BlockNotFound` when no copy is readable,
+        :class:`TierUnavailable` when the only copies are in tiers that do not answer now."""
+        return self.reading.open(name, count_hit=count_hit)
 
     def read_into(self, name: str, out: Any) -> int:
-        """Copy the block into the writable buffer *out*; returns its length. Copies from
-        persistent tiers are read straight into *out* and verified there."""
-        view = memoryview(out).cast("B")
-
-        def fetch(tier: Tier, n: str) -> BlockRef | tuple[int, int]:
-            # volatile tiers hand out a ref (taken under the lock); the copy happens below,
-            # outside it. Persistent tiers read straight into *out* and verify it there.
-            return tier.open(n) if not tier.persistent else tier.read_into(n, view)
-
-        def unpack(r: BlockRef | tuple[int, int]) -> tuple[Any, int]:
-            return (r.data, r.checksum) if isinstance(r, BlockRef) else (view[: r[0]], r[1])
-
-        result = self._read(name, True, fetch, unpack)
-        if not isinstance(result, BlockRef):
-            return result[0]
-        with result:
-            size = len(result.data)
-            if len(view) < size:
-                raise ValueError(f"buffer of {len(view)} bytes is too small for {name!r} ({size} bytes)")
-            view[:size] = result.data
-            return size
+        """Copy the block into the writable buffer *out*; returns its length (see
+        :meth:`Reading.read_into`)."""
+        return self.reading.read_into(name, out)
 
     def read(self, name: str) -> bytes:
         """The block's bytes (a copy)."""
-        with self.open(name) as ref:
-            return bytes(ref.data)
-
-    def _read(self, name: str, count_hit: bool, fetch: Callable[[Tier, str], T], unpack: Callable[[T], Any]) -> T:
-        """Read through the copies hottest first. *fetch(tier, name)* returns a result that
-        *unpack* turns into ``(payload view, checksum)``; the first good result is returned."""
-        name = normalize(name)
-        self.elsewhere.refresh(name)
-        p = self.placement
-        counted = False
-        rediscovered = False
-        for _ in range(_READ_ATTEMPTS):
-            with p.locked():
-                rec = self.catalog.require(name)
-                if not counted:
-                    counted = True
-                    self._lookups += 1
-                    if count_hit:
-                        rec.hits += 1
-                        rec.accessed = self.clock()
-                result = self._read_copies(rec, count_hit, fetch, unpack)
-                if result is not None:
-                    return result
-                if not p.is_current(rec) and self.catalog.get(name) is not None:
-                    continue  # replaced while it was read: read the new version
-                # Copies still recorded are in tiers that failed or are unhealthy: the block
-                # exists but cannot be read now, which is not the same as missing.
-                down = [self.slots[i].name for i in rec.tier_indexes() if not self.slots[i].health.healthy]
-                if down and p.is_current(rec):
-                    self._misses += 1
-                    raise TierUnavailable(
-                        f"{name!r}: no readable copy now; the tiers holding it are unavailable: {', '.join(down)}"
-                    )
-                p.lose_if_empty(rec, "no readable copy")
-                ask = bool(self.shared) and not rediscovered and not p.waiting_forbidden
-            if not ask or not self.records.discover(name):
-                break
-            rediscovered = True  # a good copy another node holds (the local one was bad)
-        with p.locked():
-            self._misses += 1
-        raise BlockNotFound(name)
-
-    def _read_copies(
-        self, rec: BlockRecord, count_hit: bool, fetch: Callable[[Tier, str], T], unpack: Callable[[T], Any]
-    ) -> T | None:
-        """Under the lock: the first good copy of *rec*, hottest first, or None."""
-        p = self.placement
-        tried = 0
-        while p.is_current(rec):
-            left = rec.tiers & ~tried
-            if not left:
-                return None
-            i = (left & -left).bit_length() - 1
-            tried |= 1 << i
-            slot = self.slots[i]
-            result = p.fetch(slot, rec, fetch, unpack)
-            if result is None:
-                continue
-            slot.policy.touch(rec.name)
-            c = slot.counters
-            c.hits += 1
-            c.bytes_read += rec.size
-            if i > 0 and count_hit and self.should_promote(rec):
-                p.promote(rec, unpack(result)[0], i)
-            return result
-        return None
-
-    def should_promote(self, rec: BlockRecord, *, extra_hit: bool = False) -> bool:
-        """Whether ``[policy] promote`` copies *rec* up on this read (*extra_hit*: the read
-        is not counted in ``rec.hits`` yet)."""
-        mode = self.policy.promote
-        return mode is PromoteMode.ALWAYS or (mode is PromoteMode.SECOND_HIT and rec.hits + extra_hit >= 2)
+        return self.reading.read(name)
 
     def open_hot(self, name: str) -> BlockRef | None:
-        """A view of the block if its hottest copy is in a volatile tier (DRAM) and the
-        store's lock is free now; ``None`` otherwise, never waiting: the caller then uses
-        :meth:`open` from a worker thread. Counts a hit like :meth:`open`. *name* must be
-        normalized. A revalidation that is due starts in the background."""
-        p = self.placement
-        if not p.lock.acquire(blocking=False):
-            return None
-        try:
-            rec = self.catalog.get(name)
-            if rec is None or not rec.tiers:
-                return None
-            slot = self.slots[next(rec.tier_indexes())]
-            if slot.persistent or not slot.usable():
-                return None
-            try:
-                ref = slot.tier.open(name)
-            except BlockNotFound:
-                return None
-            self.count_read(rec, slot)
-            return ref
-        finally:
-            p.lock.release()
-
-    def count_read(self, rec: BlockRecord, slot: TierSlot) -> None:
-        """Under the lock: a read of *rec* served from *slot* by someone outside the
-        store (a DRAM view, a leased copy): a hit for the record, the policy and the tier.
-        A revalidation that is due starts in the background."""
-        self._lookups += 1
-        rec.hits += 1
-        rec.accessed = self.clock()
-        slot.policy.touch(rec.name)
-        c = slot.counters
-        c.hits += 1
-        c.bytes_read += rec.size
-        if self.shared and self.records.due(rec):
-            self.records.revalidate_later(rec)
+        """A view of the block if its hottest copy is in DRAM and the lock is free now;
+        ``None`` otherwise, never waiting (see :meth:`Reading.open_hot`)."""
+        return self.reading.open_hot(name)
 
     # -- lookups ---------------------------------------------------------------------------
 
@@ -668,7 +469,7 @@ class Store:
         return self.tenancy.namespace_statistics(path)
 
     def check_access(self, peer: Peer, name: str, op: Operation) -> None:
-        """Raise :class:`~kvfs.access.AccessDenied` unless *peer* may do *op* to *name*
+        """Raise :class:`~kvfs.errors.AccessDenied` unless *peer* may do *op* to *name*
         under the rule that decides for it (:meth:`Namespaces.rule`: its namespace's, or
         the mount's default outside every namespace with one; :func:`kvfs.access.check`).
         The one access decision: the client socket asks it (with ``Peer.of_socket``) and
@@ -714,7 +515,7 @@ class Store:
         return self.batch.probe(names)
 
     def lease_many(
-        self, names: Sequence[str], *, ttl: float = 30.0, promote: str = "policy", count_hits: bool = True
+        self, names: Sequence[str], *, ttl: float = 30.0, promote: str = Promote.POLICY, count_hits: bool = True
     ) -> list[Lease | KvfsError]:
         """A lease per name, promoting first per *promote* (see :meth:`BatchReads.lease`)."""
         return self.batch.lease(names, ttl=ttl, promote=promote, count_hits=count_hits)
@@ -765,8 +566,8 @@ class Store:
             )
             return StoreStatistics(
                 blocks=len(self.catalog),
-                lookups=self._lookups,
-                misses=self._misses,
+                lookups=self.reading.lookups,
+                misses=self.reading.misses,
                 pending_writes=len(self.queue),
                 tiers=tiers,
                 leases=len(self.leases),
@@ -789,7 +590,3 @@ class Store:
         self.shared.close()
         for slot in self.slots:
             slot.close()
-
-
-def _unpack_ref(ref: BlockRef) -> tuple[memoryview, int]:
-    return ref.data, ref.checksum

@@ -9,22 +9,27 @@ lifetimes by :class:`~kvfs.lifetimes.Lifetimes` (docs/tenants.md).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
+from .catalog import Catalog
+from .lifetimes import Lifetimes
 from .names import normalize
-from .namespaces import NamespaceState, NamespaceStatistics, NamespaceTierUse
-
-if TYPE_CHECKING:
-    from .store import Store
+from .namespaces import Namespaces, NamespaceState, NamespaceStatistics, NamespaceTierUse
+from .placement import Placement
+from .slot import index_of
 
 __all__ = ["Tenancy"]
 
 
 class Tenancy:
-    """Quotas, retention and statistics of the namespaces of *store* (see the module doc)."""
+    """Quotas, retention and statistics of *namespaces* (see the module doc), whose
+    blocks *placement* keeps; *lifetimes* runs their retention."""
 
-    def __init__(self, store: Store) -> None:
-        self.store = store
+    def __init__(self, placement: Placement, catalog: Catalog, namespaces: Namespaces, lifetimes: Lifetimes) -> None:
+        self.placement = placement
+        self.catalog = catalog
+        self.slots = placement.slots
+        self.namespaces = namespaces
+        self.lifetimes = lifetimes
 
     def set_quota(self, path: str, tier: str, quota: int | None) -> NamespaceStatistics:
         """Give namespace *path* (made now if the config has none there) a quota of
@@ -32,15 +37,15 @@ class Tenancy:
         evicts its blocks there by policy now (demoting as usual); blocks that cannot go
         (pinned, busy) stay, and new ones are refused until it is under. Not kept across
         a restart: put quotas to keep in the config."""
-        k = self.store.tier_index(tier)
+        k = index_of(self.slots, tier)
         if quota is not None and quota < 0:
             raise ValueError(f"a quota is a size in bytes, not {quota}")
-        p = self.store.placement
+        p = self.placement
         with p.locked():
-            ns = self.store.namespaces.ensure(path)
-            p.set_quota(ns, self.store.slots[k], quota)
-            if ns.path not in self.store.catalog.blocks:
-                self.store.catalog.ensure_dir(ns.path)
+            ns = self.namespaces.ensure(path)
+            p.set_quota(ns, self.slots[k], quota)
+            if ns.path not in self.catalog.blocks:
+                self.catalog.ensure_dir(ns.path)
         self.enforce_quotas([ns])
         return self.namespace_statistics(ns.path)[0]
 
@@ -49,40 +54,40 @@ class Tenancy:
         blocks); the next :meth:`sweep` applies it. Not kept across a restart."""
         if seconds is not None and not seconds > 0:
             raise ValueError(f"a retention is longer than 0 seconds (got {seconds})")
-        with self.store.placement.locked():
-            ns = self.store.namespaces.ensure(path)
+        with self.placement.locked():
+            ns = self.namespaces.ensure(path)
             ns.retention = seconds
-            self.store.lifetimes.reschedule()
+            self.lifetimes.reschedule()
         return self.namespace_statistics(ns.path)[0]
 
     def enforce_quotas(self, spaces: Sequence[NamespaceState] | None = None) -> None:
         """Evict until every namespace (of *spaces*, default all) is within its quotas,
         as far as unpinned, idle blocks allow (after a restart, or a lowered quota)."""
-        p = self.store.placement
+        p = self.placement
         with p.locked():
-            for slot in self.store.slots:
+            for slot in self.slots:
                 p.absorb_held(slot)
-            for ns in list(self.store.namespaces) if spaces is None else spaces:
-                for slot in self.store.slots:
+            for ns in list(self.namespaces) if spaces is None else spaces:
+                for slot in self.slots:
                     if p.ns_over(ns, slot, 0):
                         p.make_room(slot, 0, ns=ns)
 
     def namespace_statistics(self, path: str | None = None) -> list[NamespaceStatistics]:
         """A snapshot of every namespace (or of the one at *path*: KeyError if none)."""
-        p = self.store.placement
+        p = self.placement
         with p.locked():
             if path is not None:
-                one = self.store.namespaces.get(normalize(path))
+                one = self.namespaces.get(normalize(path))
                 if one is None:
                     raise KeyError(f"no namespace at {path!r}")
                 spaces = [one]
             else:
-                spaces = list(self.store.namespaces)
-            for slot in self.store.slots:
+                spaces = list(self.namespaces)
+            for slot in self.slots:
                 p.absorb_held(slot)
             out = []
             for ns in spaces:
-                t = self.store.catalog.totals.get(ns.path)
+                t = self.catalog.totals.get(ns.path)
                 out.append(
                     NamespaceStatistics(
                         path=ns.path,
@@ -94,7 +99,7 @@ class Tenancy:
                                 blocks=t.copies[s.index] if t else 0,
                                 evictions=ns.evictions[s.index],
                             )
-                            for s in self.store.slots
+                            for s in self.slots
                         ),
                         blocks=t.blocks if t else 0,
                         size=t.size if t else 0,

@@ -16,6 +16,7 @@ tried again by it, so a hung tier costs the flush one deadline, not one per bloc
 
 from __future__ import annotations
 
+import enum
 import logging
 import time
 from dataclasses import dataclass, field
@@ -32,7 +33,14 @@ __all__ = ["FlushReport", "WriteBack"]
 
 log = logging.getLogger("kvfs.store")
 
-_DONE, _SKIPPED, _STOP = range(3)
+
+class _Outcome(enum.Enum):
+    """What one queued job came to: done, skipped (nothing to do), or stop (the tier is
+    down or the lock is busy: the rest waits for the next run)."""
+
+    DONE = "done"
+    SKIPPED = "skipped"
+    STOP = "stop"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -98,20 +106,20 @@ class WriteBack:
                 if limit is not None and done >= limit:
                     return done
                 outcome = self._run_one(slot)
-                if outcome == _DONE:
+                if outcome is _Outcome.DONE:
                     done += 1
-                elif outcome == _STOP:
+                elif outcome is _Outcome.STOP:
                     break
         return done
 
-    def _run_one(self, slot: TierSlot) -> int:
+    def _run_one(self, slot: TierSlot) -> _Outcome:
         p = self.placement
         with p.locked():
             if not self.queue.pending(slot.index) or not slot.usable():
-                return _STOP
+                return _Outcome.STOP
             job = self.queue.pop(slot.index)
             if job is None:
-                return _STOP
+                return _Outcome.STOP
             if isinstance(job, DeleteJob):
                 return self._delete(slot, job)
             return self._copy(slot, job)
@@ -127,9 +135,9 @@ class WriteBack:
             if not slot.usable():
                 self.queue.push_back(job)
                 return False
-            return self._delete(slot, job) == _DONE
+            return self._delete(slot, job) is _Outcome.DONE
 
-    def _delete(self, slot: TierSlot, job: DeleteJob) -> int:
+    def _delete(self, slot: TierSlot, job: DeleteJob) -> _Outcome:
         """Under the lock; the name is held in *slot* since the job was queued."""
         p = self.placement
         error: TierUnavailable | None = None
@@ -144,43 +152,43 @@ class WriteBack:
         if error is not None:
             slot.failed(error)
             self.queue.push_back(job)
-            return _STOP
+            return _Outcome.STOP
         slot.answered()
         p.release_hold(slot, job.name)
-        return _DONE
+        return _Outcome.DONE
 
-    def _copy(self, slot: TierSlot, job: CopyJob) -> int:
+    def _copy(self, slot: TierSlot, job: CopyJob) -> _Outcome:
         """Under the lock."""
         p = self.placement
         rec = job.rec
         if not p.is_current(rec) or rec.tiers & slot.bit or not rec.tiers:
-            return _SKIPPED
+            return _Outcome.SKIPPED
         if slot.is_busy(rec.name):
             self.queue.copy(rec, slot.index)  # a delete of the old name runs first
-            return _SKIPPED
+            return _Outcome.SKIPPED
         name = rec.name
         ref = p.open_copy(p.slots[next(rec.tier_indexes())], rec)
         if ref is None:
             if p.is_current(rec) and rec.tiers and (rec.name != name or rec.moving):
                 self.queue.copy(rec, slot.index)  # renamed while read: copy it under its new name
-                return _SKIPPED
+                return _Outcome.SKIPPED
             log.warning("write-through of %s skipped: cannot read it", rec.name)
-            return _SKIPPED
+            return _Outcome.SKIPPED
         with ref:
             if p.copy_into(slot, rec, ref.data, EventKind.DEMOTED, "write-through"):
-                return _DONE
+                return _Outcome.DONE
         if p.is_current(rec) and rec.name != name and not rec.tiers & slot.bit:
             self.queue.copy(rec, slot.index)  # renamed while written: the copy is made under its new name
-            return _SKIPPED
+            return _Outcome.SKIPPED
         if not slot.usable():
             self.queue.push_back(job)  # keep it for when the tier answers
-            return _STOP
+            return _Outcome.STOP
         if slot.is_busy(rec.name):
             self.queue.copy(rec, slot.index)
-            return _SKIPPED
+            return _Outcome.SKIPPED
         if p.is_current(rec) and not rec.tiers & slot.bit:
             log.warning("write-through of %s skipped: tier %s cannot make room", rec.name, slot.name)
-        return _SKIPPED
+        return _Outcome.SKIPPED
 
     @property
     def pending(self) -> int:
@@ -237,7 +245,7 @@ class WriteBack:
             for t in tiers:
                 slot = self.placement.slots[t]
                 for _ in range(self.queue.pending(t)):
-                    if self._run_one(slot) == _STOP:
+                    if self._run_one(slot) is _Outcome.STOP:
                         if self.queue.pending(t):
                             failed.add(t)
                         break

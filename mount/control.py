@@ -37,7 +37,7 @@ import trio
 
 from kvfs import __version__
 from kvfs.config import ClientConfig
-from kvfs.errors import BlockNotFound, KvfsError, LimitReached
+from kvfs.errors import BlockNotFound, KvfsError, LastCopy, LimitReached, Pinned
 from kvfs.names import normalize
 from kvfs.policies import Hint
 from kvfs.protocol import (
@@ -90,7 +90,7 @@ from kvfs.protocol import (
     decode,
     error_type,
 )
-from kvfs.store import LastCopy, Pinned, Store
+from kvfs.store import Store
 
 from .clientserver import ClientOps, MountSide
 from .eventhub import EventHub, Gap

@@ -18,17 +18,19 @@ from typing import Any, Concatenate, NoReturn, ParamSpec, Protocol, TypeVar
 
 from pyfuse3 import FUSEError
 
-from kvfs.access import AccessDenied
 from kvfs.errors import (
+    AccessDenied,
     BlockCorrupt,
     BlockExists,
     BlockNotFound,
     ConfigError,
+    CrossNamespace,
     DescriptorsExhausted,
     DirectoryNotEmpty,
     InvalidName,
     IsADirectory,
     KvfsError,
+    NamespaceRetired,
     NoSpace,
     NotADirectory,
     OutOfMemory,
@@ -36,7 +38,6 @@ from kvfs.errors import (
     TierFull,
     TierUnavailable,
 )
-from kvfs.namespaces import CrossNamespace, NamespaceRetired
 
 from .opstats import OpStats
 

@@ -37,8 +37,8 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from kvfs.errors import TierUnavailable
-from kvfs.nixl import Agent, Registration, TransferFailed, tcp_only_modules
+from kvfs.errors import TierUnavailable, TransferFailed
+from kvfs.nixl import Agent, Registration, tcp_only_modules
 
 __all__ = ["QUARANTINE", "Landing", "NixlAgent"]
 
@@ -133,7 +133,7 @@ class Landing:
 class NixlAgent:
     """This node's agent named *name* over the arena in *arena_fd* (*size* bytes, mapped
     here read-write), with a :class:`Landing` per peer in *landings*; *ucx_tls* sets
-    ``UCX_TLS`` first. :class:`kvfs.nixl.NixlUnavailable` when NIXL or UCX cannot start."""
+    ``UCX_TLS`` first. :class:`kvfs.errors.NixlUnavailable` when NIXL or UCX cannot start."""
 
     def __init__(
         self, name: str, arena_fd: int, size: int, landings: Mapping[str, Landing], *, ucx_tls: str | None = None

@@ -15,7 +15,7 @@ and answers its size and checksum, one round trip for a block that fits.
 for the rest, if any, with ``more``: into every buffer it holds again, and into as many
 more as are free and needed (a reply per round). The block is checked in the arena
 (``kvfs.peers``). When every buffer of the peer's set is busy, a fetch waits for one
-until its deadline, then gives up (:class:`~kvfs.peers.LandingBusy`). Every call is
+until its deadline, then gives up (:class:`~kvfs.errors.LandingBusy`). Every call is
 bounded by the timeout it is given: a connection that does not answer in time is closed,
 never reused, and the buffers it named rest a while before they are used again.
 """
@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvfs.config import ClusterConfig, PeerConfig
-from kvfs.errors import TierUnavailable
-from kvfs.peers import Incoming, LandingBusy, PeerSource
+from kvfs.errors import LandingBusy, TierUnavailable
+from kvfs.peers import Incoming, PeerSource
 from kvfs.units import format_size
 
 from .nixl_agent import Landing, NixlAgent

@@ -37,9 +37,9 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from kvfs.access import AccessDenied, Operation, Peer
+from kvfs.access import Operation, Peer
 from kvfs.config import ClusterConfig, PeerConfig
-from kvfs.errors import KvfsError, TierUnavailable
+from kvfs.errors import AccessDenied, KvfsError, TierUnavailable
 from kvfs.hashing import block_hash_of
 from kvfs.leases import Lease
 from kvfs.nixl import agent_of

@@ -31,8 +31,8 @@ from typing import Any, TypeVar
 
 import trio
 
-from kvfs.access import AccessDenied, Operation, Peer, check, decide
-from kvfs.errors import InvalidName, KvfsError, StoreBusy
+from kvfs.access import Operation, Peer, check, decide
+from kvfs.errors import AccessDenied, InvalidName, KvfsError, StoreBusy
 from kvfs.ingest import Reservation
 from kvfs.names import normalize
 from kvfs.protocol import (
@@ -143,7 +143,7 @@ class AccessPolicy:
         return True
 
     def authorize(self, peer: Peer, request: Request) -> Refused:
-        """Raise :class:`PermissionDenied` (or :class:`~kvfs.access.AccessDenied`)
+        """Raise :class:`PermissionDenied` (or :class:`~kvfs.errors.AccessDenied`)
         unless *peer* may make *request*; return the names of it refused one by one.
 
         A request of one name (stat, ls, du) is refused whole. A batch (lookup, lease,

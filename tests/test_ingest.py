@@ -22,8 +22,16 @@ import pytest
 
 from kvfs.blockfile import checksum
 from kvfs.config import DiskConfig, DramConfig, PolicyConfig, PromoteMode
-from kvfs.errors import BlockCorrupt, BlockNotFound, InvalidName, IsADirectory, KvfsError, NoSpace, NotADirectory
-from kvfs.ingest import ReservationEnded
+from kvfs.errors import (
+    BlockCorrupt,
+    BlockNotFound,
+    InvalidName,
+    IsADirectory,
+    KvfsError,
+    NoSpace,
+    NotADirectory,
+    ReservationEnded,
+)
 from kvfs.names import TierName
 from kvfs.store import Store
 from kvfs.tiers.disk import DiskTier

@@ -15,11 +15,11 @@ import pytest
 from test_store import Clock
 
 from kvfs.config import DiskConfig, DramConfig, NamespaceConfig, PolicyConfig, parse_config
-from kvfs.errors import BlockNotFound, ConfigError, NoSpace
+from kvfs.errors import BlockNotFound, ConfigError, CrossNamespace, LastCopy, NamespaceRetired, NoSpace
 from kvfs.events import EventKind
 from kvfs.names import TierName
-from kvfs.namespaces import CrossNamespace, NamespaceRetired, fingerprint_warnings
-from kvfs.store import LastCopy, Store
+from kvfs.namespaces import fingerprint_warnings
+from kvfs.store import Store
 from kvfs.tiers.disk import DiskTier
 from kvfs.tiers.dram import DramTier
 

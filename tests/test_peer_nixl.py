@@ -36,11 +36,12 @@ from kvfs.peers import PEER_DETAIL, Medium
 nixl = pytest.importorskip("nixl_cu12", reason="NIXL is not installed (pip install 'kvfs[cluster]')")
 prometheus_client = pytest.importorskip("prometheus_client")
 
+from kvfs.errors import TransferFailed
 from kvfs.mount import peer_server
 from kvfs.mount.cluster import Cluster
 from kvfs.mount.nixl_agent import QUARANTINE, Landing
 from kvfs.mount.peer_wire import MAX_REQUEST, recv_frame, send_frame
-from kvfs.nixl import TransferFailed, agent_of
+from kvfs.nixl import agent_of
 
 DEADLINE = 60.0
 

@@ -22,11 +22,11 @@ import pytest
 from test_ingest import BLOCK, make
 
 from kvfs.config import ConfigError, DramConfig, PosixConfig, TierName, parse_config
-from kvfs.errors import BlockNotFound, StoreBusy, TierUnavailable
+from kvfs.errors import BlockNotFound, LandingBusy, StoreBusy, TierUnavailable
 from kvfs.events import EventKind
 from kvfs.hashing import block_hash_of
 from kvfs.leases import Lease
-from kvfs.peers import PEER_DETAIL, Incoming, LandingBusy, Medium, PeerIndex, PeerReads, PeerSource
+from kvfs.peers import PEER_DETAIL, Incoming, Medium, PeerIndex, PeerReads, PeerSource
 from kvfs.store import Store
 from kvfs.tiers import open_tier
 from kvfs.tiers.dram import DramTier

@@ -11,10 +11,10 @@ import pytest
 
 from kvfs.blockfile import align_up
 from kvfs.config import DiskConfig, DramConfig, PolicyConfig, PromoteMode, WriteMode
-from kvfs.errors import BlockNotFound, IsADirectory, NoSpace, NotADirectory
+from kvfs.errors import BlockNotFound, IsADirectory, LastCopy, NoSpace, NotADirectory, Pinned
 from kvfs.events import EventKind
 from kvfs.names import TierName
-from kvfs.store import LastCopy, Pinned, Store
+from kvfs.store import Store
 from kvfs.tiers.disk import DiskTier
 from kvfs.tiers.dram import DramTier
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple, Self
+from typing import Any, NamedTuple, Protocol, Self
 
 from kvfs.errors import KvfsError
 from kvfs.events import Event
@@ -18,9 +18,6 @@ from kvfs.protocol import EventItem, Events, Grant, LeaseEnded, Slot, Subscribed
 
 from . import buffers
 from .connection import Connection
-
-if TYPE_CHECKING:
-    from .client import Client
 
 __all__ = [
     "BatchError",
@@ -31,8 +28,15 @@ __all__ = [
     "Presence",
     "PutBuffer",
     "Read",
+    "Releaser",
     "View",
 ]
+
+
+class Releaser(Protocol):
+    """What a :class:`Hold` ends through: the :class:`~kvfs.client.Client` that made it."""
+
+    def release(self, holds: Sequence[Hold]) -> None: ...
 
 
 class BufferTooSmall(KvfsError, ValueError):
@@ -135,7 +139,7 @@ class Hold:
 
     __slots__ = ("_client", "checksum", "expires", "kind", "lease", "length", "name", "offset", "path", "tier")
 
-    def __init__(self, client: Client | None, name: str, grant: Grant | None, expires: float) -> None:
+    def __init__(self, client: Releaser | None, name: str, grant: Grant | None, expires: float) -> None:
         self._client = client
         self.name = name
         self.lease = grant.id if grant is not None and client is not None else None
@@ -179,7 +183,9 @@ class View(Hold):
 
     __slots__ = ("_data", "size")
 
-    def __init__(self, client: Client | None, name: str, data: memoryview, grant: Grant | None, expires: float) -> None:
+    def __init__(
+        self, client: Releaser | None, name: str, data: memoryview, grant: Grant | None, expires: float
+    ) -> None:
         super().__init__(client, name, grant, expires)
         self._data: memoryview | None = data
         self.size = len(data)

@@ -15,8 +15,6 @@ import dataclasses
 from typing import ClassVar
 
 from kvfs import errors as core
-from kvfs.access import AccessDenied
-from kvfs.steering import LastCopy, Pinned
 
 from .codec import Message, ProtocolError, UnknownKind, VersionMismatch
 
@@ -95,13 +93,13 @@ ERRORS: tuple[type[core.KvfsError], ...] = (
     core.DescriptorsExhausted,
     core.LimitReached,
     core.OutOfMemory,
-    LastCopy,
-    Pinned,
+    core.LastCopy,
+    core.Pinned,
     ProtocolError,
     UnknownKind,
     VersionMismatch,
     PermissionDenied,
-    AccessDenied,
+    core.AccessDenied,
     ControlError,
     SubscriberTooSlow,
     InternalError,

@@ -26,6 +26,7 @@ from typing import Any, ClassVar
 from kvfs.catalog import BlockStat
 from kvfs.events import Event
 from kvfs.namespaces import NamespaceStatistics
+from kvfs.promotion import Promote
 from kvfs.stats import StoreStatistics
 
 from .codec import MAX_ITEMS, MAX_STRING, VERSION, Bounds, Message
@@ -537,18 +538,6 @@ class Events(Request):
 
 
 # -- the batch client -------------------------------------------------------------------
-
-
-class Promote:
-    """How a lease treats a block whose hottest local copy is in a persistent tier:
-    ``POLICY`` follows the store's ``[policy] promote`` (copy it into DRAM first when the
-    policy would promote on this read, else lease the file); ``ALWAYS`` copies it into
-    DRAM first; ``NEVER`` leases the file (the client reads and verifies it)."""
-
-    POLICY = "policy"
-    ALWAYS = "always"
-    NEVER = "never"
-    ALL = (POLICY, ALWAYS, NEVER)
 
 
 @dataclass(**_MSG)
