@@ -220,10 +220,10 @@ class PeerServer:
     def _answer(self, msg: dict[str, Any], held: _Held) -> dict[str, Any] | None:
         op = msg.get("op")
         if op == "hello":
-            peer = held.peer or _named_by(held.candidates, msg.get("agent"))
-            reply = self._hello(peer, msg)
+            asker = held.peer or _named_by(held.candidates, msg.get("agent"))
+            reply = self._hello(asker, msg)
             if "error" not in reply:
-                held.agent, held.peer = msg["agent"], peer
+                held.agent, held.peer = msg["agent"], asker
             return reply
         peer = held.peer
         if peer is None:
