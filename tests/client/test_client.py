@@ -16,12 +16,9 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import mmap
 import os
-import random
-import signal
 import socket
 import stat
 import subprocess
@@ -35,79 +32,13 @@ import pytest
 from kvfs.client import BatchError, Client
 from kvfs.client.connection import Connection
 from kvfs.errors import BlockNotFound, KvfsError, NoSpace
-from kvfs.protocol import Commit, Hello, PermissionDenied, ProtocolError, Reserve, Statistics
+from kvfs.protocol import Commit, Hello, PermissionDenied, ProtocolError, Reserve
 from kvfs.runtime import control_socket_path
 
-from conftest import wait_for
+from support.client_procs import CONFIG, MiB, Peer, blob, sha, statistics
+from support.deadlines import wait_for
 
-PEER = Path(__file__).with_name("client_peer.py")
 DATA: dict[Path, Path] = {}  # mountpoint -> its data directory
-MiB = 1 << 20
-
-CONFIG = """\
-[[tiers]]
-kind = "dram"
-capacity = "{dram}"
-prefault = false
-mlock = false
-
-[[tiers]]
-kind = "disk"
-capacity = "256MiB"
-path = "{data}/disk"
-{more}
-"""
-
-
-def blob(seed: int, size: int) -> bytes:
-    return random.Random(seed).randbytes(size)
-
-
-def sha(data) -> str:
-    return hashlib.sha256(bytes(data)).hexdigest()
-
-
-class Peer:
-    """A client process (tests/client_peer.py), one command and one JSON answer at a time."""
-
-    def __init__(self, where: Path | str, *args: str, become: tuple[int, ...] | None = None) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, str(PEER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1
-        )
-        if become is not None:  # uid, gid, supplementary groups
-            groups = ",".join(str(g) for g in become[2:])
-            self.ok(f"become {become[0]} {become[1]} {groups}".rstrip())
-        self.connected = self.do(" ".join(["connect", str(where), *args]))
-
-    def do(self, line: str) -> dict:
-        assert self.proc.stdin and self.proc.stdout
-        self.proc.stdin.write(line + "\n")
-        self.proc.stdin.flush()
-        out = self.proc.stdout.readline()
-        assert out, f"the peer died on {line!r} (exit {self.proc.poll()})"
-        return json.loads(out)
-
-    def ok(self, line: str) -> dict:
-        res = self.do(line)
-        assert res["ok"], res
-        return res
-
-    def kill(self) -> None:
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(10)
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                self.do("exit")
-            except (AssertionError, BrokenPipeError):
-                pass
-            self.proc.wait(10)
-
-
-def statistics(mp: Path):
-    with Connection(control_socket_path(mp)) as c:
-        return c.request(Statistics()).statistics
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ import pytest
 
 from kvfs.client import Client
 
-from conftest import fuse_missing
+from support.mounts import fuse_missing
 
 pytestmark = pytest.mark.skipif(fuse_missing() is not None, reason=fuse_missing() or "")
 

@@ -14,7 +14,7 @@ from kvfs.client.connection import Connection
 from kvfs.protocol import CheckedOut, Checkout, Hello, Ping, Pong, Release, Statistics, Suspect
 from kvfs.runtime import control_socket_path
 
-from conftest import wait_for
+from support.deadlines import wait_for
 
 KiB = 1 << 10
 

@@ -17,7 +17,7 @@ from kvfs.mount.paths import pid_path
 from kvfs.protocol import DaemonNotAnswering
 from kvfs.runtime import control_socket_path
 
-from conftest import wait_for
+from support.deadlines import wait_for
 
 
 def test_a_stopped_daemon_is_dropped_once_and_found_again(kvfs_mount, caplog):

@@ -12,12 +12,13 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from test_client import CONFIG, MiB, Peer, blob, sha, statistics
-from test_mount_tenants import TENANTS_CONFIG, public_mountpoint, run_as, users  # noqa: F401  (fixtures)
 
 from kvfs.client import Client
 
-from conftest import wait_for
+from support.client_procs import CONFIG, MiB, Peer, blob, sha, statistics
+from support.configs import TENANTS_CONFIG
+from support.deadlines import wait_for
+from support.users import public_mountpoint, run_as, users  # noqa: F401  (fixtures)
 
 NOGROUP = 65534  # the group socket's group; both tenants are in it
 

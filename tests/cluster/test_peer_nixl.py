@@ -26,12 +26,13 @@ import time
 from pathlib import Path
 
 import pytest
-from test_ingest import BLOCK, blob, make
 
 from kvfs.config import ClusterConfig, PeerConfig
 from kvfs.errors import BlockNotFound, TierUnavailable
 from kvfs.hashing import block_hash_of
 from kvfs.peers import PEER_DETAIL, Medium
+
+from support.stores import BLOCK, blob, make
 
 nixl = pytest.importorskip("nixl_cu12", reason="NIXL is not installed (pip install 'kvfs[cluster]')")
 prometheus_client = pytest.importorskip("prometheus_client")

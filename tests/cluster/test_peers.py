@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from test_ingest import BLOCK, make
 
 from kvfs.config import ConfigError, DramConfig, PosixConfig, TierName, parse_config
 from kvfs.errors import BlockNotFound, StoreBusy, TierUnavailable
@@ -30,6 +29,8 @@ from kvfs.peers import PEER_DETAIL, Incoming, LandingBusy, Medium, PeerIndex, Pe
 from kvfs.store import Store
 from kvfs.tiers import open_tier
 from kvfs.tiers.dram import DramTier
+
+from support.stores import BLOCK, make
 
 H = "ab" + "12" * 15  # a hashed basename: <ab>/<ab...>
 

@@ -13,96 +13,19 @@ import os
 import random
 import threading
 import time
-import uuid
 from pathlib import Path
 
 import pytest
-import xxhash
 
-from conftest import DEADLINE, HANG
-from s3server import FAKE_ENV, moto  # noqa: F401 - moto is a fixture
-
-NEGATIVE_TTL = 0.5
-
-
-def config(root: Path, bucket: str, endpoint: str, *, posix: Path | None) -> str:
-    text = f"""
-[[tiers]]
-kind = "dram"
-capacity = "8MiB"
-prefault = false
-mlock = false
-
-[[tiers]]
-kind = "disk"
-capacity = "32MiB"
-path = "{root / "disk"}"
-"""
-    if posix is not None:
-        text += f"""
-[[tiers]]
-kind = "posix"
-capacity = "256MiB"
-path = "{posix}"
-timeout = "20s"
-"""
-    text += f"""
-[[tiers]]
-kind = "s3"
-bucket = "{bucket}"
-prefix = "kv"
-endpoint_url = "{endpoint}"
-timeout = "10s"
-max_attempts = 2
-
-[mount]
-negative_ttl = "{NEGATIVE_TTL}s"
-listing_ttl = "1s"
-"""
-    return text
-
-
-@pytest.fixture
-def two_mounts(kvfs_mount, moto, tmp_path, request):
-    posix = getattr(request, "param", True)
-    bucket = f"kvfs-{uuid.uuid4().hex[:12]}"
-    moto.client().create_bucket(Bucket=bucket)
-    shared = tmp_path / "lustre" if posix else None
-    mps = []
-    for node in ("a", "b"):
-        text = config(tmp_path / f"node-{node}", bucket, moto.endpoint_url, posix=shared)
-        mps.append(kvfs_mount(text, env=dict(FAKE_ENV)))
-    return mps
-
-
-def content(name: str, size: int = 300_000) -> bytes:
-    """Deterministic bytes per name, as for a content-addressed block."""
-    return random.Random(xxhash.xxh3_64_intdigest(name.encode())).randbytes(size)
-
-
-def publish(path: Path, data: bytes) -> None:
-    """The engines' pattern: write a temp name in the same directory, then os.replace."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{uuid.uuid4().hex}.tmp"
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
-
-
-def check(ok: bool) -> None:
-    if not ok:
-        raise AssertionError("not yet")
-
-
-def wait_for(fn, timeout: float = DEADLINE, interval: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return fn()
-        except (OSError, AssertionError):
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(interval)
+from support.deadlines import HANG
+from support.s3server import FAKE_ENV, moto  # noqa: F401 - moto is a fixture
+from support.two_mounts import (
+    check,
+    content,
+    publish,
+    two_mounts,  # noqa: F401  (a fixture)
+    wait_for,
+)
 
 
 def test_written_on_a_read_on_b_promoted_then_removed(two_mounts):

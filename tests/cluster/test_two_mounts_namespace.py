@@ -10,10 +10,15 @@ from __future__ import annotations
 
 import os
 
-from test_two_mounts import check, content, publish, two_mounts, wait_for  # noqa: F401 - two_mounts is a fixture
-
-from conftest import run_kvfs
-from s3server import FAKE_ENV, moto  # noqa: F401 - moto is a fixture
+from support.cli import run_kvfs
+from support.s3server import FAKE_ENV, moto  # noqa: F401 - moto is a fixture
+from support.two_mounts import (
+    check,
+    content,
+    publish,
+    two_mounts,  # noqa: F401  (a fixture)
+    wait_for,
+)
 
 
 def test_mkdir_under_a_directory_the_other_node_created(two_mounts):

@@ -29,8 +29,8 @@ from kvfs.names import TierName
 from kvfs.store import Store
 from kvfs.tiers import open_tier
 
-from conftest import HANG, TIER_TIMEOUT
-from s3server import MotoS3, moto  # noqa: F401 - moto is a fixture
+from support.deadlines import HANG, TIER_TIMEOUT
+from support.s3server import MotoS3, moto  # noqa: F401 - moto is a fixture
 
 TTL = 2.0
 

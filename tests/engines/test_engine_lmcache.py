@@ -7,7 +7,7 @@ empty CPU cache, empty disk index) finds and reads them. See
 
 from __future__ import annotations
 
-from engine_harness import assert_same, kv_dirs, need_client, run, without  # noqa: F401  (kv_dirs: fixture)
+from support.engine_harness import assert_same, kv_dirs, need_client, run, without  # noqa: F401  (kv_dirs: fixture)
 
 CHUNKS = 4
 CHUNK_BYTES = 2 * 4 * 256 * 2 * 64 * 2  # K/V, layers, tokens, KV heads, head size, bf16

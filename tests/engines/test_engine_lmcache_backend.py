@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine_harness import MOUNT, need_client, run, without
+from support.engine_harness import MOUNT, need_client, run, without
 
 CHUNKS = 4
 CHUNK_BYTES = 2 * 4 * 256 * 2 * 64 * 2  # K/V, layers, tokens, KV heads, head size, bf16

@@ -7,7 +7,7 @@ second process with the metadata cache (``os.listdir`` at start) reading every p
 
 from __future__ import annotations
 
-from engine_harness import assert_same, kv_dirs, need_client, run, without  # noqa: F401  (kv_dirs: fixture)
+from support.engine_harness import assert_same, kv_dirs, need_client, run, without  # noqa: F401  (kv_dirs: fixture)
 
 PAGES = 8
 

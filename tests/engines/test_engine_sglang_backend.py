@@ -24,8 +24,8 @@ import pytest
 from kvfs.client import Client
 from kvfs.tools.engine_clients import client_python
 
-from conftest import ENGINE_DEADLINE
-from engine_harness import need_client, run, without
+from support.deadlines import ENGINE_DEADLINE
+from support.engine_harness import need_client, run, without
 
 PAGES = 6
 OFFSET = 5  # the second engine's pages start 5 pages into its pool

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine_harness import assert_same, kv_dirs, need_client, run, without  # noqa: F401  (kv_dirs: fixture)
+from support.engine_harness import assert_same, kv_dirs, need_client, run, without  # noqa: F401  (kv_dirs: fixture)
 
 PROMPTS, PROMPT_LEN, BLOCK = 2, 100, 32
 

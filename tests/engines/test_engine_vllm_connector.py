@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ENGINE_DEADLINE
-from engine_harness import MOUNT, need_client, run, without
+from support.deadlines import ENGINE_DEADLINE
+from support.engine_harness import MOUNT, need_client, run, without
 
 PROMPTS, PROMPT_LEN, BLOCK = 2, 100, 32
 CACHED = (PROMPT_LEN - 1) // BLOCK  # blocks offered: vLLM computes the prompt's last token itself

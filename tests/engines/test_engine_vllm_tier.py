@@ -18,7 +18,7 @@ from kvfs.blockfile import header_length
 from kvfs.client import Client
 from kvfs.mount.paths import pid_path
 
-from engine_harness import MOUNT, need_client, run, without
+from support.engine_harness import MOUNT, need_client, run, without
 
 N, KIB = 16, 256
 ROW = KIB * 1024

@@ -19,8 +19,9 @@ from kvfs.hashing import block_hash_of
 from kvfs.mount.kv_events import TierPlace, Translator
 from kvfs.tools.engine_clients import client_command, result_of
 
-from conftest import DEADLINE, DEFAULT_CONFIG, ENGINE_DEADLINE
-from engine_harness import need_client
+from support.configs import DEFAULT_CONFIG
+from support.deadlines import DEADLINE, ENGINE_DEADLINE
+from support.engine_harness import need_client
 
 pytest.importorskip("zmq")
 pytest.importorskip("msgpack")

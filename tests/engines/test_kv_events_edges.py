@@ -18,18 +18,19 @@ import threading
 from pathlib import Path
 
 import pytest
-from test_mount_tenants import users  # noqa: F401  (the fixture)
 
 from kvfs.client import Client
 from kvfs.config import ConfigError, parse_config
 from kvfs.events import Event, EventKind
 
-from conftest import wait_for
+from support import SUPPORT_DIR
+from support.deadlines import wait_for
+from support.users import users  # noqa: F401  (a fixture)
 
 pytest.importorskip("zmq")
 pytest.importorskip("msgpack")
 
-PEER = Path(__file__).with_name("zmq_peer.py")
+PEER = SUPPORT_DIR / "zmq_peer.py"
 
 CONFIG = """\
 [[tiers]]

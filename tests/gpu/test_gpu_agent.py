@@ -30,7 +30,7 @@ from kvfs.errors import BlockCorrupt, BlockNotFound, KvfsError
 from kvfs.gpu import Agent, AgentConfig
 from kvfs.gpu.transfer import TransferUnavailable
 
-from conftest import DEADLINE, ENGINE_DEADLINE
+from support.deadlines import DEADLINE, ENGINE_DEADLINE
 
 MiB = 1 << 20
 DATA: dict[Path, Path] = {}  # mountpoint -> its data directory

@@ -17,7 +17,7 @@ from kvfs.gpu.kv_block_file import HEADER_LENGTH
 from kvfs.gpu.prefix_cache import PrefixCache, StopReason, generate, prefill
 from kvfs.gpu.random_llama import build_model
 
-from conftest import DEADLINE
+from support.deadlines import DEADLINE
 
 T = 8
 

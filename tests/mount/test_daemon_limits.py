@@ -18,8 +18,9 @@ from kvfs.config import ClientConfig
 from kvfs.protocol import VERSION
 from kvfs.runtime import control_socket_path, pid_path
 
-from conftest import KVFS, wait_for
-from control_harness import ControlServer, make_store
+from support.cli import KVFS
+from support.control_harness import ControlServer, make_store
+from support.deadlines import wait_for
 
 _V = b'{"v":%d,' % VERSION  # a raw frame's start, in this release's protocol version
 

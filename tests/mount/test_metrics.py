@@ -5,22 +5,20 @@ from __future__ import annotations
 
 import json
 import re
-import urllib.request
 from pathlib import Path
 
 import pytest
 from prometheus_client import REGISTRY
-from prometheus_client.parser import text_string_to_metric_families
 
 from kvfs.blockfile import read_header
 from kvfs.errors import BlockNotFound, TierUnavailable
 from kvfs.mount.metrics import start_metrics
 from kvfs.mount.opstats import OpStats
 
-from conftest import DEADLINE
-from control_harness import make_store
+from support.control_harness import make_store
+from support.metrics import scrape, tier
 
-DASHBOARD = Path(__file__).resolve().parent.parent / "docs" / "grafana-dashboard.json"
+DASHBOARD = Path(__file__).resolve().parents[2] / "docs" / "grafana-dashboard.json"
 
 
 @pytest.fixture
@@ -32,24 +30,6 @@ def mount_metrics(tmp_path):
     server.shutdown()
     server.server_close()
     store.close()
-
-
-def scrape(port: int) -> dict[tuple[str, tuple], float]:
-    """``{(sample name, sorted labels): value}`` from a real HTTP GET of /metrics."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=DEADLINE) as resp:
-        assert resp.status == 200
-        assert resp.headers["Content-Type"].startswith("text/plain")
-        text = resp.read().decode()
-    out = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
-
-
-def tier(m, name: str, t: str, kind: str | None = None) -> float:
-    labels = [("tier", t)] if kind is None else [("kind", kind), ("tier", t)]
-    return m[(name, tuple(sorted(labels)))]
 
 
 TIER_GAUGES = ["kvfs_tier_capacity_bytes", "kvfs_tier_used_bytes", "kvfs_tier_blocks", "kvfs_tier_healthy"]

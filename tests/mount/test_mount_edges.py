@@ -25,7 +25,8 @@ import time
 from pathlib import Path
 
 import pytest
-from test_mount_semantics import blob, err, write
+
+from support.files import blob, err, write
 
 pytestmark = pytest.mark.fuse
 

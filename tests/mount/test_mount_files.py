@@ -22,9 +22,9 @@ import time
 from pathlib import Path
 
 import pytest
-from test_mount_semantics import _renameat2, blob, err
 
-from conftest import TRANSPORTS
+from support.files import blob, err, renameat2
+from support.mounts import TRANSPORTS
 
 pytestmark = [pytest.mark.fuse, TRANSPORTS]
 
@@ -247,7 +247,7 @@ def test_s13_write_buffers_are_capped(kvfs_mount):
 
 
 def kvfs_config(mounter, **mount_keys) -> str:
-    from conftest import DEFAULT_CONFIG
+    from support.configs import DEFAULT_CONFIG
 
     data = mounter.base / f"data-{len(mounter.mounts) + 1}"
     text = DEFAULT_CONFIG.format(dram="32MiB", disk="64MiB", data=data, allow_other="false")
@@ -366,7 +366,7 @@ def test_s17_rename_noreplace_onto_a_file_being_written(mp):
     (mp / "a").write_bytes(b"a")
     with open(mp / "b", "wb") as f:
         f.write(b"b")
-        assert err(_renameat2, mp / "a", mp / "b", 1) == errno.EEXIST
+        assert err(renameat2, mp / "a", mp / "b", 1) == errno.EEXIST
     assert (mp / "a").read_bytes() == b"a" and (mp / "b").read_bytes() == b"b"
 
 

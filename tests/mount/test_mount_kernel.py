@@ -21,7 +21,7 @@ import pytest
 
 from kvfs.mount.daemon import mount_type
 
-from conftest import fuse_missing
+from support.mounts import fuse_missing
 
 pytestmark = pytest.mark.fuse
 

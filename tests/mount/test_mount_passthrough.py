@@ -22,9 +22,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from test_metrics import scrape
 
-from conftest import run_kvfs, wait_for
+from support.cli import run_kvfs
+from support.deadlines import wait_for
+from support.metrics import scrape
 
 pytestmark = pytest.mark.fuse
 

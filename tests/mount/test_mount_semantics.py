@@ -4,11 +4,9 @@ ENOENT, remount after umount, du/ls agreement, the mount/umount command errors."
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import mmap
 import os
-import random
 import signal
 import subprocess
 import time
@@ -17,26 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from conftest import DEADLINE, TRANSPORTS, run_kvfs
+from support.cli import run_kvfs
+from support.deadlines import DEADLINE
+from support.files import blob, err, renameat2, write
+from support.mounts import TRANSPORTS
 
 pytestmark = [pytest.mark.fuse, TRANSPORTS]
 
 MiB = 1 << 20
-
-
-def blob(n: int, seed: int) -> bytes:
-    return random.Random(seed).randbytes(n)
-
-
-def err(fn, *args, **kw) -> int:
-    with pytest.raises(OSError) as info:
-        fn(*args, **kw)
-    return info.value.errno
-
-
-def write(path: Path, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
 
 
 def wait_for(pred, timeout=DEADLINE):
@@ -265,22 +251,12 @@ def test_s16_rename_and_temp_then_replace(mp):
     assert sorted(os.listdir(mp)) == ["d1"]
 
 
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def _renameat2(old: Path, new: Path, flags: int) -> None:
-    AT_FDCWD = -100
-    if _libc.renameat2(AT_FDCWD, str(old).encode(), AT_FDCWD, str(new).encode(), flags) != 0:
-        e = ctypes.get_errno()
-        raise OSError(e, os.strerror(e))
-
-
 def test_s17_rename_flags(mp):
     write(mp / "a", b"a")
     write(mp / "b", b"b")
-    assert err(_renameat2, mp / "a", mp / "b", 1) == errno.EEXIST  # RENAME_NOREPLACE
-    assert err(_renameat2, mp / "a", mp / "b", 2) == errno.EINVAL  # RENAME_EXCHANGE
-    _renameat2(mp / "a", mp / "c", 1)
+    assert err(renameat2, mp / "a", mp / "b", 1) == errno.EEXIST  # RENAME_NOREPLACE
+    assert err(renameat2, mp / "a", mp / "b", 2) == errno.EINVAL  # RENAME_EXCHANGE
+    renameat2(mp / "a", mp / "c", 1)
     assert (mp / "c").read_bytes() == b"a" and (mp / "b").read_bytes() == b"b"
 
 

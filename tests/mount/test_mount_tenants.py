@@ -10,20 +10,17 @@ import errno
 import grp
 import json
 import os
-import pwd
-import shutil
 import stat
 import subprocess
-import tempfile
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 
-from conftest import DEADLINE, account, run_kvfs
-
-TENANT_PY = "/usr/bin/python3"  # an interpreter every user may run (the tests' own may be in /root)
+from support.cli import run_kvfs
+from support.configs import TENANTS_CONFIG, dram_over_disk
+from support.deadlines import DEADLINE
+from support.users import public_mountpoint, run_as, users  # noqa: F401  (fixtures)
 
 # What a tenant's process tries, each step's outcome printed as "ok" or the errno's name.
 TENANT_SCRIPT = r"""
@@ -63,101 +60,11 @@ print(json.dumps(out))
 """
 
 
-@pytest.fixture
-def users():
-    """Make local users for the test (root only): ``users("alice", "bob")`` returns
-    ``{name: (uid, gid, user name)}``; ``groups={name: group}`` adds a supplementary group."""
-    if os.geteuid() != 0 or shutil.which("useradd") is None or not os.path.exists(TENANT_PY):
-        pytest.skip("needs root, useradd and /usr/bin/python3 to play tenants as real users")
-    made: list[str] = []
-
-    def make(*names: str, groups: dict[str, str] | None = None) -> dict[str, tuple[int, int]]:
-        out = {}
-        for n in names:
-            real = f"kvfs{n[:4]}{uuid.uuid4().hex[:6]}"
-            cmd = ["useradd", "--no-create-home", "--shell", "/bin/false", "--user-group"]
-            if groups and n in groups:
-                cmd += ["-G", groups[n]]
-            res = account(*cmd, real)
-            if res.returncode != 0:
-                pytest.skip(f"useradd failed: {res.stderr.strip()}")
-            made.append(real)
-            pw = pwd.getpwnam(real)
-            out[n] = (pw.pw_uid, pw.pw_gid, real)
-        return out
-
-    yield make
-    for real in made:
-        account("userdel", real)
-        account("groupdel", real)
-
-
-@pytest.fixture
-def public_mountpoint():
-    """A mountpoint every user can reach (pytest's tmp_path is root's alone)."""
-    d = tempfile.mkdtemp(prefix="kvfs-tenants-", dir="/tmp")
-    os.chmod(d, 0o755)
-    mp = Path(d) / "mnt"
-    mp.mkdir()
-    yield mp
-    shutil.rmtree(d, ignore_errors=True)
-
-
-def run_as(user: tuple[int, int, str], script: str, *args: str) -> dict:
-    """Run *script* as the real *user* (with its supplementary groups); its JSON output."""
-    uid, gid, name = user
-    groups = [g.gr_gid for g in grp.getgrall() if name in g.gr_mem]
-    res = subprocess.run(
-        [TENANT_PY, "-c", script, *args],
-        capture_output=True,
-        text=True,
-        user=uid,
-        group=gid,
-        extra_groups=groups,
-        env={"PATH": "/usr/bin:/bin"},
-        cwd="/",
-        timeout=DEADLINE,
-    )
-    assert res.returncode == 0, res.stderr
-    return json.loads(res.stdout)
-
-
 def as_user(user: tuple[int, int, str], mp: Path, mine: str, theirs: str = "") -> dict[str, str]:
     return run_as(user, TENANT_SCRIPT, str(mp), mine, theirs)
 
 
-TIERS = """
-[[tiers]]
-kind = "dram"
-capacity = "{dram}"
-mlock = false
-prefault = false
-
-[[tiers]]
-kind = "disk"
-capacity = "32MiB"
-path = "{data}/disk"
-"""
-
-TENANTS_CONFIG = (
-    TIERS.replace("{dram}", "8MiB")
-    + """
-[mount]
-allow_other = true
-
-[[namespaces]]
-path = "a"
-owner = {a_uid}
-group = {a_gid}
-mode = "0750"
-
-[[namespaces]]
-path = "b"
-owner = {b_uid}
-group = {b_gid}
-mode = "0700"
-"""
-)
+TIERS = dram_over_disk("{dram}", "32MiB", "{data}/disk")
 
 
 def test_s36_s38_a_tenant_cannot_list_read_write_or_pin_another_tenants_blocks(

@@ -11,7 +11,8 @@ from pathlib import Path
 from kvfs.runtime import pid_path
 from kvfs.tools.stallfs import StallingMount
 
-from conftest import run_kvfs, wait_for
+from support.cli import run_kvfs
+from support.deadlines import wait_for
 
 CONFIG = """\
 [[tiers]]

@@ -18,7 +18,7 @@ import pytest
 from kvfs.client import Client
 from kvfs.protocol import VERSION
 
-from control_harness import ControlServer, make_store
+from support.control_harness import ControlServer, make_store
 
 _V = b'{"v":%d,' % VERSION  # a raw frame's start, in this release's protocol version
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def numbered_lines() -> set[int]:
@@ -20,7 +20,7 @@ def numbered_lines() -> set[int]:
 
 def lines_with_tests() -> set[int]:
     found: set[int] = set()
-    for path in (ROOT / "tests").glob("test_*.py"):
+    for path in (ROOT / "tests").rglob("test_*.py"):
         for name in re.findall(r"^def (test_s\w+)\(", path.read_text(), re.MULTILINE):
             for a, b in re.findall(r"_s(\d+)(?:_to_s(\d+))?(?=_)", name):
                 found.update(range(int(a), int(b or a) + 1))

@@ -27,7 +27,7 @@ from kvfs.access import (
     parse_mode,
 )
 
-from conftest import account
+from support.users import account
 
 OWNER, GROUP = 1001, 2001
 READS = (Operation.LIST, Operation.READ)

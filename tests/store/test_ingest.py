@@ -15,34 +15,19 @@ from __future__ import annotations
 
 import mmap
 import os
-import random
 from pathlib import Path
 
 import pytest
 
 from kvfs.blockfile import checksum
-from kvfs.config import DiskConfig, DramConfig, PolicyConfig, PromoteMode
+from kvfs.config import DiskConfig, PromoteMode
 from kvfs.errors import BlockCorrupt, BlockNotFound, InvalidName, IsADirectory, KvfsError, NoSpace, NotADirectory
 from kvfs.ingest import ReservationEnded
 from kvfs.names import TierName
 from kvfs.store import Store
 from kvfs.tiers.disk import DiskTier
-from kvfs.tiers.dram import DramTier
 
-BLOCK = 64 << 10
-
-
-def blob(i: int, size: int = BLOCK) -> bytes:
-    return random.Random(i).randbytes(size)
-
-
-def make(tmp_path: Path, blocks: int = 4, promote: PromoteMode = PromoteMode.ALWAYS, clock=None) -> Store:
-    tiers = [
-        DramTier(DramConfig(name=TierName("dram"), capacity=blocks * BLOCK, mlock=False, prefault=False)),
-        DiskTier(DiskConfig(name=TierName("disk"), capacity=64 << 20, path=tmp_path / "disk")),
-    ]
-    kw = {} if clock is None else {"lease_clock": clock}
-    return Store(tiers, policy=PolicyConfig(eviction="lru", promote=promote), **kw)
+from support.stores import BLOCK, blob, make
 
 
 class Arena:

@@ -12,7 +12,6 @@ import os
 import random
 
 import pytest
-from test_store import Clock
 
 from kvfs.config import DiskConfig, DramConfig, NamespaceConfig, PolicyConfig, parse_config
 from kvfs.errors import BlockNotFound, ConfigError, NoSpace
@@ -22,6 +21,8 @@ from kvfs.namespaces import CrossNamespace, NamespaceRetired, fingerprint_warnin
 from kvfs.store import LastCopy, Store
 from kvfs.tiers.disk import DiskTier
 from kvfs.tiers.dram import DramTier
+
+from support.stores import Clock
 
 BLOCK = 64 << 10
 DISK_FP = BLOCK + 4096  # a disk copy: header + payload rounded to 4 KiB

@@ -18,16 +18,9 @@ from kvfs.store import LastCopy, Pinned, Store
 from kvfs.tiers.disk import DiskTier
 from kvfs.tiers.dram import DramTier
 
+from support.stores import Clock
+
 BLOCK = 64 << 10  # 64 KiB blocks: the DRAM tier below holds exactly four
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        self.t += 1.0
-        return self.t
 
 
 @pytest.fixture

@@ -44,7 +44,8 @@ from kvfs.tiers.disk import DiskTier
 from kvfs.tiers.dram import DramTier
 from kvfs.tiers.posix import PosixTier
 
-from conftest import DEADLINE, TIER_TIMEOUT, fuse_missing, wait_for
+from support.deadlines import DEADLINE, TIER_TIMEOUT, wait_for
+from support.mounts import fuse_missing
 
 BLOCK = 64 << 10
 

@@ -33,7 +33,7 @@ from kvfs.tools.engine_clients import (
     without,
 )
 
-from conftest import ENGINE_DEADLINE
+from support.deadlines import ENGINE_DEADLINE
 
 __all__ = ["MOUNT", "REQUIRE", "assert_same", "kv_dirs", "need_client", "run", "without"]
 

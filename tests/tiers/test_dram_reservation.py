@@ -16,8 +16,6 @@ from kvfs.errors import TierFull
 from kvfs.names import TierName
 from kvfs.tiers.dram import HEADER, STEP, DramTier
 
-from conftest import small_tmpfs  # noqa: F401 (a fixture)
-
 MiB = 1 << 20
 
 

@@ -23,8 +23,8 @@ from kvfs.tools.bench_faults import measure
 from kvfs.tools.faultrig import SCENARIOS, FaultRig
 from kvfs.tools.scratch import start_moto
 
-from conftest import fuse_missing
-from s3server import FAKE_ENV
+from support.mounts import fuse_missing
+from support.s3server import FAKE_ENV
 
 
 @pytest.fixture

@@ -20,8 +20,9 @@ from kvfs.gc import GcPlan, collect, with_retired
 from kvfs.names import TierName
 from kvfs.tiers.posix import TMP_PREFIX, PosixTier
 
-from conftest import TIER_TIMEOUT, run_kvfs
-from s3server import moto  # noqa: F401 - moto is a fixture
+from support.cli import run_kvfs
+from support.deadlines import TIER_TIMEOUT
+from support.s3server import moto  # noqa: F401 - moto is a fixture
 
 HOUR = 3600.0
 

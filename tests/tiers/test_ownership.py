@@ -28,7 +28,10 @@ from kvfs.names import TierName
 from kvfs.tiers.disk import DiskTier
 from kvfs.tiers.dram import DramTier
 
-from conftest import DEADLINE, KVFS, account, fuse_missing, small_tmpfs  # noqa: F401 (a fixture)
+from support.cli import KVFS
+from support.deadlines import DEADLINE
+from support.mounts import fuse_missing
+from support.users import account
 
 
 def dram_at(path: Path | None, capacity: int = 1 << 20) -> DramTier:

@@ -19,8 +19,8 @@ from kvfs.errors import BlockCorrupt, BlockNotFound, TierUnavailable
 from kvfs.names import TierName
 from kvfs.tiers.posix import TMP_PREFIX, PosixOps, PosixTier
 
-from conftest import DEADLINE, HANG, TIER_TIMEOUT
-from s3server import moto  # noqa: F401 - moto is a fixture
+from support.deadlines import DEADLINE, HANG, TIER_TIMEOUT
+from support.s3server import moto  # noqa: F401 - moto is a fixture
 
 
 def new_bucket(moto) -> str:

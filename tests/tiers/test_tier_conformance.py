@@ -17,8 +17,8 @@ from kvfs.errors import BlockCorrupt, BlockNotFound
 from kvfs.names import TierName
 from kvfs.tier import BlockInfo, Tier
 
-from conftest import TIER_TIMEOUT
-from s3server import moto  # noqa: F401 - the moto S3 server fixture, used by the s3 factory
+from support.deadlines import TIER_TIMEOUT
+from support.s3server import moto  # noqa: F401 - the moto S3 server fixture, used by the s3 factory
 
 
 def _dram(tmp_path, request) -> Tier:

@@ -6,7 +6,7 @@ import pytest
 
 from kvfs.tools.cli import main
 
-from conftest import fuse_missing
+from support.mounts import fuse_missing
 
 
 def test_bench_client_json(capsys, tmp_path):

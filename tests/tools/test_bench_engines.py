@@ -9,8 +9,9 @@ import sys
 
 import pytest
 
-from conftest import ENGINE_DEADLINE, fuse_missing
-from engine_harness import need_client
+from support.deadlines import ENGINE_DEADLINE
+from support.engine_harness import need_client
+from support.mounts import fuse_missing
 
 
 def _bench(*args: str) -> subprocess.CompletedProcess:

@@ -8,7 +8,7 @@ import pytest
 
 from kvfs.tools.cli import main
 
-from conftest import fuse_missing
+from support.mounts import fuse_missing
 
 
 def test_bench_gpu_json(capsys, tmp_path):

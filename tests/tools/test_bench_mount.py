@@ -7,7 +7,9 @@ import json
 
 import pytest
 
-from conftest import DEADLINE, fuse_missing, run_kvfs
+from support.cli import run_kvfs
+from support.deadlines import DEADLINE
+from support.mounts import fuse_missing
 
 pytestmark = [pytest.mark.fuse, pytest.mark.skipif(fuse_missing() is not None, reason=str(fuse_missing()))]
 

@@ -4,7 +4,7 @@ import json
 import subprocess
 import sys
 
-from conftest import DEADLINE
+from support.deadlines import DEADLINE
 
 
 def test_bench_s3_json():

@@ -72,7 +72,7 @@ def test_bench_ttft_rejects_bad_dirs(tmp_path, capsys):
 
 
 def test_bench_ttft_with_the_batch_client(tmp_path, capsys):
-    from conftest import fuse_missing
+    from support.mounts import fuse_missing
 
     if fuse_missing():
         pytest.skip(fuse_missing())

@@ -27,8 +27,10 @@ from kvfs.tools.cli import main
 from kvfs.tools.control_client import ENV_SOCKET, ControlClient
 from kvfs.units import _DUR_UNITS_SHOWN, format_size
 
-from conftest import KVFS, fuse_missing, run_kvfs, wait_for
-from control_harness import ControlServer, make_store
+from support.cli import KVFS, run_kvfs
+from support.control_harness import ControlServer, make_store
+from support.deadlines import wait_for
+from support.mounts import fuse_missing
 
 BLOCK = 1000
 VERSION = metadata.version("kvfs")

@@ -25,8 +25,10 @@ from kvfs.protocol import Du, Events, Subscribed
 from kvfs.tools.cli import COMMANDS, main
 from kvfs.tools.control_client import ENV_SOCKET, ControlClient
 
-from conftest import DEADLINE
-from control_harness import ControlServer, make_store
+from support import SUPPORT_DIR
+from support.cli import kvfs, kvfs_json
+from support.control_harness import ControlServer, make_store
+from support.deadlines import DEADLINE
 
 BLOCK = 1000  # payload bytes: 4 KiB in DRAM, 8 KiB on disk (header + payload pages)
 
@@ -43,19 +45,6 @@ def server(store, monkeypatch):
     with ControlServer(store) as srv:
         monkeypatch.setenv(ENV_SOCKET, str(srv.socket))
         yield srv
-
-
-def kvfs(capsys, *argv: str) -> tuple[int, str, str]:
-    capsys.readouterr()
-    rc = main(list(argv))
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
-def kvfs_json(capsys, *argv: str):
-    rc, out, err = kvfs(capsys, *argv, "--json")
-    assert rc == 0, err
-    return json.loads(out)
 
 
 def payload(i: int) -> bytes:
@@ -646,7 +635,7 @@ def stub_mount(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_RUNTIME_DIR", runtime)
     mp = tmp_path / "mnt"
     mp.mkdir()
-    proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("stub_mount.py")), str(mp)])
+    proc = subprocess.Popen([sys.executable, str(SUPPORT_DIR / "stub_mount.py"), str(mp)])
     try:
         _wait_for(lambda: find_mount(mp) is not None or proc.poll() is not None)
         if proc.poll() is not None:

@@ -100,7 +100,7 @@ def test_metrics_of_a_real_mount_change_as_files_flow(kvfs_mount):
     the tier and FUSE series move as files are written and read through the mount."""
     import socket
 
-    from test_metrics import scrape, tier
+    from support.metrics import scrape, tier
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

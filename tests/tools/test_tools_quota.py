@@ -4,14 +4,14 @@ store with namespaces behind a real control socket (as tests/test_tools.py does)
 from __future__ import annotations
 
 import pytest
-from test_tools import kvfs, kvfs_json
 
 from kvfs.config import Config, DiskConfig, DramConfig, NamespaceConfig, PolicyConfig
 from kvfs.mount.assembly import open_store
 from kvfs.tools.cli import main
 from kvfs.tools.control_client import ENV_SOCKET
 
-from control_harness import ControlServer
+from support.cli import kvfs, kvfs_json
+from support.control_harness import ControlServer
 
 BLOCK = 4096  # 4 KiB in DRAM and on disk (block format 3: its header is an attribute)
 
