@@ -2,7 +2,7 @@
 
 Two real stores stand for two nodes, each with what ``[cluster]`` adds to a daemon
 (``kvfs.mount.cluster.Cluster``: its NIXL agent with the UCX backend, its peer channel on
-127.0.0.1, its links to the other). What tests/test_cluster.py shows between daemons in
+127.0.0.1, its links to the other). What tests/cluster/test_cluster.py shows between daemons in
 network namespaces, this shows path by path: a block that fits a landing buffer comes
 in one round trip, a larger one in chunks, both byte-exact and counted; a read with
 every landing buffer busy waits, then misses; the counters reach Prometheus and ``kvfs

@@ -5,7 +5,7 @@ between them is :class:`StoreSource`, which does in this process what NIXL does 
 daemons: it leases the block on the serving store and copies its bytes into the asking
 store's reserved extent through a mapping of that arena file, with faults on request
 (flipped bytes, a timeout, a peer that cannot be reached, no landing buffer free). The real transport runs
-in tests/test_peer_nixl.py (NIXL in this process) and tests/test_cluster.py (daemons in
+in tests/cluster/test_peer_nixl.py (NIXL in this process) and tests/cluster/test_cluster.py (daemons in
 network namespaces).
 """
 

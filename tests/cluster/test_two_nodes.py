@@ -9,7 +9,7 @@ these scenarios should also run through two real mounts.
 A fake clock drives the negative-cache and listing TTLs and the unhealthy-tier retry, so
 the tests wait for real only on real timeouts. The nodes wait for the background work on
 the shared tiers they start (``shared_wait``), so each step sees its outcome; the daemon
-never waits (tests/test_faults.py checks that side).
+never waits (tests/tiers/test_faults.py checks that side).
 """
 
 from __future__ import annotations

@@ -75,7 +75,7 @@ def _free_port() -> int:
 
 
 class Subscriber:
-    """tests/zmq_peer.py as uid:gid, subscribed to *addr* until it sees *stop*."""
+    """tests/support/zmq_peer.py as uid:gid, subscribed to *addr* until it sees *stop*."""
 
     def __init__(self, addr: str, uid: int, gid: int, stop: str) -> None:
         self.proc = subprocess.Popen(

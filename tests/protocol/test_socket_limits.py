@@ -2,7 +2,7 @@
 batches that leave nothing held, big batches off the loop (issue 20, items 7, 8, 13).
 
 The server is the daemon's own (``kvfs.mount.control.Server`` over a real store and a real
-Unix socket, tests/control_harness.py); frames are sent raw, as a careless or hostile
+Unix socket, tests/support/control_harness.py); frames are sent raw, as a careless or hostile
 client would."""
 
 from __future__ import annotations

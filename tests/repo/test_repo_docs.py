@@ -71,3 +71,18 @@ def test_the_readme_says_how_to_get_torchs_cpu_build_from_the_public_index():
     prose = " ".join(readme.split())
     assert "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" in prose
     assert "SUITE_TIMES" not in readme  # no placeholder left where figures belong
+
+
+def test_every_test_path_the_repository_cites_exists():
+    """Docs, scripts and docstrings name test files by path (``tests/mount/test_mount_files.py``,
+    ``tests/gpu/test_gpu_*.py``); each names a file the checkout has, so a moved or renamed
+    test cannot leave a stale pointer behind."""
+    files = _tracked("README.md", "docs/*.md", "tests/README.md", "pyproject.toml", ".ci/*", "tools/*.sh", "*.py")
+    stale = []
+    for f in files:
+        if not f.is_file():
+            continue
+        for cited in sorted(set(re.findall(r"\btests/[\w/*.-]*?\w\.py\b", f.read_text(errors="replace")))):
+            if not any(ROOT.glob(cited)):
+                stale.append(f"{f.relative_to(ROOT)}: {cited}")
+    assert not stale, "cited test files that do not exist:\n" + "\n".join(stale)

@@ -553,7 +553,7 @@ def test_a_rename_while_the_write_through_runs_copies_the_block_under_its_new_na
     """The engines' publish (write a temporary name, rename it into place) racing the
     write-through: the copy into posix is being written under the temporary name when the
     rename runs. The record must never claim a posix copy that posix does not hold under
-    the block's name (another node would never find it there: tests/test_two_mounts.py
+    the block's name (another node would never find it there: tests/cluster/test_two_mounts.py
     saw B learn only the s3 copy), and the file left under the old name is nobody's."""
     data = blob(11)
     a = Store([dram(), posix(stalling.mountpoint / "shared", timeout=60.0)])

@@ -1,7 +1,7 @@
 """What is particular to the shared tiers (posix, s3); the Tier contract itself is checked
-by tests/test_tier_conformance.py, where both are parameters.
+by tests/tiers/test_tier_conformance.py, where both are parameters.
 
-S3 runs against a real HTTP endpoint: moto's server on 127.0.0.1 (tests/s3server.py).
+S3 runs against a real HTTP endpoint: moto's server on 127.0.0.1 (tests/support/s3server.py).
 """
 
 from __future__ import annotations

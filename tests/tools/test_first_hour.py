@@ -3,7 +3,7 @@ the same way, pinned blocks stay, a version is everywhere, and the embedded defa
 light and says its sizes.
 
 The commands run in-process against a real store behind a real control socket
-(tests/control_harness.py), ``kvfs top`` also as a process; the embedded default and
+(tests/support/control_harness.py), ``kvfs top`` also as a process; the embedded default and
 ``kvfs umount`` on a real FUSE mount.
 """
 

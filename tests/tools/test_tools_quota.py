@@ -1,5 +1,5 @@
 """``kvfs quota``, ``kvfs df``/``du`` against quotas and ``kvfs pin --for``, against a real
-store with namespaces behind a real control socket (as tests/test_tools.py does)."""
+store with namespaces behind a real control socket (as tests/tools/test_tools.py does)."""
 
 from __future__ import annotations
 
