@@ -24,6 +24,7 @@ from kvfs.config import ConfigError, parse_config
 from kvfs.events import Event, EventKind
 
 from support import SUPPORT_DIR
+from support.configs import dram_over_disk
 from support.deadlines import wait_for
 from support.users import users  # noqa: F401  (a fixture)
 
@@ -32,18 +33,9 @@ pytest.importorskip("msgpack")
 
 PEER = SUPPORT_DIR / "zmq_peer.py"
 
-CONFIG = """\
-[[tiers]]
-kind = "dram"
-capacity = "16MiB"
-prefault = false
-mlock = false
-
-[[tiers]]
-kind = "disk"
-capacity = "64MiB"
-path = "{data}/disk"
-
+CONFIG = (
+    dram_over_disk("16MiB", "64MiB", "{data}/disk")
+    + """
 [events]
 zmq = "{addr}"
 {audience}
@@ -58,6 +50,7 @@ path = "shared"
 owner = 0
 mode = "0755"
 """
+)
 
 
 def _hex(*parts: object) -> str:

@@ -30,23 +30,13 @@ from kvfs.errors import BlockCorrupt, BlockNotFound, KvfsError
 from kvfs.gpu import Agent, AgentConfig
 from kvfs.gpu.transfer import TransferUnavailable
 
+from support.configs import dram_over_disk
 from support.deadlines import DEADLINE, ENGINE_DEADLINE
 
 MiB = 1 << 20
 DATA: dict[Path, Path] = {}  # mountpoint -> its data directory
 
-CONFIG = """\
-[[tiers]]
-kind = "dram"
-capacity = "32MiB"
-prefault = false
-mlock = false
-
-[[tiers]]
-kind = "disk"
-capacity = "256MiB"
-path = "{data}/disk"
-"""
+CONFIG = dram_over_disk("32MiB", "256MiB", "{data}/disk")
 
 
 def blob(seed: int, size: int) -> bytes:

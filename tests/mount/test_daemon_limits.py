@@ -19,6 +19,7 @@ from kvfs.protocol import VERSION
 from kvfs.runtime import control_socket_path, pid_path
 
 from support.cli import KVFS
+from support.configs import dram_over_disk
 from support.control_harness import ControlServer, make_store
 from support.deadlines import wait_for
 
@@ -26,24 +27,16 @@ _V = b'{"v":%d,' % VERSION  # a raw frame's start, in this release's protocol ve
 
 MiB = 1 << 20
 
-CONFIG = """\
-[[tiers]]
-kind = "dram"
-capacity = "16MiB"
-prefault = false
-mlock = false
-
-[[tiers]]
-kind = "disk"
-capacity = "512MiB"
-path = "{data}/disk"
-
+CONFIG = (
+    dram_over_disk("16MiB", "512MiB", "{data}/disk")
+    + """
 [mount]
 {mount}
 
 [client]
 {client}
 """
+)
 
 
 def _rss(pid: int) -> int:

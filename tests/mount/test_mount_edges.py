@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from support.configs import dram_over_disk
 from support.files import blob, err, write
 
 pytestmark = pytest.mark.fuse
@@ -195,18 +196,7 @@ def test_s42_a_killed_writer_fails_the_writes_of_a_child_that_inherited_its_desc
 
 # -- 43: no room anywhere is ENOSPC at close, never a block dropped later -----------------
 
-FULL = """
-[[tiers]]
-kind = "dram"
-capacity = "4MiB"
-mlock = false
-prefault = false
-
-[[tiers]]
-kind = "disk"
-capacity = "8MiB"
-path = "{data}/disk"
-"""
+FULL = dram_over_disk("4MiB", "8MiB", "{data}/disk")
 
 BLOCK = MiB  # a disk copy takes exactly 1 MiB (block format 3: the payload alone; its header is an xattr)
 

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from support.cli import run_kvfs
+from support.configs import dram_over_disk
 from support.deadlines import wait_for
 from support.metrics import scrape
 
@@ -31,24 +32,14 @@ pytestmark = pytest.mark.fuse
 
 MiB = 1 << 20
 
-CONFIG = """\
-[[tiers]]
-kind = "dram"
-name = "dram"
-capacity = "16MiB"
-prefault = false
-mlock = false
-
-[[tiers]]
-kind = "disk"
-name = "disk"
-capacity = "64MiB"
-path = "{data}/disk"
-
+CONFIG = (
+    dram_over_disk("16MiB", "64MiB", "{data}/disk", names=True)
+    + """
 [mount]
 transport = "{transport}"
 metrics_port = {port}
 """
+)
 
 
 def blob(n: int, seed: int) -> bytes:

@@ -12,26 +12,19 @@ from kvfs.runtime import pid_path
 from kvfs.tools.stallfs import StallingMount
 
 from support.cli import run_kvfs
+from support.configs import dram_over_disk
 from support.deadlines import wait_for
 
-CONFIG = """\
-[[tiers]]
-kind = "dram"
-capacity = "16MiB"
-prefault = false
-mlock = false
-
-[[tiers]]
-kind = "disk"
-capacity = "64MiB"
-path = "{data}/disk"
-
+CONFIG = (
+    dram_over_disk("16MiB", "64MiB", "{data}/disk")
+    + """
 [[tiers]]
 kind = "posix"
 capacity = "1GiB"
 path = "{shared}/blocks"
 timeout = "1s"
 """
+)
 
 
 def _threads(pid: int) -> list[str]:
