@@ -72,7 +72,7 @@ def test_every_test_file_is_in_the_folder_its_name_says():
         if len(rel.parts) != 2 or rel.parts[0] not in AREAS or areas != [rel.parts[0]]:
             want = f"tests/{areas[0]}/" if len(areas) == 1 else "an area (tests/README.md, 'Layout'), its name in AREAS"
             wrong.append(f"tests/{rel}: move it to {want}")
-    assert not wrong, "\n".join(wrong)
+    assert not wrong, "\n".join([*wrong, "(python tests/support/place_new_tests.py FILE... moves and fixes imports)"])
 
 
 def test_the_readme_lists_the_areas_the_layout_checks():
@@ -89,4 +89,5 @@ def test_test_modules_share_helpers_only_through_support():
         for line in path.read_text().splitlines():
             if re.match(r"\s*(from|import) (conftest|test_\w+)\b", line):
                 bad.append(f"{path.relative_to(ROOT)}: {line.strip()}")
-    assert not bad, "import from support.<module> instead (tests/README.md, 'Layout'):\n" + "\n".join(bad)
+    hint = "import from support.<module> instead (tests/README.md, 'Layout'; tests/support/place_new_tests.py)"
+    assert not bad, hint + ":\n" + "\n".join(bad)
