@@ -1,11 +1,13 @@
 """Moves test files written for the flat tests/ of before into their area's folder and
 rewrites what they imported from conftest.py, the old harness paths and other test modules
-to the support/ modules that hold those names now (tests/README.md, "Layout").
+to the support/ modules that hold those names now (tests/README.md, "Layout"); then points
+every test path the docs, scripts and docstrings cite at the flat tests/ to where that file
+is now (the check of tests/repo/test_repo_docs.py).
 
-Run at the repository root: ``python tests/support/place_new_tests.py tests/test_new.py ...``,
-then ``ruff check --fix tests && ruff format tests`` (import order). A name it does not know
-(a helper another test module defined) stops it with a KeyError: move that helper to
-support/ first.
+Run at the repository root: ``python tests/support/place_new_tests.py FILE...`` (files at
+tests/ root; none: only the citations), then ``ruff check --fix tests && ruff format tests``
+(import order). A name it does not know (a helper another test module defined) stops it
+with a KeyError: move that helper to support/ first.
 """
 
 from __future__ import annotations
@@ -73,7 +75,7 @@ def rewrite(src: str) -> str:
             for k, v in sorted(groups.items())
         )
 
-    src = PAT.sub(rep, src)
+    src = re.sub(r"\b_renameat2\b", "renameat2", PAT.sub(rep, src))
     src = re.sub(
         r"^(\s*)from (control_harness|engine_harness|s3server) import",
         r"\1from support.\2 import",
@@ -105,6 +107,31 @@ def place(path: str) -> str:
     return dest
 
 
+def fix_citations() -> list[str]:
+    """Rewrite a cited test path at tests/ root wherever the repository cites it and it is not there, to
+    the one file of that name under tests/; the files changed."""
+    tracked = ["README.md", "docs/*.md", "tests/README.md", "pyproject.toml", ".ci/*", "tools/*.sh", "*.py"]
+    files = subprocess.run(["git", "ls-files", "--", *tracked], capture_output=True, text=True, check=True).stdout
+    changed = []
+    for name in files.split():
+        path = Path(name)
+        if name == ".ci/run" or not path.is_file():
+            continue
+        text = path.read_text()
+
+        def moved(m: re.Match[str]) -> str:
+            found = list(Path("tests").glob(f"*/{m.group(1)}"))
+            return str(found[0]) if not Path(m.group(0)).exists() and len(found) == 1 else m.group(0)
+
+        new = re.sub(r"\btests/(\w+\.py)\b", moved, text)
+        if new != text:
+            path.write_text(new)
+            changed.append(name)
+    return changed
+
+
 if __name__ == "__main__":
     for arg in sys.argv[1:]:
         print(f"{arg} -> {place(arg)}")
+    for name in fix_citations():
+        print(f"{name}: test paths updated")
