@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from support.cli import run_kvfs
+from support.configs import dram_over_disk
 from support.deadlines import DEADLINE
 from support.files import blob, err, renameat2, write
 from support.mounts import TRANSPORTS
@@ -494,10 +495,7 @@ def test_s37_mount_refusals_leave_nothing_mounted(kvfs_mount, tmp_path):
     from kvfs.mount.daemon import mount_type
 
     good = tmp_path / "good.toml"
-    good.write_text(
-        f'[[tiers]]\nkind = "dram"\ncapacity = "4MiB"\nprefault = false\nmlock = false\n'
-        f'[[tiers]]\nkind = "disk"\ncapacity = "8MiB"\npath = "{tmp_path}/d"\n'
-    )
+    good.write_text(dram_over_disk("4MiB", "8MiB", f"{tmp_path}/d"))
     missing = tmp_path / "missing"
     res = run_kvfs("mount", str(missing), "--config", str(good))
     assert res.returncode != 0 and "does not exist" in res.stderr

@@ -102,10 +102,7 @@ def test_umount_with_a_stalled_tier_returns_when_the_daemon_is_gone(kvfs_mount, 
 
 def test_persistent_tiers_smaller_than_dram_are_refused_at_mount(tmp_path):
     (tmp_path / "m").mkdir()
-    text = (
-        '[[tiers]]\nkind = "dram"\ncapacity = "8MiB"\nmlock = false\nprefault = false\n\n'
-        f'[[tiers]]\nkind = "disk"\ncapacity = "4MiB"\npath = "{tmp_path / "disk"}"\n'
-    )
+    text = dram_over_disk("8MiB", "4MiB", str(tmp_path / "disk"))
     (tmp_path / "c.toml").write_text(text)
     res = run_kvfs("mount", str(tmp_path / "m"), "--config", str(tmp_path / "c.toml"))
     assert res.returncode != 0
