@@ -13,7 +13,7 @@ The rule is enforced in two places that must agree, so both use this module:
   request against the attributes the mount reports, and the mount reports a namespace's
   directories with the rule's owner, group and *mode*, its blocks with the same owner
   and group and ``mode & 0o666`` (:func:`mode_of`). The kernel's checks then are exactly
-  :func:`decide`'s, operation by operation (tests/test_access.py checks every mode);
+  :func:`decide`'s, operation by operation (tests/store/test_access.py checks every mode);
   The mount also asks ``Store.check_access`` itself before it creates, replaces, removes,
   renames, lists or pins (so the decision is kvfs's own even where the kernel does not
   check, and the same as the socket's);

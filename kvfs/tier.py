@@ -2,7 +2,7 @@
 
 A tier stores whole blocks by name. It knows nothing of policies, other tiers or the
 catalog; the store decides what goes where. Each tier is one module in ``kvfs.tiers``
-and passes the shared conformance suite (``tests/tier_conformance.py``).
+and passes the shared conformance suite (``tests/tiers/test_tier_conformance.py``).
 
 Required: :meth:`put`, :meth:`open`, :meth:`delete`, :meth:`stat`, :meth:`scan`,
 :meth:`footprint`. :meth:`read_into` and :meth:`rename` have defaults built on them.

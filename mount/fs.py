@@ -4,7 +4,7 @@ Handlers translate FUSE requests and delegate: names and inodes to
 :class:`~kvfs.mount.inodes.InodeTable`, files being written (versions, bounds, seals) to
 :class:`~kvfs.mount.writes.Writes`, blocks to the store; :mod:`kvfs.mount.errnos` turns
 what they raise into an errno. docs/SEMANTICS.md states what each operation does and
-answers; tests/test_mount_semantics.py checks every numbered line of it on a real mount.
+answers; tests/mount/test_mount_semantics.py checks every numbered line of it on a real mount.
 docs/mount-internals.md gives the rules (one inode per version, lookup counts, when a file
 is sealed) and the life of a write and of a read as call chains.
 

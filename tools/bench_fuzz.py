@@ -23,7 +23,7 @@ Two properties:
 ``kvfs bench fuzz --seconds 600`` mounts kvfs in a temporary directory, runs both for that
 long (the codec a tenth of it), plus one frame past the size limit and one nested 200,000
 deep, and prints the inputs tried, the crashes (0), whether the daemon is alive, and its
-RSS and descriptors before and after. ``tests/test_fuzz_protocol.py`` runs the same for
+RSS and descriptors before and after. ``tests/protocol/test_fuzz_protocol.py`` runs the same for
 about a minute in CI.
 """
 

@@ -1,5 +1,5 @@
 """A kvfs mount whose shared tier can be made to stop answering, for ``kvfs bench faults``
-and tests/test_faults.py.
+and tests/tiers/test_faults.py.
 
 :class:`FaultRig` mounts kvfs (a real daemon) over DRAM, a disk tier and one shared tier,
 and breaks the shared tier in one of three ways, each a real fault:

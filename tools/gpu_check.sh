@@ -48,8 +48,8 @@ PYEOF
 say "environment: $(grep -E '^(torch|device|auto transfer)' "$OUT/env.txt" | tr '\n' ';')"
 [ -e /dev/fuse ] || say "no /dev/fuse: the tests and bench rows that need a kvfs daemon skip or fail"
 
-timeout 300 "$PY" -m pytest -q -rs -p no:cacheprovider tests/test_gpu_transfer.py tests/test_gpu_agent.py \
-    tests/test_gpu_prefix_cache.py tests/test_bench_gpu.py >"$OUT/tests.txt" 2>&1
+timeout 300 "$PY" -m pytest -q -rs -p no:cacheprovider tests/gpu/test_gpu_transfer.py tests/gpu/test_gpu_agent.py \
+    tests/gpu/test_gpu_prefix_cache.py tests/tools/test_bench_gpu.py >"$OUT/tests.txt" 2>&1
 say "tests: exit $? — $(tail -1 "$OUT/tests.txt")"
 
 timeout 240 "$PY" -m kvfs.tools.cli bench gpu --device cuda --blocks 128 --passes 5 --json \

@@ -1,6 +1,6 @@
 """A cluster of kvfs nodes on one machine: network namespaces on a veth bridge.
 
-For tests/test_cluster.py and ``kvfs bench cluster``. :class:`NetCluster` makes (as
+For tests/cluster/test_cluster.py and ``kvfs bench cluster``. :class:`NetCluster` makes (as
 root) a bridge and one network namespace per node with its own address (198.18.0.0/24,
 the range set aside for network tests), a fourth namespace for a moto S3 server, and a
 shared posix directory; every node runs its own daemon (``kvfs mount`` inside ``ip netns

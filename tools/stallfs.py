@@ -3,7 +3,7 @@
 ``python -m kvfs.tools.stallfs SOURCE MOUNTPOINT FLAG`` mirrors the directory SOURCE at MOUNTPOINT.
 While the file FLAG exists every request waits (the kernel keeps the caller blocked, as a
 hard NFS mount does when its server is gone); when FLAG is removed they all go on. Used
-as the ``posix`` tier of a real kvfs mount in tests/test_faults.py and by ``kvfs bench
+as the ``posix`` tier of a real kvfs mount in tests/tiers/test_faults.py and by ``kvfs bench
 faults``. :class:`StallingMount` runs it in a subprocess and always unmounts it.
 
 Inodes are the source's inode numbers; a name is looked up again by path, so renames and

@@ -7,7 +7,7 @@ subprocesses: the scripts import nothing of kvfs (only ``client_report``, beside
 except ``sglang_backend_client.py``, which drives kvfs's own SGLang HiCache backend
 (``kvfs.gpu.sglang_backend``); the engine itself imports kvfs's own connector where a run
 asks for it (``vllm_client.py --connector kvfs``: ``.ci/engines`` installs kvfs into the
-vllm and sglang venvs). ``tests/test_engine_*.py`` and ``kvfs bench engines`` run
+vllm and sglang venvs). ``tests/engines/test_engine_*.py`` and ``kvfs bench engines`` run
 the same script on a kvfs mount and on a plain directory and compare what each printed.
 
 - :data:`CLIENTS`: name -> :class:`Client` (the virtualenv and the script).

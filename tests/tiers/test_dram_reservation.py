@@ -1,0 +1,105 @@
+"""The DRAM arena holds only what it has used: its memory is reserved (and locked, where
+mlock is on) in steps as extents are first handed out, never ahead, and never an extent
+that is not reserved, so a full /dev/shm after mount makes the tier act smaller and never
+SIGBUSes a writer (tiers/dram.py, "Reservation"; docs/store.md, "Ownership")."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+
+from kvfs.config import DramConfig
+from kvfs.errors import TierFull
+from kvfs.names import TierName
+from kvfs.tiers.dram import HEADER, STEP, DramTier
+
+MiB = 1 << 20
+
+
+def allocated(path: Path) -> int:
+    """Bytes the filesystem has allocated to *path* (what the arena holds of it)."""
+    return os.stat(path).st_blocks * 512
+
+
+def locked_kib() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmLck:"))
+
+
+@pytest.fixture
+def arena_path():
+    p = Path(f"/dev/shm/kvfs-test-{uuid.uuid4().hex[:8]}")
+    yield p
+    if p.exists():
+        p.unlink()
+
+
+def test_a_new_arena_holds_one_step_and_grows_with_the_blocks_put(arena_path):
+    t = DramTier(DramConfig(name=TierName("dram"), capacity=256 * MiB, path=arena_path, mlock=False, prefault=True))
+    try:
+        assert t.arena_size == HEADER + 256 * MiB  # the whole size, as clients map it
+        assert allocated(arena_path) == t.reserved_bytes == STEP  # but only the first step is memory
+        for i in range(5):
+            t.put(f"b{i}", bytes([i]) * MiB, i)
+        assert t.reserved_bytes == HEADER + 5 * MiB + (STEP - (HEADER + 5 * MiB) % STEP)  # rounded up to a step
+        assert allocated(arena_path) == t.reserved_bytes
+        for i in range(5):  # replacing, deleting and putting again reuse what is reserved
+            t.delete(f"b{i}")
+            t.put(f"c{i}", bytes([i]) * MiB, i)
+        assert t.reserved_bytes == 6 * MiB
+        with t.open("c3") as ref:
+            assert bytes(ref.data) == bytes([3]) * MiB
+    finally:
+        t.close()
+
+
+def test_a_client_reservation_is_reserved_before_it_is_handed_out(arena_path):
+    t = DramTier(DramConfig(name=TierName("dram"), capacity=64 * MiB, path=arena_path, mlock=False, prefault=False))
+    try:
+        off = t.reserve(3 * MiB)
+        loc = t.reserved_location(off, 3 * MiB)
+        assert allocated(arena_path) >= loc.offset + loc.length  # a client writing it cannot SIGBUS
+        t.abort(off, 3 * MiB)
+    finally:
+        t.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="locks more than the default memlock limit: needs CAP_IPC_LOCK")
+def test_mlock_locks_what_is_reserved_not_the_whole_arena(arena_path):
+    before = locked_kib()
+    t = DramTier(DramConfig(name=TierName("dram"), capacity=512 * MiB, path=arena_path, mlock=True))
+    try:
+        assert t.locked
+        assert (locked_kib() - before) * 1024 == STEP
+        t.put("a", b"a" * (3 * MiB), 1)
+        assert (locked_kib() - before) * 1024 == t.reserved_bytes == 2 * STEP
+    finally:
+        t.close()
+
+
+def test_a_filesystem_full_after_start_makes_the_tier_act_smaller_never_sigbus(small_tmpfs):
+    path = small_tmpfs / "arena"
+    t = DramTier(DramConfig(name=TierName("dram"), capacity=3 * MiB, path=path, mlock=False, prefault=False))
+    try:
+        assert t.reserved_bytes == STEP
+        filler = small_tmpfs / "filler"  # another program takes the rest of the filesystem
+        with open(filler, "wb") as f, pytest.raises(OSError):
+            while True:  # grows the file (and takes the memory) until the filesystem is full
+                os.posix_fallocate(f.fileno(), 0, os.fstat(f.fileno()).st_size + 256 * 1024)
+        t.put("a", b"a" * (STEP - HEADER), 1)  # fits in what is reserved
+        with pytest.raises(TierFull, match=rf"DRAM arena cannot grow past 2 MiB: {small_tmpfs} is full"):
+            t.put("b", b"b" * MiB, 2)
+        assert t.stat("b") is None
+        with pytest.raises(TierFull):
+            t.reserve(MiB)
+        with t.open("a") as ref:  # what it holds still reads
+            assert bytes(ref.data) == b"a" * (STEP - HEADER)
+        filler.unlink()  # room again: the arena grows
+        t.put("b", b"b" * MiB, 2)
+        with t.open("b") as ref:
+            assert bytes(ref.data) == b"b" * MiB
+    finally:
+        t.close()
