@@ -26,6 +26,7 @@ AREAS = {
     "mount": ("test_mount_*", "test_umount_*", "test_daemon_*", "test_write_buffer*", "test_metrics*"),
     "store": (
         "test_store*",
+        "test_core_*",
         "test_ingest*",
         "test_namespaces*",
         "test_lifetimes*",

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import DEADLINE, KVFS, fuse_missing, wait_for
+from support.cli import KVFS
+from support.deadlines import DEADLINE, wait_for
+from support.mounts import fuse_missing
 
 pytestmark = [pytest.mark.fuse, pytest.mark.skipif(fuse_missing() is not None, reason=str(fuse_missing()))]
 

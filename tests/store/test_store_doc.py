@@ -18,7 +18,7 @@ import pytest
 
 import kvfs
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "store.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "store.md"
 PACKAGES = ("kvfs", "kvfs.tiers", "kvfs.mount")
 
 _TICKED = re.compile(r"`([^`\n]+)`")

@@ -11,9 +11,11 @@ import time
 from pathlib import Path
 
 import pytest
-from test_metrics import scrape
 
-from conftest import TRANSPORTS, run_kvfs, wait_for
+from support.cli import run_kvfs
+from support.deadlines import wait_for
+from support.metrics import scrape
+from support.mounts import TRANSPORTS
 
 pytestmark = [pytest.mark.fuse, TRANSPORTS]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-CORE = Path(__file__).resolve().parent.parent / "kvfs"
+CORE = Path(__file__).resolve().parents[2] / "kvfs"
 
 
 def _unit(module: str) -> str:
