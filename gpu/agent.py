@@ -48,8 +48,9 @@ from kvfs.protocol import Promote
 from kvfs.units import parse_size
 
 from .hbm import CacheStats, DeviceCache
+from .host_io import host_bytes
 from .integrity import matches
-from .transfer import TRANSFERS, ArenaCopier, FileLoader, Item, cuda_missing, host_bytes, open_loader
+from .transfer import TRANSFERS, ArenaCopier, FileLoader, Item, cuda_missing, open_loader
 
 __all__ = ["Agent", "AgentConfig", "BlockEvent", "Loading"]
 

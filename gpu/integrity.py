@@ -14,7 +14,7 @@ import torch
 from kvfs.blockfile import devsum_words
 from kvfs.client.buffers import checksum as xxh3
 
-from .transfer import host_bytes
+from .host_io import host_bytes
 
 __all__ = ["device_checksum", "matches"]
 

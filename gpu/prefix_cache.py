@@ -8,13 +8,10 @@ model and its KV layout, and writes each block as one file
 For a new request, :meth:`PrefixCache.load` reads the blocks of the longest cached prefix
 into a ``DynamicCache`` and :func:`prefill` / :func:`generate` compute only the rest.
 
-The directory is any directory: a kvfs mount (where the blocks get tiers, eviction and
-sharing) or a plain one. On a kvfs mount the batch client (:mod:`kvfs.client`) looks the
-blocks up, reads them into the preallocated tensors and writes them, through the mount's
-shared-memory arena (one round trip per batch, no FUSE request); elsewhere only plain
-file I/O is used: ``open``/``readv`` into preallocated tensors, a temporary name in the
-same directory and ``os.replace``, ``os.path.exists``. Both paths write the same files
-and check them the same way.
+The directory is any directory: on a kvfs mount the batch client (:mod:`kvfs.client`)
+looks blocks up, reads and writes them through the mount's shared-memory arena (one round
+trip per batch); elsewhere plain file I/O (``readv`` into preallocated tensors, a temporary
+name and ``os.replace``). Both write the same files and check them the same way.
 
 Decisions (also in docs/engines.md):
 
@@ -27,12 +24,10 @@ Decisions (also in docs/engines.md):
   layout, under the wrong name or failing its checksum. Nothing after it is used, so a bad
   block costs recomputation, never wrong KV. An invalid file is removed so that the next
   :meth:`store` can write a good one (a store skips blocks that already exist).
-- Blocks are written once: a block that exists is not rewritten (the first writer wins, as
-  every writer of a name writes KV for the same tokens under the same namespace).
+- Blocks are written once (the first writer wins: every writer of a name writes the same KV).
 
-Only models whose every layer is a full-attention ``DynamicLayer`` are supported
-(Llama, Mistral without sliding window, Qwen2, ...); others raise
-:class:`UnsupportedModel`. Batch size 1.
+Only models whose every layer is a full-attention ``DynamicLayer`` (Llama, Mistral without
+sliding window, Qwen2, ...) are supported, batch size 1; others raise UnsupportedModel.
 """
 
 from __future__ import annotations
@@ -71,6 +66,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from .agent import Agent  # after the check that torch is there
 from .agent_blocks import AgentBlocks
+from .host_io import host_bytes, read_full, write_full
 
 __all__ = [
     "Generation",
@@ -184,41 +180,6 @@ def namespace_for(
         tp_size=tp_size,
         extra=extra,
     )
-
-
-def _bytes_view(t: torch.Tensor) -> memoryview:
-    """A writable byte view of a contiguous CPU tensor (works for bfloat16 too)."""
-    return t.reshape(-1).view(torch.uint8).numpy().data
-
-
-def _advance(segs: list[memoryview], n: int) -> list[memoryview]:
-    """The segments still to fill after a vectored call moved *n* bytes."""
-    while segs and n >= len(segs[0]):
-        n -= len(segs[0])
-        segs = segs[1:]
-    return [segs[0][n:], *segs[1:]] if n else segs
-
-
-def _read_full(fd: int, segments: list[memoryview]) -> int:
-    """``readv`` until every segment is full or the file ends; returns the bytes read."""
-    total, segs = 0, segments
-    while segs:
-        n = os.readv(fd, segs)
-        if n == 0:
-            break
-        total += n
-        segs = _advance(segs, n)
-    return total
-
-
-def _write_full(fd: int, segments: list[memoryview]) -> int:
-    """``writev`` until every segment is written; returns the bytes written."""
-    total, segs = 0, segments
-    while segs:
-        n = os.writev(fd, segs)
-        total += n
-        segs = _advance(segs, n)
-    return total
 
 
 def _empty_cache(model: PreTrainedModel) -> DynamicCache:
@@ -417,7 +378,7 @@ class PrefixCache:
         blocks: list[tuple[int, bytes, list[memoryview]]] = []
         for i, digest in todo:
             lo = i * T - first
-            segs = [_bytes_view(r[lo : lo + T]) for r in rows]
+            segs = [host_bytes(r[lo : lo + T]) for r in rows]
             h = xxhash.xxh3_64()
             for s in segs:
                 h.update(s)
@@ -457,7 +418,7 @@ class PrefixCache:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             try:
-                n = _write_full(fd, segments)
+                n = write_full(fd, segments)
             finally:
                 os.close(fd)
             os.replace(tmp, path)
@@ -622,7 +583,7 @@ class PrefixCache:
         size = HEADER_LENGTH + self._payload
         headers = [bytearray(HEADER_LENGTH) for _ in digests]
         segs = [
-            [memoryview(h), *(_bytes_view(buf[l, kv, i * T : (i + 1) * T]) for l in range(L) for kv in (0, 1))]
+            [memoryview(h), *(host_bytes(buf[l, kv, i * T : (i + 1) * T]) for l in range(L) for kv in (0, 1))]
             for i, h in enumerate(headers)
         ]
         checks: list[BlockCorrupt | None] = [None] * len(digests)
@@ -679,7 +640,7 @@ class PrefixCache:
         Raises FileNotFoundError, BlockCorrupt or another OSError.
         """
         T = self.namespace.tokens_per_block
-        segs = [_bytes_view(buf[l, kv, i * T : (i + 1) * T]) for l in range(buf.shape[0]) for kv in (0, 1)]
+        segs = [host_bytes(buf[l, kv, i * T : (i + 1) * T]) for l in range(buf.shape[0]) for kv in (0, 1)]
         header = bytearray(HEADER_LENGTH)
         size = HEADER_LENGTH + self._payload
         got = self._read_block(self.path(digest), header, segs, size)
@@ -711,7 +672,7 @@ class PrefixCache:
             actual = os.fstat(fd).st_size
             if actual != size:
                 raise BlockCorrupt(f"file is {actual} bytes, expected {size}")
-            return _read_full(fd, [memoryview(header), *segs])
+            return read_full(fd, [memoryview(header), *segs])
         finally:
             os.close(fd)
 

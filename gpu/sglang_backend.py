@@ -54,6 +54,8 @@ from kvfs.errors import KvfsError
 from kvfs.hashing import Namespace
 from kvfs.protocol import DaemonNotAnswering
 
+from .host_io import host_bytes
+
 __all__ = ["BackendSettings", "BackendUnavailable", "KvfsHiCacheStorage", "PageLayout"]
 
 log = logging.getLogger(__name__)
@@ -153,7 +155,7 @@ class PageLayout:
                 raise KvfsError(
                     f"host index {index} is not a page of the pool (size {self.size}, page {self.page_size})"
                 )
-            segs = [_bytes_of(t) for t in _contiguous(self.pool.get_data_page(index, flat=False))]
+            segs = [host_bytes(t) for t in _contiguous(self.pool.get_data_page(index, flat=False))]
             if sum(len(s) for s in segs) != self.page_bytes:
                 raise KvfsError(f"page {index} of the host pool is not {self.page_bytes} bytes")
             with self._lock:
@@ -193,11 +195,6 @@ def _contiguous(t: torch.Tensor) -> list[torch.Tensor]:
     if t.is_contiguous():
         return [t]
     return [piece for i in range(t.shape[0]) for piece in _contiguous(t[i])]
-
-
-def _bytes_of(t: torch.Tensor) -> memoryview:
-    """A writable memoryview of a contiguous CPU tensor's bytes (no copy; bf16 too)."""
-    return t.reshape(-1).view(torch.uint8).numpy().data
 
 
 def _pick(names: Sequence[str | None], idx: Sequence[int]) -> list[str]:
@@ -434,7 +431,7 @@ class KvfsHiCacheStorage(HiCacheStorage):
     ) -> list[torch.Tensor | None]:
         """Each block into its tensor (a flat page, contiguous); the tensor, or None."""
         targets = list(target_locations or [None] * len(keys))
-        dests = [_bytes_of(t) if isinstance(t, torch.Tensor) and t.is_contiguous() else None for t in targets]
+        dests = [host_bytes(t) if isinstance(t, torch.Tensor) and t.is_contiguous() else None for t in targets]
         if self.page is not None:
             dests = [d if d is not None and len(d) == self.page.page_bytes else None for d in dests]
         ok = self._read(self._names(keys), dests) if self.page is not None else [False] * len(keys)
@@ -452,7 +449,7 @@ class KvfsHiCacheStorage(HiCacheStorage):
         srcs = []
         for v in list(values or [None] * len(keys)):
             ok = isinstance(v, torch.Tensor) and v.numel() * v.element_size() == self.page.page_bytes
-            srcs.append(_bytes_of(v.contiguous()) if ok else None)
+            srcs.append(host_bytes(v.contiguous()) if ok else None)
         return all(self._write(self._names(keys), srcs, None))
 
     def exists(self, key: str) -> bool:

@@ -41,6 +41,8 @@ from kvfs.client.buffers import read_file
 from kvfs.errors import BlockCorrupt, KvfsError, NixlUnavailable, TransferFailed
 from kvfs.nixl import Agent, Backend, Registration
 
+from .host_io import host_bytes
+
 __all__ = [
     "TRANSFERS",
     "ArenaCopier",
@@ -51,7 +53,6 @@ __all__ = [
     "PosixLoader",
     "TransferUnavailable",
     "cuda_missing",
-    "host_bytes",
     "open_loader",
 ]
 
@@ -71,11 +72,6 @@ def cuda_missing() -> str | None:
         built = torch.version.cuda
         return "no CUDA device" if built else "no CUDA device (this torch is built without CUDA)"
     return None
-
-
-def host_bytes(t: torch.Tensor) -> memoryview:
-    """A writable byte view of a contiguous host tensor (no copy)."""
-    return t.view(torch.uint8).numpy().data.cast("B")
 
 
 @dataclass(frozen=True, slots=True)

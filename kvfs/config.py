@@ -32,20 +32,28 @@ Every error names the field (``tiers[1].capacity``) and says what is wrong.
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import enum
-import grp
 import os
-import pwd
 import shutil
 import time
 import tomllib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from .access import AccessRule, parse_mode
+from .configfields import (
+    PromoteMode,
+    TierKind,
+    Transport,
+    WriteMode,
+    address,
+    build,
+    did_you_mean,
+    parse_id,
+    parsed,
+    unknown_key,
+)
 from .errors import ConfigError, InvalidName
 from .hashing import Namespace
 from .names import TierName, is_under, normalize
@@ -75,50 +83,6 @@ __all__ = [
     "namespace_path",
     "parse_config",
 ]
-
-
-T = TypeVar("T")
-
-
-class TierKind(enum.Enum):
-    DRAM = "dram"
-    DISK = "disk"
-    POSIX = "posix"
-    S3 = "s3"
-
-
-class WriteMode(enum.Enum):
-    """When a block sealed above reaches this tier.
-
-    ``BACK``: only when it is evicted from the tier above (demotion). ``THROUGH``: soon
-    after it is sealed, copied in the background, so other nodes see it.
-    """
-
-    BACK = "back"
-    THROUGH = "through"
-
-
-class Transport(enum.Enum):
-    """How the mount talks to the kernel's FUSE (``[mount] transport``).
-
-    ``KERNEL``: kvfs's own session layer on the kernel's protocol (``kvfs.mount.kernel``:
-    passthrough of sealed blocks to their backing files when the daemon has
-    ``CAP_SYS_ADMIN``, no flush round trip for read-only opens, 1 MiB requests).
-    ``PYFUSE3``: pyfuse3 over libfuse. ``AUTO``: the kernel transport wherever it can
-    mount (as root, or through fusermount3), else pyfuse3.
-    """
-
-    AUTO = "auto"
-    KERNEL = "kernel"
-    PYFUSE3 = "pyfuse3"
-
-
-class PromoteMode(enum.Enum):
-    """Whether a read served from a colder tier copies the block into the hottest tier."""
-
-    ALWAYS = "always"
-    SECOND_HIT = "second-hit"
-    NEVER = "never"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -381,7 +345,6 @@ class Config:
         raise KeyError(name)
 
 
-_MIN_WRITE_BUFFER = 16 << 20
 _MIN_INFLIGHT = 40 << 20  # the largest frame (kvfs.protocol.MAX_FRAME, 32 MiB) and a read's chunk, with room
 
 _KIND_CLASSES: dict[str, type[TierConfig]] = {
@@ -390,125 +353,6 @@ _KIND_CLASSES: dict[str, type[TierConfig]] = {
     "posix": PosixConfig,
     "s3": S3Config,
 }
-
-
-_POSITIVE = ("concurrency", "max_attempts", "max_connections", "max_connections_per_user")
-
-
-def _did_you_mean(word: object, choices: Iterable[str]) -> str:
-    """``" (did you mean 'capacity'?)"`` for the choice closest to a misspelled *word*,
-    or ``""`` when none is close."""
-    close = difflib.get_close_matches(str(word), list(choices), n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
-def _unknown_key(where: str, key: str, known: Iterable[str], listed: Iterable[str] | None = None) -> ConfigError:
-    """The error for a key no table of this kind has, naming it: ``where.key: unknown
-    key (did you mean …?); known keys are …``. *known*: every key this table takes;
-    *listed*: the ones to list (default: all of them)."""
-    known = list(known)
-    listed = sorted(known if listed is None else listed)
-    return ConfigError(
-        f"{where}.{key}" if where else key,
-        f"unknown key{_did_you_mean(key, known)}; known keys are {', '.join(listed)}",
-    )
-
-
-def _convert(where: str, f: dataclasses.Field[Any], value: Any) -> Any:
-    """Turn one TOML value into the field's type, or raise ConfigError naming *where*."""
-    name = f.name
-    try:
-        if name == "capacity":
-            if value in ("unlimited", "unbounded"):
-                return None
-            return parse_size(value)
-        if name == "open_copies":
-            return None if value == "auto" else parse_size(value)
-        if name == "write_buffer":
-            if value == "auto":
-                return None
-            n = parse_size(value)
-            if n < _MIN_WRITE_BUFFER:
-                raise ValueError(f'must be at least {_MIN_WRITE_BUFFER >> 20}MiB (or "auto")')
-            return n
-        if name in ("timeout", "negative_ttl", "listing_ttl", "hint_ttl", "lease_ttl"):
-            return parse_duration(value)
-        if name == "admit_threshold":
-            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1:
-                raise ValueError("expected a share from 0 (admit every block) up to, not including, 1")
-            return float(value)
-        if name in ("multipart_threshold", "max_reserved", "copy_buffer", "max_inflight", "max_inflight_per_user"):
-            return parse_size(value)
-        if name == "write":
-            return WriteMode(value)
-        if name == "promote":
-            return PromoteMode(value)
-        if name == "transport":
-            return Transport(value)
-        if name in ("path", "socket"):
-            if not isinstance(value, str) or not value:
-                raise ValueError("expected a non-empty path string")
-            return Path(os.path.abspath(os.path.expanduser(value)))  # the daemon runs in /
-        if name in ("mlock", "prefault", "allow_other", "direct_io", "fsync", "group_writes"):
-            if not isinstance(value, bool):
-                raise ValueError("expected true or false")
-            return value
-        if name in (
-            "concurrency",
-            "max_attempts",
-            "metrics_port",
-            "block_size",
-            "max_connections",
-            "max_connections_per_user",
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < (1 if name in _POSITIVE else 0):
-                raise ValueError("expected a positive whole number")
-            return value
-        if name in (
-            "name",
-            "bucket",
-            "prefix",
-            "endpoint_url",
-            "region",
-            "eviction",
-            "group",
-            "zmq",
-            "topic",
-            "audience",
-        ):
-            if not isinstance(value, str):
-                raise ValueError("expected a string")
-            return value
-    except ValueError as exc:
-        msg = str(exc)
-        if "is not a valid" in msg:  # enum lookup
-            enum_cls = {"write": WriteMode, "promote": PromoteMode, "transport": Transport}[name]
-            values = [m.value for m in enum_cls]
-            msg = f"{value!r} is not one of {', '.join(map(repr, values))}{_did_you_mean(value, values)}"
-        raise ConfigError(where, msg) from None
-    raise ConfigError(where, "unsupported field")  # pragma: no cover - every field is handled
-
-
-def _build(cls: type, where: str, table: Any, skip: tuple[str, ...] = ()) -> Any:
-    if not isinstance(table, dict):
-        raise ConfigError(where, f"expected a table, got {type(table).__name__}")
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init and f.name not in skip}
-    unknown = sorted(set(table) - set(fields) - set(skip))
-    if unknown:
-        raise _unknown_key(where, unknown[0], [*fields, *skip], fields)
-    kwargs = {}
-    for key, value in table.items():
-        if key in skip:
-            continue
-        kwargs[key] = _convert(f"{where}.{key}" if where else key, fields[key], value)
-    missing = [
-        n
-        for n, f in fields.items()
-        if n not in kwargs and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-    ]
-    if missing:
-        raise ConfigError(f"{where}.{missing[0]}" if where else missing[0], "missing required key")
-    return cls(**kwargs)
 
 
 def _check_room_below_dram(tiers: list[TierConfig]) -> None:
@@ -538,7 +382,7 @@ def parse_config(data: dict[str, Any]) -> Config:
     if unknown:
         raise ConfigError(
             unknown[0],
-            f"unknown top-level key{_did_you_mean(unknown[0], tables)}; "
+            f"unknown top-level key{did_you_mean(unknown[0], tables)}; "
             "expected [[tiers]], [policy], [mount], [client], [events], [[namespaces]] and [cluster]",
         )
     raw_tiers = data.get("tiers")
@@ -559,14 +403,14 @@ def parse_config(data: dict[str, Any]) -> Config:
             if unknown:  # `knd = "dram"`: name what was written
                 raise ConfigError(
                     f"{where}.{unknown[0]}",
-                    f"unknown key{_did_you_mean(unknown[0], every)}; every tier needs kind = one of "
+                    f"unknown key{did_you_mean(unknown[0], every)}; every tier needs kind = one of "
                     f"{', '.join(_KIND_CLASSES)}",
                 )
             raise ConfigError(f"{where}.kind", f"missing; one of {', '.join(_KIND_CLASSES)}")
         if kind not in _KIND_CLASSES:
             raise ConfigError(
                 f"{where}.kind",
-                f"{kind!r} is not one of {', '.join(_KIND_CLASSES)}{_did_you_mean(kind, _KIND_CLASSES)}",
+                f"{kind!r} is not one of {', '.join(_KIND_CLASSES)}{did_you_mean(kind, _KIND_CLASSES)}",
             )
         raw = dict(raw)
         raw.setdefault("name", kind)
@@ -574,11 +418,11 @@ def parse_config(data: dict[str, Any]) -> Config:
         keys = [f.name for f in dataclasses.fields(cls) if f.init]
         unknown = sorted(set(raw) - set(keys) - {"kind"})
         if unknown:  # before "missing": a misspelled key is named, not the key it misspells
-            raise _unknown_key(where, unknown[0], [*keys, "kind"], keys)
+            raise unknown_key(where, unknown[0], [*keys, "kind"], keys)
         if cls is not S3Config and "capacity" not in raw:
             raise ConfigError(f"{where}.capacity", 'missing required key (e.g. capacity = "4GiB")')
         raw.setdefault("capacity", "unlimited")
-        tier = _build(cls, where, raw, skip=("kind",))
+        tier = build(cls, where, raw, skip=("kind",))
         if tier.capacity is None and cls is not S3Config:
             raise ConfigError(f"{where}.capacity", 'only s3 tiers may be unlimited; give a size like "100GiB"')
         if tier.capacity == 0:
@@ -595,16 +439,16 @@ def parse_config(data: dict[str, Any]) -> Config:
         if isinstance(tier, DramConfig) and i != 0:
             raise ConfigError(f"tiers[{i}].kind", "a dram tier must be the first (hottest) tier")
     _check_room_below_dram(tiers)
-    policy = _build(PolicyConfig, "policy", data.get("policy", {}))
+    policy = build(PolicyConfig, "policy", data.get("policy", {}))
     if policy.eviction not in POLICIES:
         raise ConfigError(
             "policy.eviction",
-            f"{policy.eviction!r} is not one of {', '.join(POLICIES)}{_did_you_mean(policy.eviction, POLICIES)}",
+            f"{policy.eviction!r} is not one of {', '.join(POLICIES)}{did_you_mean(policy.eviction, POLICIES)}",
         )
-    mount = _build(MountConfig, "mount", data.get("mount", {}))
+    mount = build(MountConfig, "mount", data.get("mount", {}))
     if mount.metrics_port is not None and not 0 <= mount.metrics_port <= 65535:
         raise ConfigError("mount.metrics_port", "must be a TCP port number (0-65535)")
-    client = _build(ClientConfig, "client", data.get("client", {}))
+    client = build(ClientConfig, "client", data.get("client", {}))
     if client.group is not None and client.socket is None:
         raise ConfigError("client.group", "a group needs client.socket: the path of the socket to give it")
     if not 0 < client.lease_ttl <= 600:
@@ -614,7 +458,7 @@ def parse_config(data: dict[str, Any]) -> Config:
             raise ConfigError(
                 f"client.{key}", f"must be at least {_MIN_INFLIGHT >> 20}MiB: one frame of the largest size"
             )
-    events = _build(EventsConfig, "events", data.get("events", {}))
+    events = build(EventsConfig, "events", data.get("events", {}))
     if events.zmq is not None and "://" not in events.zmq:
         raise ConfigError("events.zmq", f'{events.zmq!r} is not a ZMQ address; e.g. "tcp://127.0.0.1:5557"')
     if events.audience not in ("everyone", "owner", "all") and not events.audience.startswith("group:"):
@@ -642,16 +486,6 @@ _CLUSTER_KEYS = ("node", "listen", "peers", "timeout", "max_connections", "ucx_t
 _PEER_KEYS = ("name", "address", "events", "uid", "gid")
 
 
-def _address(where: str, value: Any) -> str:
-    """A ``host:port`` string (IPv6 hosts in brackets), or ConfigError."""
-    if not isinstance(value, str):
-        raise ConfigError(where, 'expected "host:port", e.g. "10.0.0.1:7470"')
-    host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ConfigError(where, f'{value!r} is not "host:port" with a port from 1 to 65535')
-    return value
-
-
 def _parse_cluster(raw: Any, tiers: list[TierConfig]) -> ClusterConfig:
     """``[cluster]`` with its ``[[cluster.peers]]``; ConfigError naming the field."""
     if not isinstance(raw, dict):
@@ -665,9 +499,9 @@ def _parse_cluster(raw: Any, tiers: list[TierConfig]) -> ClusterConfig:
     node = raw["node"]
     if not isinstance(node, str) or not node or not node.replace("-", "").replace("_", "").isalnum():
         raise ConfigError("cluster.node", f"{node!r} is not a usable node name (letters, digits, - and _)")
-    kwargs: dict[str, Any] = {"node": node, "listen": _address("cluster.listen", raw["listen"])}
+    kwargs: dict[str, Any] = {"node": node, "listen": address("cluster.listen", raw["listen"])}
     if "timeout" in raw:
-        kwargs["timeout"] = _parsed("cluster.timeout", parse_duration, raw["timeout"])
+        kwargs["timeout"] = parsed("cluster.timeout", parse_duration, raw["timeout"])
         if not 0 < kwargs["timeout"] <= 60:
             raise ConfigError("cluster.timeout", "must be more than 0 and at most 60 seconds")
     if "max_connections" in raw:
@@ -676,7 +510,7 @@ def _parse_cluster(raw: Any, tiers: list[TierConfig]) -> ClusterConfig:
             raise ConfigError("cluster.max_connections", "expected a whole number from 1 to 1024")
         kwargs["max_connections"] = n
     if "landing" in raw:
-        kwargs["landing"] = _parsed("cluster.landing", parse_size, raw["landing"])
+        kwargs["landing"] = parsed("cluster.landing", parse_size, raw["landing"])
         if not 64 << 10 <= kwargs["landing"] <= 1 << 30:
             raise ConfigError(
                 "cluster.landing", "must be from 64KiB to 1GiB (each peer has up to 4 landing buffers this size)"
@@ -712,10 +546,10 @@ def _parse_cluster(raw: Any, tiers: list[TierConfig]) -> ClusterConfig:
             raise ConfigError(f"{where}.events", f'{events!r} is not a ZMQ address; e.g. "tcp://10.0.0.2:5557"')
         peer = PeerConfig(
             name=name,
-            address=_address(f"{where}.address", table["address"]),
+            address=address(f"{where}.address", table["address"]),
             events=events,
-            uid=_parse_id(f"{where}.uid", table.get("uid"), "user"),
-            gid=_parse_id(f"{where}.gid", table.get("gid"), "group"),
+            uid=parse_id(f"{where}.uid", table.get("uid"), "user"),
+            gid=parse_id(f"{where}.gid", table.get("gid"), "group"),
         )
         out.append(peer)
     if not tiers or tiers[0].kind is not TierKind.DRAM:
@@ -761,20 +595,12 @@ def namespace_path(where: str, raw: Any, others: Iterable[str] = ()) -> str:
     return path
 
 
-def _parsed(where: str, parse: Callable[[Any], T], value: Any) -> T:
-    """``parse(value)``, its ``ValueError`` a :class:`ConfigError` naming *where*."""
-    try:
-        return parse(value)
-    except ValueError as exc:
-        raise ConfigError(where, str(exc)) from None
-
-
 def _parse_namespace(where: str, table: Any, tier_names: list[str]) -> NamespaceConfig:
     if not isinstance(table, dict):
         raise ConfigError(where, "expected a table")
     unknown = sorted(set(table) - set(_NAMESPACE_KEYS))
     if unknown:
-        raise _unknown_key(where, unknown[0], _NAMESPACE_KEYS)
+        raise unknown_key(where, unknown[0], _NAMESPACE_KEYS)
     model = _parse_model(f"{where}.model", table["model"]) if "model" in table else None
     path: str
     if "path" in table:
@@ -791,12 +617,12 @@ def _parse_namespace(where: str, table: Any, tier_names: list[str]) -> Namespace
         if tier not in tier_names:
             raise ConfigError(
                 f"{where}.quota.{tier}",
-                f"no tier named {tier!r}{_did_you_mean(tier, tier_names)}; tiers: {', '.join(tier_names)}",
+                f"no tier named {tier!r}{did_you_mean(tier, tier_names)}; tiers: {', '.join(tier_names)}",
             )
-        quota[tier] = _parsed(f"{where}.quota.{tier}", parse_size, size)
+        quota[tier] = parsed(f"{where}.quota.{tier}", parse_size, size)
     retention = None
     if "retention" in table:
-        retention = _parsed(f"{where}.retention", parse_duration, table["retention"])
+        retention = parsed(f"{where}.retention", parse_duration, table["retention"])
         if retention <= 0:
             raise ConfigError(f"{where}.retention", "must be longer than zero (leave it out to keep blocks)")
     retired = table.get("retired", False)
@@ -805,29 +631,13 @@ def _parse_namespace(where: str, table: Any, tier_names: list[str]) -> Namespace
     return NamespaceConfig(
         path=path,
         quota=quota,
-        owner=_parse_id(f"{where}.owner", table.get("owner"), "user"),
-        group=_parse_id(f"{where}.group", table.get("group"), "group"),
-        mode=_parsed(f"{where}.mode", parse_mode, table["mode"]) if "mode" in table else None,
+        owner=parse_id(f"{where}.owner", table.get("owner"), "user"),
+        group=parse_id(f"{where}.group", table.get("group"), "group"),
+        mode=parsed(f"{where}.mode", parse_mode, table["mode"]) if "mode" in table else None,
         retention=retention,
         retired=retired,
         model=model,
     )
-
-
-def _parse_id(where: str, value: Any, kind: str) -> int | None:
-    """A uid or gid: a number, or a name looked up in the passwd or group database."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | str):
-        raise ConfigError(where, f"expected a {kind} name or a numeric id")
-    if isinstance(value, int):
-        if value < 0:
-            raise ConfigError(where, f"a {kind} id is not negative")
-        return value
-    try:
-        return pwd.getpwnam(value).pw_uid if kind == "user" else grp.getgrnam(value).gr_gid
-    except KeyError:
-        raise ConfigError(where, f"no {kind} named {value!r} on this machine; give a numeric id") from None
 
 
 def _parse_model(where: str, table: Any) -> Namespace:
@@ -835,7 +645,7 @@ def _parse_model(where: str, table: Any) -> Namespace:
         raise ConfigError(where, "expected a table: { model, dtype, num_layers, num_kv_heads, head_size, ... }")
     unknown = sorted(set(table) - set(_MODEL_KEYS))
     if unknown:
-        raise _unknown_key(where, unknown[0], _MODEL_KEYS)
+        raise unknown_key(where, unknown[0], _MODEL_KEYS)
     kwargs: dict[str, Any] = {}
     for f in dataclasses.fields(Namespace):
         if f.name not in table:

@@ -277,7 +277,7 @@ def run_for(seconds: float, prop: Any, strategy: Any, *, batch: int = 200) -> tu
             derandomize=False,
             suppress_health_check=list(HealthCheck),
             phases=[hypothesis.Phase.generate, hypothesis.Phase.shrink],
-        )(given(strategy)(counted))  # type: ignore[no-untyped-call]  # hypothesis types given()'s result as an unannotated wrapper
+        )(given(strategy)(counted))  # type: ignore[no-untyped-call, unused-ignore]  # hypothesis (when installed) types given()'s result as unannotated
         try:
             test()
         except DaemonGone:
