@@ -208,6 +208,28 @@ def _load_mode(mode: str) -> None:
     conn.layerwise = mode == "layer"
 
 
+def _time_connector() -> dict[str, float]:
+    """Seconds this process's worker-side connector spends in the calls the forward
+    waits for (``start_load_kv``, ``wait_for_layer_load``, ``save_kv_layer``,
+    ``wait_for_save``), summed from now on in the returned dict's ``"s"``."""
+    from vllm.distributed.kv_transfer.kv_transfer_state import get_kv_transfer_group
+
+    conn = get_kv_transfer_group()
+    spent = {"s": 0.0}
+    for name in ("start_load_kv", "wait_for_layer_load", "save_kv_layer", "wait_for_save"):
+        call = getattr(conn, name)
+
+        def timed(*a, _call=call, **kw):
+            t0 = time.perf_counter()
+            try:
+                return _call(*a, **kw)
+            finally:
+                spent["s"] += time.perf_counter() - t0
+
+        setattr(conn, name, timed)
+    return spent
+
+
 def warm(args: argparse.Namespace) -> dict:
     """One engine process: a cold pass over the prompts (computes; a connector saves),
     then ``--rounds`` warm passes of the same prompts (vLLM's prefix cache off: every
@@ -217,6 +239,7 @@ def warm(args: argparse.Namespace) -> dict:
     llm = _engine(args)
     startup = time.perf_counter() - t0
     log = _connector_log()
+    spent = _time_connector()
     todo = prompts(args.prompts, args.prompt_len)
     passes = [{"pass": "cold", "load": None, "requests": _requests(llm, todo, args.max_tokens)}]
     modes = ["layer", "step"] if args.connector == "kvfs" else [None]
@@ -226,7 +249,9 @@ def warm(args: argparse.Namespace) -> dict:
             timed = len(log.kvfs["times"]["load_ms"])
             if mode is not None:
                 _load_mode(mode)
+            at = spent["s"]
             res = {"pass": "warm", "load": mode, "requests": _requests(llm, todo, args.max_tokens)}
+            res["connector_ms"] = 1e3 * (spent["s"] - at) / len(todo)  # per request, on the forward's path
             if args.connector == "kvfs":
                 res["kvfs"] = {k: log.kvfs[k] - before[k] for k in before if k != "cached"}
                 res["load_ms"] = log.kvfs["times"]["load_ms"][timed:]  # the connector's own timing
