@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import numpy as np
@@ -133,3 +134,29 @@ def test_a_read_into_buffers_at_any_page_offset_is_byte_exact(kvfs_mount, at):
         split = [[_aligned(64, at), _aligned(n - 64, at)] for _ in names]  # a block over two buffers
         c.get_into(names, split)
         assert all(np.array_equal(np.concatenate(s), b) for s, b in zip(split, blocks))
+
+
+def test_a_checkout_reply_with_short_columns_is_a_protocol_error(kvfs_mount):
+    """A reply whose columns do not all hold one entry per name (a daemon bug, or a frame
+    damaged on the way) fails the read, never pairs a name with another's lease."""
+    from kvfs.protocol import ProtocolError
+
+    mp = kvfs_mount(dram="8MiB", disk="32MiB")
+    with Client(mp, write=True) as c:
+        c.put(["sc/a", "sc/b"], [b"a" * 4096, b"b" * 4096])
+        real = c._conn.request
+
+        def short(req, reply=None):
+            r = real(req, reply)
+            if type(r).__name__ == "CheckedOut":
+                c._done.add([i for i in r.ids if i])  # ended with the next request
+                r = dataclasses.replace(r, offsets=r.offsets[:1])
+            return r
+
+        c._conn.request = short  # type: ignore[method-assign]
+        with pytest.raises(ProtocolError, match="columns of other lengths"):
+            c.get_into(["sc/a", "sc/b"], [bytearray(4096), bytearray(4096)])
+        c._conn.request = real  # type: ignore[method-assign]
+        outs = [bytearray(4096), bytearray(4096)]
+        assert c.get_into(["sc/a", "sc/b"], outs) == [4096, 4096]
+        assert outs == [bytearray(b"a" * 4096), bytearray(b"b" * 4096)]

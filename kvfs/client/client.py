@@ -61,6 +61,7 @@ from kvfs.protocol import (
     Prefetch,
     PrefetchResult,
     Promote,
+    ProtocolError,
     Release,
     Renew,
     Request,
@@ -297,6 +298,9 @@ class Client:
             req = Checkout(names=names, ttl=ttl or self.lease_ttl, promote=promote, release=self._done.take())
             r: CheckedOut = self._conn.request(req)
         expires = sent + r.ttl
+        columns = (r.ids, r.tiers, r.kinds, r.paths, r.offsets, r.lengths, r.checksums, r.errors or names)
+        if any(len(c) != len(names) for c in columns):
+            raise ProtocolError(f"the daemon answered a checkout of {len(names)} names with columns of other lengths")
         tiers = map(self.tiers.__getitem__, r.tiers)
         cols = zip(r.ids, tiers, r.kinds, r.paths, r.offsets, r.lengths, r.checksums, repeat(r.ttl))
         if not r.errors:
