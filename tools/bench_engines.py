@@ -16,6 +16,9 @@ on both, with the same workload, and prints per client:
   TTFT loading layer by layer against whole steps (aim <= 0.85), and warm TTFT against
   the same engine with no connector (every token computed); ``ok`` when all produced the
   same tokens and cached the same number of tokens;
+- **vllm-connector-warm**: the same aims with one warm engine process per connector (a
+  cold pass, then warm passes; KvfsConnector's alternate layer by layer and whole steps):
+  two engine starts instead of six per round (``tools/bench_vllm_connector.py``);
 - **sglang-backend**: kvfs's own SGLang HiCache backend against SGLang's ``HiCacheFile`` on
   the plain directory, set and get GB/s, kvfs/plain (aim >= 1.5 on gets;
   ``tools/bench_sglang_backend.py``);
@@ -45,7 +48,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from . import bench_lmcache_backend, bench_sglang_backend, bench_vllm_tier
+from . import bench_lmcache_backend, bench_sglang_backend, bench_vllm_connector, bench_vllm_tier
 from .engine_clients import CLIENTS, ClientFailed, ClientMissing, client_python, differences, run_client, without
 from .flags import positive_int
 from .render import table
@@ -62,13 +65,14 @@ WORKLOADS = {
     "lmcache-disk": "LMCache LocalDiskBackend",
     "safetensors": "safetensors save/load_file",
     "vllm-connector": "vLLM KvfsConnector vs ExampleConnector",
+    "vllm-connector-warm": bench_vllm_connector.WHAT,
     "sglang-backend": bench_sglang_backend.WHAT,
     "vllm-tier": bench_vllm_tier.WHAT,
     "lmcache-backend": bench_lmcache_backend.WHAT,
 }
 
 # bench name -> the engine client whose virtualenv it needs
-_VENV_OF = {"lmcache-disk": "lmcache", "vllm-connector": "vllm"}
+_VENV_OF = {"lmcache-disk": "lmcache", "vllm-connector": "vllm", "vllm-connector-warm": "vllm"}
 
 AIM_WRITE, AIM_READ = 0.80, 1.15
 AIM_CONNECTOR = 0.8  # KvfsConnector's warm TTFT over ExampleConnector's (warm page cache)
@@ -309,7 +313,7 @@ def run(args: argparse.Namespace) -> int:
             except ClientMissing as exc:
                 result["clients"].append({"client": name, "what": WORKLOADS[name], "status": f"missing: {exc}"})
         model = None
-        if "vllm" in available or "vllm-connector" in available:
+        if {"vllm", "vllm-connector", "vllm-connector-warm"} & set(available):
             model = base / "tiny-llama"
             _progress("writing the model config (8 layers, 4 KV heads of 64)")
             run_client(
@@ -327,6 +331,11 @@ def run(args: argparse.Namespace) -> int:
                 if name == "vllm-connector":
                     assert model is not None
                     result["clients"].append(bench_connector(plain_root, mp, args, model))
+                elif name == "vllm-connector-warm":
+                    assert model is not None
+                    result["clients"].append(
+                        bench_vllm_connector.bench_connector_warm(plain_root, mp, args, model, _progress)
+                    )
                 elif name == "sglang-backend":  # a backend of its own against SGLang's: its own rows
                     result["clients"].append(bench_sglang_backend.bench_sglang_backend(plain_root, mp, args, _progress))
                 elif name == "vllm-tier":
@@ -364,6 +373,8 @@ def _rows(c: dict[str, Any]) -> list[list[str]]:
         return bench_vllm_tier.rows(c)
     if c["client"] == "lmcache-backend":
         return bench_lmcache_backend.rows(c)
+    if c["client"] == "vllm-connector-warm":
+        return bench_vllm_connector.rows(c)
     status = c.get("status", "")
     if "plain" not in c:
         return [[c["client"], "-", "-", "-", "-", "-", status]]

@@ -13,9 +13,10 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import xxhash
 
-__all__ = ["Segments", "checksum", "copy_hashed", "gather", "read_file", "scatter", "segments"]
+__all__ = ["Segments", "address", "checksum", "copy", "copy_hashed", "gather", "read_file", "scatter", "segments"]
 
 Segments = list[memoryview]
 
@@ -64,14 +65,50 @@ def total(segs: Sequence[memoryview]) -> int:
     return sum(len(s) for s in segs)
 
 
-def scatter(src: memoryview, segs: Sequence[memoryview]) -> None:
-    """Copy *src* into *segs* in order (they hold at least ``len(src)`` bytes)."""
+_PAGE = 4096
+_ALIAS = 256  # (dst - src) mod a page below this: the string copy stalls (see copy)
+_VECTOR_MIN = 64 << 10  # smaller copies: the check costs more than it can save
+
+
+def address(buf: memoryview) -> int:
+    """Where *buf*'s first byte lies in this process's memory."""
+    if not buf.readonly:
+        return ctypes.addressof(ctypes.c_char.from_buffer(buf))  # 0.5 us, a quarter of numpy's
+    at: int = np.frombuffer(buf, np.uint8).__array_interface__["data"][0]
+    return at
+
+
+def copy(dst: memoryview, src: memoryview, src_at: int | None = None) -> None:
+    """``dst[:] = src`` (same length), at memory speed whatever the two addresses;
+    *src_at*: :func:`address` of *src* when the caller knows it.
+
+    glibc copies a few KiB or more with ``rep movsb``, which on some x86 CPUs (measured:
+    AMD EPYC, glibc 2.36) runs 2-8x slower when the destination lies a little above the
+    source modulo a page (``(dst - src) % 4096`` in (0, 256)): each load waits for the
+    store just before it (4 KiB aliasing). A block at a page-aligned arena offset copied
+    into a buffer from ``malloc`` (numpy's: 16 bytes past a page) is that case. There the
+    bytes go through numpy's vector loop over 8-byte words instead, which does not stall;
+    every other copy is a plain ``memcpy``."""
+    n = len(src)
+    if n >= _VECTOR_MIN and not dst.readonly:
+        da = address(dst)
+        sa = address(src) if src_at is None else src_at
+        if 0 < (da - sa) % _PAGE < _ALIAS and not (da | sa | n) & 7:
+            np.positive(np.frombuffer(src, np.uint64), out=np.frombuffer(dst, np.uint64))
+            return
+    dst[:] = src
+
+
+def scatter(src: memoryview, segs: Sequence[memoryview], src_at: int | None = None) -> None:
+    """Copy *src* into *segs* in order (they hold at least ``len(src)`` bytes); *src_at*:
+    :func:`address` of *src* when the caller knows it."""
     pos, n = 0, len(src)
     for s in segs:
         if pos >= n:
             break
         k = min(len(s), n - pos)
-        s[:k] = src[pos : pos + k]
+        at = None if src_at is None else src_at + pos
+        copy(s if k == len(s) else s[:k], src if k == n else src[pos : pos + k], at)
         pos += k
 
 

@@ -5,8 +5,9 @@ with the leases. Ending them at once costs a message that wakes the daemon for e
 read; an engine reading batch after batch would send two messages per batch. Instead the
 ids wait here and go with the client's next checkout (:class:`~kvfs.protocol.Checkout`'s
 ``release``), or as a :class:`~kvfs.protocol.Release` sent ahead of any other request, or,
-when the client goes quiet, after ``delay`` seconds from a thread of this object. A lease
-waiting here holds its DRAM extent a little longer (at most ``delay`` seconds, or its
+when the client goes quiet, after ``delay`` seconds (at most twice that) from a thread of
+this object. A lease waiting here holds its DRAM extent a little longer (at most
+2 x ``delay`` seconds, or its
 deadline if the daemon stopped answering); nothing reads it any more.
 """
 
@@ -27,12 +28,23 @@ log = logging.getLogger("kvfs.client")
 class DeferredReleases:
     """Lease ids waiting to be ended; *send(ids)* ends them (the client's own
     :class:`~kvfs.protocol.Release`, sent without waiting) when nothing took them within
-    *delay* seconds. Thread-safe; the thread starts with the first ids."""
+    about *delay* seconds (at most twice that). Thread-safe; the thread starts with the
+    first ids.
 
-    def __init__(self, send: Callable[[list[int]], None], *, delay: float) -> None:
+    The thread is not woken by every :meth:`add`: a client reading batch after batch adds
+    ids after each read and its next checkout takes them, and a wake-up of another thread
+    per read costs more than the read's copy on a busy machine (the GIL changes hands
+    twice). While ids keep coming the thread looks every *delay* seconds; only after
+    *linger* seconds without any does it sleep until the next :meth:`add` wakes it."""
+
+    def __init__(self, send: Callable[[list[int]], None], *, delay: float, linger: float = 1.0) -> None:
         self._send = send
         self.delay = delay
+        self.linger = linger
         self._ids: list[int] = []
+        self._since = 0.0  # when the oldest id waiting was added
+        self._active = 0.0  # when ids were last added
+        self._sleeping = False  # the thread waits for a notify (not on a clock)
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -43,11 +55,16 @@ class DeferredReleases:
         with self._cond:
             if self._closed:
                 return  # the session is over: the daemon ended them with it
+            now = time.monotonic()
+            if not self._ids:
+                self._since = now
+            self._active = now
             self._ids += ids
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="kvfs-client-release", daemon=True)
                 self._thread.start()
-            self._cond.notify()
+            elif self._sleeping:
+                self._cond.notify()
 
     def take(self) -> list[int]:
         """Every id waiting (to send now, with a request); none wait after this."""
@@ -65,19 +82,33 @@ class DeferredReleases:
         if thread is not None and thread is not threading.current_thread():
             thread.join()
 
+    def _due(self) -> list[int] | None:
+        """Under the lock: wait until ids are due (returned, taken) or the end (None)."""
+        while not self._closed:
+            now = time.monotonic()
+            if self._ids:
+                left = self._since + self.delay - now
+                if left <= 0:
+                    ids, self._ids = self._ids, []
+                    return ids
+                self._cond.wait(left)
+            elif now - self._active < self.linger:
+                self._cond.wait(self.delay)  # reads keep coming: look again soon, unwoken
+            else:
+                self._sleeping = True
+                try:
+                    self._cond.wait()
+                finally:
+                    self._sleeping = False
+        return None
+
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._ids and not self._closed:
-                    self._cond.wait()
-                deadline = time.monotonic() + self.delay
-                while self._ids and not self._closed and (left := deadline - time.monotonic()) > 0:
-                    self._cond.wait(left)
-                if self._closed:
-                    return
-                ids, self._ids = self._ids, []
-            if ids:
-                try:
-                    self._send(ids)
-                except KvfsError as exc:  # the daemon went away: the session's end ended them
-                    log.debug("kvfs: releasing %d leases failed: %s", len(ids), exc)
+                ids = self._due()
+            if ids is None:
+                return
+            try:
+                self._send(ids)
+            except KvfsError as exc:  # the daemon went away: the session's end ended them
+                log.debug("kvfs: releasing %d leases failed: %s", len(ids), exc)

@@ -78,6 +78,37 @@ def test_bench_engines_vllm_connector_json():
     assert "vllm-connector: kvfs connector on" in res.stderr and "(step)" in res.stderr
 
 
+def test_bench_engines_vllm_connector_warm_row():
+    """One warm engine process per connector: the cold pass and every warm pass of both
+    produced the same tokens, kvfs loaded blocks in both modes, and the table has the
+    aims' rows and the layer-wise floor."""
+    need_client("vllm")
+    res = _bench("--clients", "vllm-connector-warm", "--rounds", "2", "--json")
+    assert res.returncode == 0, res.stderr
+    (c,) = json.loads(res.stdout)["clients"]
+    assert c["client"] == "vllm-connector-warm" and c["status"] == "ok", c.get("status")
+    assert [len(c["passes_ms"][k]) for k in ("example", "layer", "step")] == [2, 2, 2]
+    assert all(ms > 0 for k in c["warm_ms"] for ms in [c["warm_ms"][k], *c["passes_ms"][k]])
+    assert all(n > 0 for n in c["cached_tokens"])  # the warm passes loaded the prompts' KV
+    assert all(p and all(ms > 0 for ms in p) for m in ("layer", "step") for p in c["kvfs_load_ms"][m])
+    assert set(c["ratio"]) == {"layer_vs_example", "step_vs_example", "layer_vs_step", "cold"}
+    assert 0 < c["step_load_ms"] and c["layer_bound"] < 1
+    assert all(c["connector_ms"][k] > 0 for k in ("example", "layer", "step")) and c["connector_bound"] > 0
+    assert res.stderr.count("vllm-connector-warm: ") == 2  # two engine processes, no more
+    from kvfs.tools import bench_vllm_connector
+
+    rows = bench_vllm_connector.rows(c)
+    assert [r[1] for r in rows] == [
+        "cold TTFT ms",
+        "warm TTFT ms, layers",
+        "warm TTFT ms, steps",
+        "warm layers vs steps",
+        "step load ms (floor)",
+        "connector ms/request",
+    ]
+    assert rows[0][-1] == "ok" and rows[1][5] == "<= 0.80" and rows[3][5] == "<= 0.85"
+
+
 def test_bench_engines_json_sglang_backend():
     need_client("sglang-backend")
     res = _bench("--clients", "sglang-backend", "--json")

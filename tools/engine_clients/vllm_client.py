@@ -13,6 +13,13 @@ Run inside the vLLM virtualenv (``.ci/engines vllm``), by path:
   process finds them (``os.path.exists`` of the folder), loads them (``load_file``, mmap)
   and computes only the last tokens.
 
+``warm --model DIR --connector example|kvfs --kv DIR --rounds N``: one engine process, a
+cold pass over the prompts (computes; the connector saves), then *N* warm rounds of the
+same prompts (vLLM's prefix cache off, so every prompt's KV comes through the connector);
+with kvfs each round has a pass loading layer by layer and one loading whole steps (this
+process's worker-side connector switched between passes, in turns first). Per pass: the
+requests as for ``generate`` (``kvfs bench engines --clients vllm-connector-warm``).
+
 ``--connector kvfs`` runs kvfs's own connector instead (``KvfsConnector``, loaded by vLLM
 from ``kv_connector_module_path="kvfs.gpu.vllm_connector"``, with
 ``kv_load_failure_policy="recompute"``; kvfs is installed in the vLLM virtualenv for it):
@@ -121,16 +128,14 @@ def prompts(n: int, length: int) -> list[list[int]]:
     return [[(i * 7919 + j * 31) % 500 + 1 for j in range(length)] for i in range(n)]
 
 
-def generate(args: argparse.Namespace) -> dict[str, Any]:
-    # One process (the engine core in this one, so its connector logs are seen here),
-    # a small CPU KV cache.
+def _engine(args: argparse.Namespace) -> Any:
+    """One engine in this process (the engine core too, so its connector logs are seen
+    here, and its worker's connector is this process's), a small CPU KV cache."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
+    from vllm import LLM
 
-    t0 = time.perf_counter()
-    llm = LLM(
+    return LLM(
         model=args.model,
         load_format="dummy",
         skip_tokenizer_init=True,
@@ -143,15 +148,15 @@ def generate(args: argparse.Namespace) -> dict[str, Any]:
         prefix_caching_hash_algo="sha256_cbor",  # stable across processes (with PYTHONHASHSEED)
         kv_transfer_config=transfer_config(args.connector, args.kv, args.kvfs_load == "layer"),
     )
-    startup = time.perf_counter() - t0
-    # after LLM(): its start re-applies vLLM's logging config, dropping foreign handlers
-    log = _ConnectorLog()
-    logging.getLogger("vllm").addHandler(log)  # the connector's module logger propagates there
-    sp = SamplingParams(temperature=0, max_tokens=args.max_tokens, detokenize=False)
+
+
+def _requests(llm: Any, todo: list[list[int]], max_tokens: int) -> list[dict[str, Any]]:
+    """Each prompt of *todo* alone, greedy: its tokens, cached tokens and TTFT."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    sp = SamplingParams(temperature=0, max_tokens=max_tokens, detokenize=False)
     requests = []
-    todo = prompts(args.prompts, args.prompt_len)
-    if args.warmup_prefix:  # first a request sharing the first prompt's first N tokens only
-        todo.insert(0, todo[0][: args.warmup_prefix] + [501 + j % 10 for j in range(40)])
     for ids in todo:
         t0 = time.perf_counter()
         out = llm.generate([TokensPrompt(prompt_token_ids=ids)], sp, use_tqdm=False)[0]
@@ -164,7 +169,25 @@ def generate(args: argparse.Namespace) -> dict[str, Any]:
                 "wall_s": wall,
             }
         )
-    out = {"startup_s": startup, "requests": requests}
+    return requests
+
+
+def _connector_log() -> _ConnectorLog:
+    # after LLM(): its start re-applies vLLM's logging config, dropping foreign handlers
+    log = _ConnectorLog()
+    logging.getLogger("vllm").addHandler(log)  # the connector's module logger propagates there
+    return log
+
+
+def generate(args: argparse.Namespace) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    llm = _engine(args)
+    startup = time.perf_counter() - t0
+    log = _connector_log()
+    todo = prompts(args.prompts, args.prompt_len)
+    if args.warmup_prefix:  # first a request sharing the first prompt's first N tokens only
+        todo.insert(0, todo[0][: args.warmup_prefix] + [501 + j % 10 for j in range(40)])
+    out = {"startup_s": startup, "requests": _requests(llm, todo, args.max_tokens)}
     if args.connector == "example":
         out["connector_hits"] = log.hits
         out["connector_injected_tokens"] = log.injected_tokens
@@ -173,6 +196,74 @@ def generate(args: argparse.Namespace) -> dict[str, Any]:
         out["kvfs"] = log.kvfs
         out["layers_waited"] = log.layers_waited
         out["block_hashes"] = vllm_block_hashes(prompts(args.prompts, args.prompt_len), 32)
+    return out
+
+
+def _load_mode(mode: str) -> None:
+    """Make this process's worker-side KvfsConnector load *mode* (``layer``/``step``)
+    from its next step on; vLLM built it in this process (no engine subprocess)."""
+    from vllm.distributed.kv_transfer.kv_transfer_state import get_kv_transfer_group
+
+    conn = get_kv_transfer_group()
+    if not hasattr(conn, "layerwise"):
+        raise SystemExit(f"the worker's connector is {type(conn).__name__}, not KvfsConnector")
+    conn.layerwise = mode == "layer"
+
+
+def _time_connector() -> dict[str, float]:
+    """Seconds this process's worker-side connector spends in the calls the forward
+    waits for (``start_load_kv``, ``wait_for_layer_load``, ``save_kv_layer``,
+    ``wait_for_save``), summed from now on in the returned dict's ``"s"``."""
+    from vllm.distributed.kv_transfer.kv_transfer_state import get_kv_transfer_group
+
+    conn = get_kv_transfer_group()
+    spent = {"s": 0.0}
+    for name in ("start_load_kv", "wait_for_layer_load", "save_kv_layer", "wait_for_save"):
+        call = getattr(conn, name)
+
+        def timed(*a: Any, _call: Any = call, **kw: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return _call(*a, **kw)
+            finally:
+                spent["s"] += time.perf_counter() - t0
+
+        setattr(conn, name, timed)
+    return spent
+
+
+def warm(args: argparse.Namespace) -> dict[str, Any]:
+    """One engine process: a cold pass over the prompts (computes; a connector saves),
+    then ``--rounds`` warm passes of the same prompts (vLLM's prefix cache off: every
+    prompt's KV comes through the connector). With ``--connector kvfs`` each round has
+    a pass loading layer by layer and one loading whole steps, in turns first."""
+    t0 = time.perf_counter()
+    llm = _engine(args)
+    startup = time.perf_counter() - t0
+    log = _connector_log()
+    spent = _time_connector()
+    todo = prompts(args.prompts, args.prompt_len)
+    passes = [{"pass": "cold", "load": None, "requests": _requests(llm, todo, args.max_tokens)}]
+    modes = ["layer", "step"] if args.connector == "kvfs" else [None]
+    for r in range(args.rounds):
+        for mode in modes if r % 2 == 0 else modes[::-1]:
+            before = {k: v for k, v in log.kvfs.items() if k != "times"}
+            timed = len(log.kvfs["times"]["load_ms"])
+            if mode is not None:
+                _load_mode(mode)
+            at = spent["s"]
+            res: dict[str, Any] = {"pass": "warm", "load": mode, "requests": _requests(llm, todo, args.max_tokens)}
+            res["connector_ms"] = 1e3 * (spent["s"] - at) / len(todo)  # per request, on the forward's path
+            if args.connector == "kvfs":
+                res["kvfs"] = {k: log.kvfs[k] - before[k] for k in before if k != "cached"}
+                res["load_ms"] = log.kvfs["times"]["load_ms"][timed:]  # the connector's own timing
+            passes.append(res)
+    out: dict[str, Any] = {"startup_s": startup, "passes": passes}
+    if args.connector == "example":
+        out["connector_hits"] = log.hits
+    elif args.connector == "kvfs":
+        out["kvfs"] = log.kvfs
+        out["layers_waited"] = log.layers_waited
     return out
 
 
@@ -219,8 +310,18 @@ def main() -> None:
     g.add_argument(
         "--warmup-prefix", type=int, default=0, metavar="N", help="first a request of the first prompt's first N tokens"
     )
+    w = sub.add_parser("warm", help="a cold pass, then warm passes of the same prompts in the same process")
+    w.add_argument("--model", required=True)
+    w.add_argument("--kv", default="", help="the connector's directory (ExampleConnector) or kvfs mount")
+    w.add_argument("--connector", choices=("example", "kvfs"), default="example")
+    w.add_argument("--prompts", type=int, default=4)
+    w.add_argument("--prompt-len", type=int, default=992)
+    w.add_argument("--max-tokens", type=int, default=8)
+    w.add_argument("--rounds", type=int, default=3, help="warm rounds (kvfs: a layer and a step pass each)")
+    w.set_defaults(prefix_caching=False, kvfs_load="layer")
     args = parser.parse_args()
-    emit(make_model(args) if args.cmd == "model" else generate(args))
+    run = {"model": make_model, "generate": generate, "warm": warm}[args.cmd]
+    emit(run(args))
 
 
 if __name__ == "__main__":  # vLLM's engine starts processes with spawn
