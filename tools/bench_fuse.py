@@ -148,6 +148,12 @@ def small_latency(d: Path, n: int) -> tuple[float, float]:
     for i in range(n):  # warm: names and attributes cached, as in steady state
         with open(d / f"s{i:05d}", "rb", buffering=0) as f:
             f.readinto(buf)
+    lat = _timed_reads(d, n, buf)
+    return lat[len(lat) // 2] * 1e6, lat[int(len(lat) * 0.99)] * 1e6
+
+
+def _timed_reads(d: Path, n: int, buf: bytearray) -> list[float]:
+    """Seconds of each open+read+close of the *n* small files in *d*, sorted."""
     lat = []
     for i in range(n):
         t0 = time.perf_counter()
@@ -155,7 +161,7 @@ def small_latency(d: Path, n: int) -> tuple[float, float]:
             f.readinto(buf)
         lat.append(time.perf_counter() - t0)
     lat.sort()
-    return lat[len(lat) // 2] * 1e6, lat[int(len(lat) * 0.99)] * 1e6
+    return lat
 
 
 def idle_latency(d: Path, n: int, idle: float = 1.5) -> float:
@@ -164,13 +170,7 @@ def idle_latency(d: Path, n: int, idle: float = 1.5) -> float:
     later request): the kernel's 1 s caches of names have lapsed, its 30 s ones not."""
     buf = bytearray(4096)
     time.sleep(idle)  # the point of the row: every name idle longer than the 1 s caches
-    lat = []
-    for i in range(n):
-        t0 = time.perf_counter()
-        with open(d / f"s{i:05d}", "rb", buffering=0) as f:
-            f.readinto(buf)
-        lat.append(time.perf_counter() - t0)
-    lat.sort()
+    lat = _timed_reads(d, n, buf)
     return lat[len(lat) // 2] * 1e6
 
 
