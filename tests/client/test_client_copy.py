@@ -160,3 +160,13 @@ def test_a_checkout_reply_with_short_columns_is_a_protocol_error(kvfs_mount):
         outs = [bytearray(4096), bytearray(4096)]
         assert c.get_into(["sc/a", "sc/b"], outs) == [4096, 4096]
         assert outs == [bytearray(b"a" * 4096), bytearray(b"b" * 4096)]
+
+
+def test_the_clients_lease_tuple_has_the_grants_fields_in_order():
+    """A read's leases are plain tuples built from the checkout reply's columns, in the
+    protocol's Grant field order (a NamedTuple, for speed): a field added to or moved in
+    Grant must be mirrored there, or every read would unpack the wrong column."""
+    from kvfs.client.client import _Leased
+    from kvfs.protocol import Grant
+
+    assert _Leased._fields == tuple(f.name for f in dataclasses.fields(Grant))
