@@ -120,21 +120,13 @@ class BatchReads:
                 self.operator.prefetch(name)
             except KvfsError:
                 pass  # not promoted (DRAM full of pinned blocks, gone meanwhile): lease what is there
-        out: list[Lease | KvfsError] = []
-        leases = self.leases
-        with self.placement.locked():
-            taken = iter(leases.take_many([n for n in normalized if not isinstance(n, InvalidName)], ttl=ttl))
-            for n in normalized:
-                if isinstance(n, InvalidName):
-                    out.append(n)
-                    continue
-                lease = next(taken)
-                if count_hits and isinstance(lease, Lease):
-                    rec = self.catalog.get(n)
-                    if rec is not None:
-                        self.reading.count_read(rec, lease.slot)
-                out.append(lease)
-        return out
+        valid = [n for n in normalized if isinstance(n, str)]
+        counted = self.reading.count_read if count_hits else None
+        taken = self.leases.take_many(valid, ttl=ttl, counted=counted)
+        if len(valid) == len(normalized):
+            return taken
+        it = iter(taken)
+        return [n if isinstance(n, InvalidName) else next(it) for n in normalized]
 
     def _to_promote(self, names: Sequence[str | InvalidName], promote: str) -> list[str]:
         """The names to copy into a hotter tier before leasing; inside ``Store.nowait``

@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from .catalog import BlockRecord
 from .errors import KvfsError
 from .placement import Placement
 from .slot import TierSlot
@@ -39,7 +40,7 @@ log = logging.getLogger("kvfs.store")
 MAX_TTL = 600.0  # seconds: the longest lease the store hands out
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Lease:
     """One held copy: block *name* (*size* bytes, *checksum*) in tier *tier*, its payload
     at *location* (None where the tier has no file to point at), until *expires*
@@ -100,22 +101,48 @@ class Leases:
             self._leases[lease.id] = lease
         return lease
 
-    def take_many(self, names: list[str], *, ttl: float = 30.0) -> list[Lease | KvfsError]:
+    def take_many(
+        self, names: list[str], *, ttl: float = 30.0, counted: Callable[[BlockRecord, TierSlot], None] | None = None
+    ) -> list[Lease | KvfsError]:
         """:meth:`take` of the hottest local copy of each name (normalized), under one
         acquisition of the store's lock: per name its lease or the error it met. The
-        caller holds the store's lock already or not (it is re-entrant)."""
+        caller holds the store's lock already or not (it is re-entrant). *counted(record,
+        slot)* is called under the lock for each lease taken (a reader's hit).
+
+        A copy in a volatile tier (DRAM, the common case of a batch) is taken inline: its
+        extent held and located in one look (:meth:`~kvfs.tier.Tier.open_located`, whose
+        location the tier keeps per extent), no call per name beyond that; every other
+        case goes through :meth:`take`'s own path, errors included."""
         expires = self.deadline(ttl)
+        p = self.placement
+        blocks = p.catalog.blocks
+        slots = p.slots
+        mask = p.local_mask
+        ids = self._ids
         out: list[Lease | KvfsError] = []
-        with self.placement.locked():
+        with p.locked():
             for name in names:
+                rec = blocks.get(name)
+                local = 0 if rec is None else rec.tiers & mask
+                slot = slots[(local & -local).bit_length() - 1] if local else None
                 try:
-                    out.append(self._take(name, None, expires))
+                    if slot is None or slot.persistent:  # a miss, no local copy, a file: the careful path
+                        lease = self._take(name, None, expires)
+                    else:
+                        assert rec is not None
+                        ref, location = slot.tier.open_located(name, rec.size)
+                        lease = Lease(next(ids), name, slot.name, rec.size, rec.checksum, location, expires, slot, ref)
                 except KvfsError as exc:
                     out.append(exc)
+                    continue
+                if counted is not None and rec is not None:
+                    counted(rec, lease.slot)
+                out.append(lease)
         with self._lock:
-            for lease in out:
-                if isinstance(lease, Lease):
-                    self._leases[lease.id] = lease
+            held = self._leases
+            for taken in out:
+                if isinstance(taken, Lease):
+                    held[taken.id] = taken
         return out
 
     def _take(self, name: str, tier: int | None, expires: float) -> Lease:
@@ -132,11 +159,11 @@ class Leases:
                 raise KvfsError(f"{name!r} has no local copy to lease (only shared tiers hold it)")
             slot = p.slots[(local & -local).bit_length() - 1]
         ref = None
-        if not slot.persistent:
-            ref = slot.tier.open(name)  # holds the extent
-        location = slot.tier.locate(name, rec.size)  # from the record: no I/O under the lock
         if slot.persistent:
+            location = slot.tier.locate(name, rec.size)  # from the record: no I/O under the lock
             slot.hold(name)
+        else:
+            ref, location = slot.tier.open_located(name, rec.size)  # the ref holds the extent
         return Lease(
             id=next(self._ids),
             name=name,

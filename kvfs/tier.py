@@ -284,6 +284,16 @@ class Tier(abc.ABC):
         block's payload length when the caller knows it, spares file tiers a header read."""
         return None
 
+    def open_located(self, name: str, size: int | None = None) -> tuple[BlockRef, Location | None]:
+        """:meth:`open` and :meth:`locate` of one copy together (a lease's hold on a
+        volatile copy); a tier that can does both in one look (DRAM)."""
+        ref = self.open(name)
+        try:
+            return ref, self.locate(name, size)
+        except BaseException:
+            ref.release()
+            raise
+
     # Tiers whose replaced or dropped copies keep their room while a reader holds them
     # (DRAM: the extent is reused only after the last BlockRef is released) say so, and
     # report those copies for the store to count against the tier and the block's

@@ -72,6 +72,9 @@ class _Extent:
     retired: bool = False
     token: int = 0
     """Set when it was retired while held (its :class:`HeldChange`'s token)."""
+    location: Location | None = None
+    """Where it lies in the arena file, made at its first lease and kept (a lease of a
+    hot block then builds nothing for it)."""
 
 
 class _Libc:
@@ -202,6 +205,7 @@ class DramTier(Tier):
             self.path = Path(f"{_SHM}/kvfs-{os.getpid()}-{secrets.token_hex(4)}")
         else:
             self.path = Path(config.path)  # type: ignore[arg-type]
+        self._path = str(self.path)
         size = HEADER + config.capacity - config.capacity % 4096
         self._fd = _open_arena(self.path, private=private, what=what)
         try:
@@ -349,6 +353,20 @@ class DramTier(Tier):
             ext.refs += 1
         return BlockRef(self._ro[ext.offset : ext.offset + ext.length], ext.checksum, lambda: self._release(ext))
 
+    def open_located(self, name: str, size: int | None = None) -> tuple[BlockRef, Location]:
+        """:meth:`open` and :meth:`locate` in one look under the lock (a lease's hold): the
+        ref holds the extent, the location is the extent's own, made once."""
+        with self._lock:
+            ext = self._index.get(name)
+            if ext is None:
+                raise BlockNotFound(name)
+            ext.refs += 1
+            loc = ext.location
+            if loc is None:
+                loc = ext.location = Location(path=self._path, offset=HEADER + ext.offset, length=ext.length)
+        start = ext.offset
+        return BlockRef(self._ro[start : start + ext.length], ext.checksum, lambda: self._release(ext)), loc
+
     # -- extents written by clients (two-phase puts, kvfs.ingest) ---------------------
 
     def reserve(self, size: int) -> int:
@@ -400,7 +418,10 @@ class DramTier(Tier):
             ext = self._index.get(name)
             if ext is None:
                 raise BlockNotFound(name)
-            return Location(path=str(self.path), offset=HEADER + ext.offset, length=ext.length)
+            loc = ext.location
+            if loc is None:
+                loc = ext.location = Location(path=self._path, offset=HEADER + ext.offset, length=ext.length)
+            return loc
 
     def delete(self, name: str) -> None:
         with self._lock:

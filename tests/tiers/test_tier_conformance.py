@@ -129,6 +129,39 @@ def test_replace_keeps_old_readers(tier):
     ref.release()
 
 
+def _bytes_at(loc) -> bytes:
+    fd = os.open(loc.path, os.O_RDONLY)
+    try:
+        return os.pread(fd, loc.length, loc.offset)
+    finally:
+        os.close(fd)
+
+
+def test_open_located_holds_the_copy_it_locates(tier):
+    """``open_located`` (a lease's hold) is ``open`` and ``locate`` of one copy: the
+    location names the bytes the ref holds, and a replacement is located anew (DRAM keeps
+    a location per extent, never per name)."""
+    a, b = os.urandom(50_000), os.urandom(60_000)
+    _put(tier, "r", a)
+    ref, loc = tier.open_located("r", len(a))
+    assert bytes(ref.data) == a
+    assert loc == tier.locate("r", len(a))
+    if loc is not None:
+        assert loc.length == len(a) and _bytes_at(loc) == a
+    _put(tier, "r", b)
+    new, loc2 = tier.open_located("r", len(b))
+    assert bytes(new.data) == b and bytes(ref.data) == a  # the old holder keeps the old copy
+    if loc2 is not None:
+        assert loc2.length == len(b) and _bytes_at(loc2) == b
+        if tier.keeps_held:  # an extent held is never reused: the old one still holds a
+            assert loc is not None and loc2.offset != loc.offset and _bytes_at(loc) == a
+    ref.release()
+    new.release()
+    tier.delete("r")
+    with pytest.raises(BlockNotFound):
+        tier.open_located("r", len(b))
+
+
 def test_delete(tier):
     _put(tier, "d/x", b"hello")
     tier.delete("d/x")
