@@ -121,7 +121,7 @@ class BatchReads:
             except KvfsError:
                 pass  # not promoted (DRAM full of pinned blocks, gone meanwhile): lease what is there
         valid = [n for n in normalized if isinstance(n, str)]
-        counted = self.reading.count_read if count_hits else None
+        counted = self.reading.count_reads if count_hits else None
         taken = self.leases.take_many(valid, ttl=ttl, counted=counted)
         if len(valid) == len(normalized):
             return taken

@@ -102,12 +102,16 @@ class Leases:
         return lease
 
     def take_many(
-        self, names: list[str], *, ttl: float = 30.0, counted: Callable[[BlockRecord, TierSlot], None] | None = None
+        self,
+        names: list[str],
+        *,
+        ttl: float = 30.0,
+        counted: Callable[[list[tuple[BlockRecord, TierSlot]]], None] | None = None,
     ) -> list[Lease | KvfsError]:
         """:meth:`take` of the hottest local copy of each name (normalized), under one
         acquisition of the store's lock: per name its lease or the error it met. The
-        caller holds the store's lock already or not (it is re-entrant). *counted(record,
-        slot)* is called under the lock for each lease taken (a reader's hit).
+        caller holds the store's lock already or not (it is re-entrant). *counted* is called
+        under the lock with the ``(record, slot)`` of every lease taken (the reader's hits).
 
         A copy in a volatile tier (DRAM, the common case of a batch) is taken inline: its
         extent held and located in one look (:meth:`~kvfs.tier.Tier.open_located`, whose
@@ -118,26 +122,31 @@ class Leases:
         blocks = p.catalog.blocks
         slots = p.slots
         mask = p.local_mask
+        volatile = [not s.persistent for s in slots]
         ids = self._ids
         out: list[Lease | KvfsError] = []
+        reads: list[tuple[BlockRecord, TierSlot]] = []
         with p.locked():
             for name in names:
                 rec = blocks.get(name)
                 local = 0 if rec is None else rec.tiers & mask
-                slot = slots[(local & -local).bit_length() - 1] if local else None
+                at = (local & -local).bit_length() - 1
                 try:
-                    if slot is None or slot.persistent:  # a miss, no local copy, a file: the careful path
+                    if at < 0 or not volatile[at]:  # a miss, no local copy, a file: the careful path
                         lease = self._take(name, None, expires)
                     else:
                         assert rec is not None
+                        slot = slots[at]
                         ref, location = slot.tier.open_located(name, rec.size)
                         lease = Lease(next(ids), name, slot.name, rec.size, rec.checksum, location, expires, slot, ref)
                 except KvfsError as exc:
                     out.append(exc)
                     continue
-                if counted is not None and rec is not None:
-                    counted(rec, lease.slot)
+                if rec is not None:
+                    reads.append((rec, lease.slot))
                 out.append(lease)
+            if counted is not None and reads:
+                counted(reads)
         with self._lock:
             held = self._leases
             for taken in out:

@@ -316,7 +316,7 @@ class ClientOps:
         ttl = self._ttl(req.ttl)
         leased = await self._batch(self.store.lease_many, names, ttl=ttl, promote=promote, count_hits=req.count_hits)
         refused, n = conn.refused, len(req.names)
-        results = await self._sized(n, lambda: _spread(refused, n, leased, lambda e: e))
+        results = await self._sized(n, lambda: _spread(refused, n, leased, lambda e: e)) if refused else leased
         s = conn.session
         if s.copies is not None:
             results = await trio.to_thread.run_sync(self._copy_out, s, results)
