@@ -136,10 +136,12 @@ class BatchReads:
         hot = slots[0]
         out: list[str] = []
         source = 0  # the tier whose I/O the first promotion needs
+        in_hot = hot.bit if hot.bit & p.local_mask and not hot.persistent else 0  # copies that stay where they are
+        get = self.catalog.blocks.get
         with p.locked():
             for n in names:
-                rec = self.catalog.get(n) if isinstance(n, str) else None
-                if rec is None:
+                rec = get(n) if isinstance(n, str) else None
+                if rec is None or rec.tiers & in_hot:
                     continue
                 local = rec.tiers & p.local_mask
                 if not local:

@@ -306,8 +306,10 @@ class ClientOps:
         cheap to encode and check on both sides however many names)."""
         if req.promote not in Promote.ALL:
             raise ProtocolError(f"checkout.promote: {req.promote!r} is not one of {', '.join(Promote.ALL)}")
-        if req.release:
+        if len(req.release) > _ON_LOOP:
             await self.op_release(conn, Release(ids=req.release))
+        elif req.release:
+            self._end_after_reply(conn.session, req.release)
         promote = req.promote
         names = _allowed(req.names, conn.refused)
         await self._settle(names)
@@ -321,6 +323,24 @@ class ClientOps:
         if s.copies is not None:
             results = await trio.to_thread.run_sync(self._copy_out, s, results)
         return await self._sized(n, functools.partial(self._checked_out, s, results, ttl))
+
+    def _end_after_reply(self, s: Session, ids: list[int]) -> None:
+        """End the leases a checkout carries that session *s* holds: they leave the session
+        now (their copy-buffer slots too, which this checkout may take), and the store ends
+        them in a task of their own, which runs once this task sent the reply: the client
+        was done with them, and its read does not wait for their end."""
+        held = s.leases
+        ids = [i for i in ids if i in held]
+        if ids:
+            held.difference_update(ids)
+            s.free_slots(leases=ids)
+            trio.lowlevel.spawn_system_task(self._end_leases, ids)
+
+    async def _end_leases(self, ids: list[int]) -> None:
+        try:
+            await call_store(self.store, self.store.leases.release_many, ids)
+        except Exception:  # a system task must not raise (it would end the loop): say so, the deadline ends them
+            log.exception("ending %d leases a checkout carried failed", len(ids))
 
     def _checked_out(self, s: Session, results: list[StoreLease | KvfsError], ttl: float) -> CheckedOut:
         """The reply to a checkout: its leases (now held by session *s*) in columns."""
