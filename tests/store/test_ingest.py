@@ -209,6 +209,38 @@ def test_leases_follow_the_promote_policy(tmp_path):
     s.close()
 
 
+def test_a_batch_of_leases_holds_each_copy_it_names_and_counts_a_hit_per_lease(tmp_path):
+    """``lease_many`` of DRAM copies, a disk copy, a miss and a bad name in one batch: each
+    lease names the bytes of the version it holds (a DRAM block replaced while leased is
+    leased anew at its new extent, the old lease keeps the old bytes), a hit is counted
+    per lease taken (in the record and the tier), none with ``count_hits=False``."""
+    s = make(tmp_path, blocks=3, promote=PromoteMode.NEVER)
+    for i in range(4):
+        s.put(f"b{i}", blob(i))  # b0 on disk, b1-b3 in DRAM
+    assert s.stat("b0").tiers == ("disk",) and s.stat("b3").tiers == ("dram",)
+    arena = Arena(s)
+    hits = {n: s.stat(n).hits for n in ("b0", "b1", "b3")}
+    dram_hits, disk_hits = s.slots[0].counters.hits, s.slots[1].counters.hits
+    old = s.lease_many(["b3", "b0", "nope", "b1", "a/../b"], promote="never")
+    assert [type(x).__name__ for x in old] == ["Lease", "Lease", "BlockNotFound", "Lease", "InvalidName"]
+    b3, b0, _, b1, _ = old
+    assert (b3.tier, b0.tier, b1.tier) == ("dram", "disk", "dram")
+    assert arena.read(b3.location) == blob(3) and arena.read(b1.location) == blob(1)
+    assert b3.location == s.slots[0].tier.locate("b3") and b3.checksum == checksum(blob(3))
+    assert {n: s.stat(n).hits for n in hits} == {n: h + 1 for n, h in hits.items()}
+    assert (s.slots[0].counters.hits, s.slots[1].counters.hits) == (dram_hits + 2, disk_hits + 1)
+    s.put("b3", blob(9))  # replaced while leased: a new extent, the old one held
+    [new] = s.lease_many(["b3"], count_hits=False)
+    assert new.location != b3.location and arena.read(new.location) == blob(9)
+    assert arena.read(b3.location) == blob(3)  # the old lease still holds the version it read
+    assert s.stat("b3").hits == 0  # a new block, and a lease that counts no hit
+    assert len(s.leases) == 4
+    for lease in (*[x for x in old if hasattr(x, "id")], new):
+        s.release(lease)
+    assert len(s.leases) == 0
+    s.close()
+
+
 def test_leasing_in_nowait_defers_a_promotion_to_a_worker(tmp_path):
     from kvfs.errors import StoreBusy
 
