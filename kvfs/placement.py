@@ -41,12 +41,13 @@ from typing import Any, Protocol, TypeVar
 
 from .backlog import WriteThroughQueue
 from .catalog import BlockRecord, Catalog
-from .errors import BlockCorrupt, BlockNotFound, DescriptorsExhausted, NoSpace, StoreBusy, TierFull, TierUnavailable
+from .errors import BlockNotFound, NoSpace, StoreBusy, TierFull, TierUnavailable
 from .events import EventKind, EventLog
+from .moves import CopyRead, CopyWrite, Written
 from .namespaces import Namespaces, NamespaceState, PartitionedPolicy
 from .policies import EvictionPolicy
 from .slot import TierSlot
-from .tier import BackingFile, BlockRef, Tier
+from .tier import BlockRef, Tier
 
 __all__ = ["GivenUp", "Placement"]
 
@@ -151,19 +152,29 @@ class Placement:
         if self._thread.nowait:
             raise StoreBusy(f"{what} on tier {self.slots[tier].name!r} is needed", tier=tier)
 
+    @property
+    def holds_lock(self) -> bool:
+        """True when this thread holds the store's lock (a move's I/O phase must not)."""
+        return self._thread.depth > 0
+
     @contextmanager
     def unlocked(self) -> Iterator[None]:
-        """Let go of the lock (however deeply held) for tier I/O, then take it back.
-        Callers re-check what they saw before: anything may have changed meanwhile."""
-        if self._thread.nowait:  # pragma: no cover - require_io comes first
+        """Let go of the lock (however deeply held) for the I/O phase of a move
+        (:mod:`kvfs.moves`) made by a caller nested in locked calls, then take it back;
+        the move's ``complete`` re-checks what changed meanwhile. (Demotions and the
+        copies made while room is made run here; see docs/store.md.)"""
+        state = self._thread
+        if state.nowait:  # pragma: no cover - require_io comes first
             raise StoreBusy("tier I/O is needed")
         saved = self.lock._release_save()  # type: ignore[attr-defined]
+        depth, state.depth = state.depth, 0
         try:
-            if self._thread.deferred:
+            if state.deferred:
                 self._run_deferred()
             yield
         finally:
             self.lock._acquire_restore(saved)  # type: ignore[attr-defined]
+            state.depth = depth
 
     # -- events and bookkeeping (under the lock) ----------------------------------
 
@@ -309,49 +320,14 @@ class Placement:
                 self.forget_copy(slot, rec)
                 return None
         self.require_io(slot.index, "reading a copy")
-        error: Exception | None = None
-        result: T | None = None
-        name = rec.name
-        with self.unlocked():
-            try:
-                result = fetch(slot.tier, name)
-            except (BlockNotFound, BlockCorrupt, TierUnavailable) as exc:
-                error = exc
-        # renamed while read (or being renamed: moving, both names held): a missing file,
-        # or a header already naming the new name, says nothing about the copy; bytes
-        # that were read are still the block's. (A demotion sets moving but holds nothing.)
-        if isinstance(error, DescriptorsExhausted):
-            raise error  # the daemon's limit, not the copy's or the tier's: the read fails alone
-        renamed = rec.name != name or (rec.moving & slot.bit and slot.is_busy(name))
-        if isinstance(error, (BlockNotFound, BlockCorrupt)) and renamed:
-            return None
-        if isinstance(error, BlockNotFound):
-            if self.is_current(rec) and not slot.is_busy(rec.name):  # busy: being renamed or rewritten
-                self.forget_copy(slot, rec)  # vanished (another node deleted it)
-            return None
-        if isinstance(error, BlockCorrupt):
-            self.corrupt(slot, rec, str(error))
-            return None
-        if isinstance(error, TierUnavailable):
-            slot.failed(error)
-            return None
-        assert result is not None
-        data, csum = unpack(result)
-        if csum != rec.checksum or len(data) != rec.size:
-            if isinstance(result, (BlockRef, BackingFile)):
-                result.release()
-            if not self.is_current(rec) or slot.is_busy(rec.name):
-                return None  # a replace racing this read is not corruption
-            if slot.shared:
-                # The copy verified against its own header, so another node replaced the
-                # block: not corruption, and never delete it; re-check on next lookup.
-                self.forget_copy(slot, rec)
-                rec.checked = 0.0
-                return None
-            self.corrupt(slot, rec, "copy does not match the block's checksum")
-            return None
-        slot.answered()
-        return result
+        step = CopyRead.prepare(self, slot, rec, fetch, unpack)
+        try:
+            with self.unlocked():
+                step.run()
+        except BaseException:
+            step.abort()
+            raise
+        return step.complete()
 
     def open_copy(self, slot: TierSlot, rec: BlockRecord) -> BlockRef | None:
         """A verified view of the copy in *slot* to copy from, or None (under the lock)."""
@@ -670,40 +646,19 @@ class Placement:
         new: bool,
         lossless: bool,
     ) -> bool:
-        name = rec.name
         for _ in range(_TIER_FULL_RETRIES):
-            slot.reserved += fp
-            if ns is not None:
-                ns.reserved[slot.index] += fp
-            slot.hold(name)
-            error: Exception | None = None
+            step = CopyWrite.prepare(self, slot, rec, fp, ns, new=new)
             try:
                 with self.unlocked():
-                    try:
-                        slot.tier.put(name, data, rec.checksum)
-                    except (TierFull, TierUnavailable) as exc:
-                        error = exc
-            finally:
-                slot.reserved -= fp
-                if ns is not None:
-                    ns.reserved[slot.index] -= fp
-                if error is None:
-                    slot.doomed.discard(name)  # the file a waiting delete meant is replaced
-                self.release_hold(slot, name)
-            if isinstance(error, TierUnavailable):
-                slot.failed(error)
-                return False
-            if error is None:
-                slot.answered()
-                if new or (rec.name == name and self.is_current(rec)):
-                    return True
-                # deleted, replaced or renamed while written: a file under a name that is
-                # not this record's, nobody's (a record claiming it would send every
-                # reader, here and on other nodes, to a name this tier does not hold)
-                self.delete_copy(slot, name)
-                return False
-            if not self._evict_one(slot, lossless):  # TierFull: fuller than the count says
-                return False
+                    step.run(data)
+            except BaseException:
+                step.abort()
+                raise
+            written = step.complete()
+            if written is Written.COMMITTED:
+                return True
+            if written is not Written.FULL or not self._evict_one(slot, lossless):
+                return False  # FULL: fuller than the count says; evict and try again
         return False
 
     def refusal(self, slot: TierSlot, rec: BlockRecord) -> str:

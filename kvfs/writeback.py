@@ -24,8 +24,8 @@ from typing import Any
 
 from .backlog import CopyJob, DeleteJob, WriteThroughQueue
 from .catalog import BlockRecord
-from .errors import TierUnavailable
 from .events import EventKind
+from .moves import CopyDelete
 from .placement import Placement
 from .slot import TierSlot
 
@@ -120,14 +120,16 @@ class WriteBack:
             job = self.queue.pop(slot.index)
             if job is None:
                 return _Outcome.STOP
-            if isinstance(job, DeleteJob):
-                return self._delete(slot, job)
-            return self._copy(slot, job)
+            if not isinstance(job, DeleteJob):
+                return self._copy(slot, job)
+            step = CopyDelete.prepare(p, slot, job)
+        return self._delete(step)
 
     def run_delete(self, slot: TierSlot, name: str) -> bool:
         """Run the queued delete of *name* from *slot* now, if it is still queued (from a
         limiter's thread, so the caller of ``delete`` need not wait); True if it ran."""
-        with self.placement.locked():
+        p = self.placement
+        with p.locked():
             job = self.queue.take_delete(slot.index, name)
             if job is None:
                 return False
@@ -135,27 +137,26 @@ class WriteBack:
             if not slot.usable():
                 self.queue.push_back(job)
                 return False
-            return self._delete(slot, job) is _Outcome.DONE
+            step = CopyDelete.prepare(p, slot, job)
+        return self._delete(step) is _Outcome.DONE
 
-    def _delete(self, slot: TierSlot, job: DeleteJob) -> _Outcome:
-        """Under the lock; the name is held in *slot* since the job was queued."""
+    def _delete(self, step: CopyDelete) -> _Outcome:
+        """Run the delete *step* (its job taken from the queue; the name is held in the
+        tier since the job was queued) with the lock let go, then complete it; a tier
+        that did not answer gets the job back (it keeps its turn)."""
         p = self.placement
-        error: TierUnavailable | None = None
-        with p.unlocked():
-            try:
-                if job.cutoff is None:
-                    slot.tier.delete(job.name)
-                else:  # the retention sweep's: never a copy another node wrote since the cutoff
-                    slot.tier.expire(job.name, job.cutoff)
-            except TierUnavailable as exc:
-                error = exc
-        if error is not None:
-            slot.failed(error)
-            self.queue.push_back(job)
+        try:
+            step.run()
+        except BaseException:
+            with p.locked():
+                step.abort()
+                self.queue.push_back(step.job)
+            raise
+        with p.locked():
+            if step.complete():
+                return _Outcome.DONE
+            self.queue.push_back(step.job)
             return _Outcome.STOP
-        slot.answered()
-        p.release_hold(slot, job.name)
-        return _Outcome.DONE
 
     def _copy(self, slot: TierSlot, job: CopyJob) -> _Outcome:
         """Under the lock."""
