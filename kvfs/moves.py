@@ -25,7 +25,7 @@ go by the normal end of a ``with`` scope.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import Any, Generic, Protocol, TypeVar
 
 from .backlog import DeleteJob
@@ -35,7 +35,7 @@ from .namespaces import NamespaceState
 from .slot import TierSlot
 from .tier import BackingFile, BlockRef, Tier
 
-__all__ = ["CopyDelete", "CopyRead", "CopyRenames", "CopyWrite", "Keeper", "Phase", "Written"]
+__all__ = ["CopyDelete", "CopyRead", "CopyRenames", "CopyWrite", "Flow", "Keeper", "Phase", "Step", "Written"]
 
 T = TypeVar("T")
 
@@ -59,6 +59,19 @@ class Keeper(Protocol):
     def delete_copy(self, slot: TierSlot, name: str, *, cutoff: float | None = None) -> None: ...
 
     def corrupt(self, slot: TierSlot, rec: BlockRecord, why: str) -> None: ...
+
+
+class Step(Protocol):
+    """A prepared step: its I/O phase (with the lock let go) and its undo (under the lock)."""
+
+    def run(self) -> None: ...
+
+    def abort(self) -> None: ...
+
+
+Flow = Generator[Step, None, T]
+"""A store call's work under the lock that yields the steps whose I/O runs with it let go:
+``Placement.drive`` runs it (``yield step`` where the I/O goes; ``yield from`` a flow)."""
 
 
 class Phase(enum.Enum):
@@ -209,11 +222,20 @@ class CopyWrite(_Step):
     is a block being sealed, not yet in the catalog."""
 
     def __init__(
-        self, keeper: Keeper, slot: TierSlot, rec: BlockRecord, fp: int, ns: NamespaceState | None, *, new: bool
+        self,
+        keeper: Keeper,
+        slot: TierSlot,
+        rec: BlockRecord,
+        data: Any,
+        fp: int,
+        ns: NamespaceState | None,
+        *,
+        new: bool,
     ) -> None:
         super().__init__(keeper)
         self.slot = slot
         self.rec = rec
+        self.data = data
         self.name = rec.name
         self.checksum = rec.checksum
         self.fp = fp
@@ -223,10 +245,19 @@ class CopyWrite(_Step):
 
     @classmethod
     def prepare(
-        cls, keeper: Keeper, slot: TierSlot, rec: BlockRecord, fp: int, ns: NamespaceState | None, *, new: bool
+        cls,
+        keeper: Keeper,
+        slot: TierSlot,
+        rec: BlockRecord,
+        data: Any,
+        fp: int,
+        ns: NamespaceState | None,
+        *,
+        new: bool,
     ) -> CopyWrite:
-        """Under the lock: reserve the room and hold the name."""
-        step = cls(keeper, slot, rec, fp, ns, new=new)
+        """Under the lock: reserve the room and hold the name (*data*: the bytes, valid
+        until the step ends)."""
+        step = cls(keeper, slot, rec, data, fp, ns, new=new)
         step._reserve(+1)
         slot.hold(step.name)
         return step
@@ -236,11 +267,11 @@ class CopyWrite(_Step):
         if self.ns is not None:
             self.ns.reserved[self.slot.index] += sign * self.fp
 
-    def run(self, data: Any) -> None:
-        """With the lock let go: write *data* (valid until this returns)."""
+    def run(self) -> None:
+        """With the lock let go: write the bytes."""
         self._start_io()
         try:
-            self.slot.tier.put(self.name, data, self.checksum)
+            self.slot.tier.put(self.name, self.data, self.checksum)
         except (TierFull, TierUnavailable) as exc:
             self.error = exc
         self.phase = Phase.RAN
