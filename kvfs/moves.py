@@ -17,9 +17,12 @@ vLLM's offloading manager (``prepare_store`` → transfer → ``complete_store(s
    committed.
 
 The steps take the parts they use (a :class:`Keeper`, the slot, the record), never the
-store. :class:`~kvfs.placement.Placement` is the keeper; :mod:`kvfs.renames` and
-:mod:`kvfs.writeback` run their steps at the top of their store call, so the lock is let
-go by the normal end of a ``with`` scope.
+store. :class:`~kvfs.placement.Placement` is the keeper. The work a store call does under
+the lock is a :data:`Flow`: a generator that ``yield``s each prepared step where its I/O
+goes (and ``yield from``s the flows it calls); ``Placement.drive``, at the top of the
+store call, runs it under the lock and runs each step's I/O after the ``with`` scope of
+the lock has ended, so the lock is never let go under a caller. :mod:`kvfs.renames` runs
+its step the same way by hand.
 """
 
 from __future__ import annotations
