@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 import kvfs
+from kvfs.blockfile import checksum
 from kvfs.catalog import BlockRecord
 from kvfs.config import DiskConfig, DramConfig, WriteMode
 from kvfs.errors import BlockNotFound
@@ -137,6 +138,23 @@ def test_a_step_refuses_to_run_with_the_lock_held(tmp_path):
             step.run()
         step.abort()
         assert step.phase is Phase.ENDED and slot.reserved == 0 and not slot.is_busy("a")
+    assert not files_in(tmp_path / "d")
+    s.close()
+
+
+def test_a_flow_needing_io_under_a_held_lock_is_refused_and_undone(tmp_path):
+    """A caller holding the lock cannot have it let go under it: a flow that reaches a step
+    there (a put into full DRAM demotes its victim to disk) is refused with RuntimeError,
+    the step aborted (no room or hold left), the victim untouched."""
+    s = Store([dram(blocks=1), gated_disk(tmp_path / "d")])
+    s.put("m/a", blob(1))
+    p = s.placement
+    rec = BlockRecord("m/b", BLOCK, checksum(blob(2)))
+    with p.locked():
+        with pytest.raises(RuntimeError, match="holds the store's lock"):
+            p.drive(p.place(rec, blob(2)))
+        assert s.slots[1].reserved == 0 and not s.slots[1].busy
+    assert s.lookup("m/a").tiers == ("dram",) and s.read("m/a") == blob(1)
     assert not files_in(tmp_path / "d")
     s.close()
 
