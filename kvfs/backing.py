@@ -13,6 +13,7 @@ a hit (policy, access time) but promotes nothing: the daemon never holds the byt
 from __future__ import annotations
 
 from .catalog import Catalog
+from .moves import Flow
 from .placement import Placement
 from .reading import Reading
 from .revalidation import SharedRecords
@@ -37,22 +38,26 @@ class BackingFiles:
         block; may do tier I/O (call it from a worker thread)."""
         self.records.refresh(name)
         p = self.placement
-        with p.locked():
-            rec = self.catalog.require(name)
-            for slot in p.hottest_first(rec):
-                if not slot.persistent or slot.shared:
-                    return None  # DRAM serves it from memory; a shared copy is read through the store
-                if not slot.usable():
-                    continue
-                try:
-                    result = p.fetch(slot, rec, _open_file, _unpack_file)
-                except _NoFile:
-                    return None  # a header before the payload: read through the store
-                if result is None:
-                    continue  # gone or bad (dropped and counted): the next copy
-                self.reading.count_read(rec, slot)
-                return result
-            return None
+        try:
+            return p.drive(self._open(name))
+        except _NoFile:
+            return None  # a header before the payload: read through the store
+
+    def _open(self, name: str) -> Flow[BackingFile | None]:
+        """:meth:`open`'s work (a flow: each file is opened in a step with the lock let go)."""
+        p = self.placement
+        rec = self.catalog.require(name)
+        for slot in p.hottest_first(rec):
+            if not slot.persistent or slot.shared:
+                return None  # DRAM serves it from memory; a shared copy is read through the store
+            if not slot.usable():
+                continue
+            result = yield from p.fetch(slot, rec, _open_file, _unpack_file)
+            if result is None:
+                continue  # gone or bad (dropped and counted): the next copy
+            self.reading.count_read(rec, slot)
+            return result
+        return None
 
     def touch(self, name: str, checksum: int, size: int) -> bool:
         """A read of block *name* (version *checksum*, *size*) served from a file the

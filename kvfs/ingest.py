@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from .blockfile import checksum as compute_checksum
 from .catalog import BlockRecord, BlockStat
 from .errors import BlockCorrupt, IsADirectory, KvfsError, NoSpace, NotADirectory, ReservationEnded
+from .moves import Flow
 from .names import normalize
 from .placement import Placement
 from .sealing import Sealing
@@ -116,27 +117,29 @@ class Ingest:
         cap = slot.capacity
         if cap is not None and slot.footprint(name, size) > cap:
             raise NoSpace(f"{name!r} ({size} bytes) is larger than the whole {slot.name} tier ({cap} bytes)")
-        p = self.placement
-        with p.locked():
-            self._check_name(name)
-            offset = p.reserve_extent(slot, name, size)
-            if offset is None:
-                raise NoSpace(
-                    f"the {slot.name} tier has no room for {name!r} ({size} bytes) now: it is full of pinned, "
-                    "leased or reserved blocks; release leases, unpin blocks, or put fewer at once"
-                )
-            res = Reservation(
-                id=next(self._ids),
-                name=name,
-                size=size,
-                parent=parent,
-                location=slot.tier.reserved_location(offset, size),
-                expires=self.clock() + ttl,
-                slot=slot,
-                offset=offset,
+        return self.placement.drive(self._reserve(slot, name, size, parent, ttl))
+
+    def _reserve(self, slot: TierSlot, name: str, size: int, parent: str | None, ttl: float) -> Flow[Reservation]:
+        """:meth:`reserve`'s work under the lock (a flow: demotions that make the room let go of it)."""
+        self._check_name(name)
+        offset = yield from self.placement.reserve_extent(slot, name, size)
+        if offset is None:
+            raise NoSpace(
+                f"the {slot.name} tier has no room for {name!r} ({size} bytes) now: it is full of pinned, "
+                "leased or reserved blocks; release leases, unpin blocks, or put fewer at once"
             )
-            with self._lock:
-                self._open[res.id] = res
+        res = Reservation(
+            id=next(self._ids),
+            name=name,
+            size=size,
+            parent=parent,
+            location=slot.tier.reserved_location(offset, size),
+            expires=self.clock() + ttl,
+            slot=slot,
+            offset=offset,
+        )
+        with self._lock:
+            self._open[res.id] = res
         return res
 
     def _check_name(self, name: str) -> None:

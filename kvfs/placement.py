@@ -7,11 +7,14 @@ last copy is here), promoting a block read from a colder tier, copying a block d
 policies name victims, and :meth:`Placement.admits` is the one place that decides whether
 a colder tier takes a block on its way down.
 
-Moves are two-phase, as vLLM's offloading manager does them: under the lock the target's
-room is **reserved** (evicting by policy) and the copy is marked busy; the **copy** runs
-outside the lock; under the lock again it is **committed** (the record gains the copy) or
-**aborted** (the reservation is returned; a copy left behind by a block that changed
-meanwhile is deleted). Volatile tiers (DRAM) answer at memory speed, so their copies are
+Moves are two-phase, as vLLM's offloading manager does them (:mod:`kvfs.moves`): under the
+lock the target's room is **reserved** (evicting by policy) and the copy is marked busy;
+the **copy** runs with no lock held; under the lock again it is **completed** (the record
+gains the copy) or undone (the reservation is returned; a copy left behind by a block that
+changed meanwhile is deleted). The work under the lock is a *flow*, a generator that yields
+each step where its I/O goes; :meth:`Placement.drive`, at the top of the store call, runs
+it and lets go of the lock for each step by ending its ``with`` scope: the lock is never
+let go under a caller. Volatile tiers (DRAM) answer at memory speed, so their copies are
 made under the lock; nothing that touches a persistent tier (a file, an object) ever runs
 while the lock is held, so a DRAM hit never waits behind a demotion or an upload.
 
@@ -41,18 +44,20 @@ from typing import Any, Protocol, TypeVar
 
 from .backlog import WriteThroughQueue
 from .catalog import BlockRecord, Catalog
-from .errors import BlockCorrupt, BlockNotFound, DescriptorsExhausted, NoSpace, StoreBusy, TierFull, TierUnavailable
+from .errors import BlockNotFound, NoSpace, StoreBusy, TierFull, TierUnavailable
 from .events import EventKind, EventLog
+from .moves import CopyRead, CopyWrite, Flow, Written
 from .namespaces import Namespaces, NamespaceState, PartitionedPolicy
 from .policies import EvictionPolicy
 from .slot import TierSlot
-from .tier import BackingFile, BlockRef, Tier
+from .tier import BlockRef, Tier
 
 __all__ = ["GivenUp", "Placement"]
 
 log = logging.getLogger("kvfs.store")
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 
 class GivenUp(Protocol):
@@ -151,19 +156,50 @@ class Placement:
         if self._thread.nowait:
             raise StoreBusy(f"{what} on tier {self.slots[tier].name!r} is needed", tier=tier)
 
-    @contextmanager
-    def unlocked(self) -> Iterator[None]:
-        """Let go of the lock (however deeply held) for tier I/O, then take it back.
-        Callers re-check what they saw before: anything may have changed meanwhile."""
-        if self._thread.nowait:  # pragma: no cover - require_io comes first
-            raise StoreBusy("tier I/O is needed")
-        saved = self.lock._release_save()  # type: ignore[attr-defined]
-        try:
-            if self._thread.deferred:
-                self._run_deferred()
-            yield
-        finally:
-            self.lock._acquire_restore(saved)  # type: ignore[attr-defined]
+    @property
+    def holds_lock(self) -> bool:
+        """True when this thread holds the store's lock (a move's I/O phase must not)."""
+        return self._thread.depth > 0
+
+    def drive(self, flow: Flow[R]) -> R:
+        """Run *flow* (a store call's work under the lock) to its end and return its value.
+        Call it at the top of the store call, holding no lock: *flow* runs under the lock,
+        and each step it yields (:mod:`kvfs.moves`, prepared under the lock) does its I/O
+        here once the ``with`` scope of the lock has ended; then *flow* goes on under the
+        lock (the step's ``complete`` re-checks what changed meanwhile). A step that fails
+        unexpectedly is aborted and its error raised in *flow*. Inside a call that holds
+        the lock (``Store.nowait``: ``require_io`` refuses any step first) *flow* runs
+        as a plain call, and a step it yields is an error."""
+        if self._thread.depth:
+            with self.locked():
+                try:
+                    step = next(flow)
+                except StopIteration as done:
+                    return done.value  # type: ignore[no-any-return]
+                step.abort()
+                error = RuntimeError("tier I/O is needed inside a call that holds the store's lock")
+                flow.throw(error)
+                raise error  # pragma: no cover - flow.throw raises it
+        with self.locked():
+            try:
+                step = next(flow)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+        while True:
+            try:
+                step.run()  # the lock is not held: the with scope above ended
+                error_in_io: BaseException | None = None
+            except BaseException as exc:  # noqa: BLE001 - raised in the flow, under the lock, after the abort
+                error_in_io = exc
+            with self.locked():
+                try:
+                    if error_in_io is None:
+                        step = flow.send(None)
+                    else:
+                        step.abort()
+                        step = flow.throw(error_in_io)
+                except StopIteration as done:
+                    return done.value  # type: ignore[no-any-return]
 
     # -- events and bookkeeping (under the lock) ----------------------------------
 
@@ -291,13 +327,16 @@ class Placement:
             tried |= 1 << i
             yield self.slots[i]
 
-    def fetch(
+    def start_read(
         self, slot: TierSlot, rec: BlockRecord, fetch: Callable[[Tier, str], T], unpack: Callable[[T], Any]
-    ) -> T | None:
-        """``fetch(tier, name)`` the copy in *slot*, verified against the record; None if there
-        is no good copy there now (a bad or vanished copy is dropped from the record).
-        Under the lock; a persistent tier is read with the lock let go. *unpack* turns
-        the result into ``(payload view, checksum)``."""
+    ) -> T | CopyRead[T] | None:
+        """Under the lock, the first phase of reading *rec*'s copy in *slot* with
+        ``fetch(tier, name)``: None when the tier is not usable now or (a volatile tier)
+        holds no copy; from a volatile tier, the result itself (memory speed, under the
+        lock); from a persistent one, a prepared :class:`~kvfs.moves.CopyRead` the caller
+        runs where it holds no lock (:meth:`drive`) and completes under it again
+        (:class:`StoreBusy` inside :meth:`nowait`). *unpack* turns the result into
+        ``(payload view, checksum)``."""
         if not slot.usable():
             return None
         if not slot.persistent:  # volatile tiers answer at memory speed: no need to leave the lock
@@ -309,53 +348,23 @@ class Placement:
                 self.forget_copy(slot, rec)
                 return None
         self.require_io(slot.index, "reading a copy")
-        error: Exception | None = None
-        result: T | None = None
-        name = rec.name
-        with self.unlocked():
-            try:
-                result = fetch(slot.tier, name)
-            except (BlockNotFound, BlockCorrupt, TierUnavailable) as exc:
-                error = exc
-        # renamed while read (or being renamed: moving, both names held): a missing file,
-        # or a header already naming the new name, says nothing about the copy; bytes
-        # that were read are still the block's. (A demotion sets moving but holds nothing.)
-        if isinstance(error, DescriptorsExhausted):
-            raise error  # the daemon's limit, not the copy's or the tier's: the read fails alone
-        renamed = rec.name != name or (rec.moving & slot.bit and slot.is_busy(name))
-        if isinstance(error, (BlockNotFound, BlockCorrupt)) and renamed:
-            return None
-        if isinstance(error, BlockNotFound):
-            if self.is_current(rec) and not slot.is_busy(rec.name):  # busy: being renamed or rewritten
-                self.forget_copy(slot, rec)  # vanished (another node deleted it)
-            return None
-        if isinstance(error, BlockCorrupt):
-            self.corrupt(slot, rec, str(error))
-            return None
-        if isinstance(error, TierUnavailable):
-            slot.failed(error)
-            return None
-        assert result is not None
-        data, csum = unpack(result)
-        if csum != rec.checksum or len(data) != rec.size:
-            if isinstance(result, (BlockRef, BackingFile)):
-                result.release()
-            if not self.is_current(rec) or slot.is_busy(rec.name):
-                return None  # a replace racing this read is not corruption
-            if slot.shared:
-                # The copy verified against its own header, so another node replaced the
-                # block: not corruption, and never delete it; re-check on next lookup.
-                self.forget_copy(slot, rec)
-                rec.checked = 0.0
-                return None
-            self.corrupt(slot, rec, "copy does not match the block's checksum")
-            return None
-        slot.answered()
-        return result
+        return CopyRead.prepare(self, slot, rec, fetch, unpack)
 
-    def open_copy(self, slot: TierSlot, rec: BlockRecord) -> BlockRef | None:
-        """A verified view of the copy in *slot* to copy from, or None (under the lock)."""
-        return self.fetch(slot, rec, _open_in, _unpack_ref)
+    def fetch(
+        self, slot: TierSlot, rec: BlockRecord, fetch: Callable[[Tier, str], T], unpack: Callable[[T], Any]
+    ) -> Flow[T | None]:
+        """``fetch(tier, name)`` the copy in *slot*, verified against the record; None if there
+        is no good copy there now (a bad or vanished copy is dropped from the record).
+        A flow (:meth:`drive`): a persistent tier is read in a step (:class:`CopyRead`)."""
+        found = self.start_read(slot, rec, fetch, unpack)
+        if not isinstance(found, CopyRead):
+            return found
+        yield found
+        return found.complete()
+
+    def open_copy(self, slot: TierSlot, rec: BlockRecord) -> Flow[BlockRef | None]:
+        """A verified view of the copy in *slot* to copy from, or None (a flow)."""
+        return (yield from self.fetch(slot, rec, _open_in, _unpack_ref))
 
     # -- room ------------------------------------------------------------------------
 
@@ -382,9 +391,11 @@ class Placement:
             if rec is not None and rec.tiers & slot.bit and not rec.pinned:
                 self.policy_insert(slot, rec)
 
-    def make_room(self, slot: TierSlot, need: int, *, lossless: bool = False, ns: NamespaceState | None = None) -> bool:
-        """Evict from *slot* until *need* more bytes fit (under the lock, which is let go
-        while a victim's last copy is demoted); False if they cannot. *lossless*: never
+    def make_room(
+        self, slot: TierSlot, need: int, *, lossless: bool = False, ns: NamespaceState | None = None
+    ) -> Flow[bool]:
+        """Evict from *slot* until *need* more bytes fit (a flow: the lock is let go while a
+        victim's last copy is demoted); False if they cannot. *lossless*: never
         drop a block's last copy to make the room (the flush at unmount). *ns*: the
         bytes are the namespace's, so they must also fit its quota in *slot*, made by
         evicting its own blocks first (never another namespace's for its quota)."""
@@ -403,13 +414,13 @@ class Placement:
                     order, quota = ns.parts[i], ns.quota[i]
                     fits = quota is not None and need <= quota
                     victim = self.victim(slot, skipped, order) if fits and order is not None else None
-                    if victim is not None and self.evict_copy(slot, victim, "quota", lossless=lossless):
+                    if victim is not None and (yield from self.evict_copy(slot, victim, "quota", lossless=lossless)):
                         ns.evictions[i] += 1
                         continue
                     return False
                 if cap is not None and self.catalog.used[i] + slot.held + slot.reserved + need > cap:
                     victim = self.victim(slot, skipped)
-                    if victim is None or not self.evict_copy(slot, victim, lossless=lossless):
+                    if victim is None or not (yield from self.evict_copy(slot, victim, lossless=lossless)):
                         return False
                     continue
                 return True
@@ -480,17 +491,17 @@ class Placement:
             ns.parts[i] = None
         ns.quota[i] = quota
 
-    def evict_copy(self, slot: TierSlot, rec: BlockRecord, detail: str = "", *, lossless: bool = False) -> bool:
+    def evict_copy(self, slot: TierSlot, rec: BlockRecord, detail: str = "", *, lossless: bool = False) -> Flow[bool]:
         """Remove the copy in *slot* to make room. Demote it first when no colder local
         tier holds it: into any colder tier when it is the last copy here or colder
         (write-back), into a colder local tier when only shared tiers hold it (local
-        tiers cache what the shared ones hold; nothing is lost if none takes it). Under
-        the lock; demoting lets go of it. False when nothing was freed: pinned meanwhile,
+        tiers cache what the shared ones hold; nothing is lost if none takes it). A flow;
+        demoting lets go of the lock. False when nothing was freed: pinned meanwhile,
         or (*lossless*) a last copy no colder tier took."""
         colder = rec.tiers >> (slot.index + 1) << (slot.index + 1)
         if not colder & self.local_mask:
             self.require_io(slot.index + 1 if slot.index + 1 < len(self.slots) else slot.index, "a demotion")
-            demoted = self.demote(slot, rec, skip=self.shared_mask if colder else 0, admit=not lossless)
+            demoted = yield from self.demote(slot, rec, skip=self.shared_mask if colder else 0, admit=not lossless)
             if not self.is_current(rec) or not rec.tiers & slot.bit:
                 return True  # removed or replaced meanwhile: its room is free already
             if rec.pinned:
@@ -520,20 +531,20 @@ class Placement:
             if target.usable() and (not admit or self.admits(rec, source, target)):
                 yield target
 
-    def demote(self, slot: TierSlot, rec: BlockRecord, *, skip: int = 0, admit: bool = True) -> bool:
+    def demote(self, slot: TierSlot, rec: BlockRecord, *, skip: int = 0, admit: bool = True) -> Flow[bool]:
         """Copy the block from *slot* into the first colder tier that takes it (not the
         tiers in the mask *skip*; *admit*: only tiers whose admission policy accepts it).
-        Under the lock, let go for the copy."""
+        A flow: the lock is let go for the read and the write."""
         rec.moving |= slot.bit
         slot.policy.remove(rec.name)  # not a victim candidate while it moves
         try:
-            ref = self.open_copy(slot, rec)
+            ref = yield from self.open_copy(slot, rec)
             if ref is None:
                 log.warning("cannot demote %s from %s: its copy is not readable", rec.name, slot.name)
                 return False
             with ref:
                 for target in self.demotion_targets(rec, slot, admit=admit):
-                    if not skip & target.bit and self.copy_into(target, rec, ref.data, EventKind.DEMOTED):
+                    if not skip & target.bit and (yield from self.copy_into(target, rec, ref.data, EventKind.DEMOTED)):
                         return True
             return False
         finally:
@@ -553,11 +564,12 @@ class Placement:
         *,
         new: bool = False,
         lossless: bool = False,
-    ) -> bool:
+    ) -> Flow[bool]:
         """Put *data* (the block's bytes, valid until this returns) into *slot* for *rec*.
 
-        Under the lock. A volatile tier is written under it; a persistent one in two
-        phases: reserve (evicting by policy), write with the lock let go, commit. False
+        A flow (:meth:`drive`). A volatile tier is written under the lock; a persistent
+        one in a step (:class:`CopyWrite`): reserve (evicting by policy), write with the
+        lock let go, complete. False
         when the tier cannot take it now (unavailable, too small, full of pinned blocks,
         the name busy there). *new*: *rec* is a block being sealed, not yet in the catalog.
         *lossless*: no block loses its last copy to make the room. A copy written under a
@@ -570,16 +582,16 @@ class Placement:
             self.require_io(slot.index, "writing a copy")
         fp = self.footprint(slot, rec)
         ns = self.namespaces.of(name) if self.namespaces else None
-        if not self.make_room(slot, fp, lossless=lossless, ns=ns):
+        if not (yield from self.make_room(slot, fp, lossless=lossless, ns=ns)):
             return False
         if not new and not self.is_current(rec):
             return False  # deleted or replaced while room was made
         if rec.tiers & slot.bit:
             return True  # another reader promoted it meanwhile
         if not slot.persistent:
-            if not self._put_volatile(slot, rec, data, lossless):
+            if not (yield from self._put_volatile(slot, rec, data, lossless)):
                 return False
-        elif not self._put_persistent(slot, rec, data, fp, ns, new=new, lossless=lossless):
+        elif not (yield from self._put_persistent(slot, rec, data, fp, ns, new=new, lossless=lossless)):
             return False
         self._added(slot, rec, kind, detail)
         return True
@@ -601,23 +613,23 @@ class Placement:
 
     # -- extents a client writes (kvfs.ingest) ------------------------------------------
 
-    def reserve_extent(self, slot: TierSlot, name: str, size: int) -> int | None:
+    def reserve_extent(self, slot: TierSlot, name: str, size: int) -> Flow[int | None]:
         """Room for a block of *size* bytes that a client writes itself into *slot* (a
         reservable volatile tier): evict by policy until it fits (within its namespace's
         quota there, as any placement), then take a free extent no reader sees. Its
         footprint counts in ``slot.reserved`` (and the namespace's) until
         :meth:`commit_extent` or :meth:`abort_extent`. Returns the extent's offset, or
-        None when it cannot fit (full of pinned or busy blocks). Under the lock, which
-        demotions let go of."""
+        None when it cannot fit (full of pinned or busy blocks). A flow (demotions let go
+        of the lock)."""
         fp = slot.footprint(name, size)
         ns = self.namespaces.of(name) if self.namespaces else None
         for _ in range(_TIER_FULL_RETRIES):
-            if not slot.usable() or not self.make_room(slot, fp, ns=ns):
+            if not slot.usable() or not (yield from self.make_room(slot, fp, ns=ns)):
                 return None
             try:
                 offset = slot.tier.reserve(size)
             except TierFull:  # fragmented: evict more
-                if not self._evict_one(slot, False):
+                if not (yield from self._evict_one(slot, False)):
                     return None
                 continue
             self._hold_reserved(slot, name, fp, +1)
@@ -642,22 +654,22 @@ class Placement:
         self._hold_reserved(slot, name, slot.footprint(name, size), -1)
         slot.tier.abort(offset, size)
 
-    def _put_volatile(self, slot: TierSlot, rec: BlockRecord, data: Any, lossless: bool) -> bool:
+    def _put_volatile(self, slot: TierSlot, rec: BlockRecord, data: Any, lossless: bool) -> Flow[bool]:
         for _ in range(_TIER_FULL_RETRIES):
             try:
                 slot.tier.put(rec.name, data, rec.checksum)
                 return True
             except TierFull:  # fragmented: evict more
-                if not self._evict_one(slot, lossless):
+                if not (yield from self._evict_one(slot, lossless)):
                     return False
         return False
 
-    def _evict_one(self, slot: TierSlot, lossless: bool) -> bool:
+    def _evict_one(self, slot: TierSlot, lossless: bool) -> Flow[bool]:
         """Evict the policy's next victim from *slot* (a tier fuller than its count says)."""
         skipped: list[str] = []
         victim = self.victim(slot, skipped)
         self._restore(slot, skipped)
-        return victim is not None and self.evict_copy(slot, victim, lossless=lossless)
+        return victim is not None and (yield from self.evict_copy(slot, victim, lossless=lossless))
 
     def _put_persistent(
         self,
@@ -669,41 +681,15 @@ class Placement:
         *,
         new: bool,
         lossless: bool,
-    ) -> bool:
-        name = rec.name
+    ) -> Flow[bool]:
         for _ in range(_TIER_FULL_RETRIES):
-            slot.reserved += fp
-            if ns is not None:
-                ns.reserved[slot.index] += fp
-            slot.hold(name)
-            error: Exception | None = None
-            try:
-                with self.unlocked():
-                    try:
-                        slot.tier.put(name, data, rec.checksum)
-                    except (TierFull, TierUnavailable) as exc:
-                        error = exc
-            finally:
-                slot.reserved -= fp
-                if ns is not None:
-                    ns.reserved[slot.index] -= fp
-                if error is None:
-                    slot.doomed.discard(name)  # the file a waiting delete meant is replaced
-                self.release_hold(slot, name)
-            if isinstance(error, TierUnavailable):
-                slot.failed(error)
-                return False
-            if error is None:
-                slot.answered()
-                if new or (rec.name == name and self.is_current(rec)):
-                    return True
-                # deleted, replaced or renamed while written: a file under a name that is
-                # not this record's, nobody's (a record claiming it would send every
-                # reader, here and on other nodes, to a name this tier does not hold)
-                self.delete_copy(slot, name)
-                return False
-            if not self._evict_one(slot, lossless):  # TierFull: fuller than the count says
-                return False
+            step = CopyWrite.prepare(self, slot, rec, data, fp, ns, new=new)
+            yield step  # written where the lock is not held (drive)
+            written = step.complete()
+            if written is Written.COMMITTED:
+                return True
+            if written is not Written.FULL or not (yield from self._evict_one(slot, lossless)):
+                return False  # FULL: fuller than the count says; evict and try again
         return False
 
     def refusal(self, slot: TierSlot, rec: BlockRecord) -> str:
@@ -736,21 +722,21 @@ class Placement:
             "or too small; unpin blocks or add capacity"
         )
 
-    def place(self, rec: BlockRecord, data: Any) -> TierSlot | None:
-        """Seal the new block *rec* into the hottest tier that takes it (under the lock)."""
+    def place(self, rec: BlockRecord, data: Any) -> Flow[TierSlot | None]:
+        """Seal the new block *rec* into the hottest tier that takes it (a flow)."""
         for slot in self.slots:
-            if self.copy_into(slot, rec, data, EventKind.STORED, new=True):
+            if (yield from self.copy_into(slot, rec, data, EventKind.STORED, new=True)):
                 return slot
         return None
 
-    def promote(self, rec: BlockRecord, data: Any, below: int) -> None:
-        """Copy a block just read from tier *below* into the hottest tier that takes it."""
+    def promote(self, rec: BlockRecord, data: Any, below: int) -> Flow[None]:
+        """Copy a block just read from tier *below* into the hottest tier that takes it (a flow)."""
         if not self.is_current(rec):
             return
         for slot in self.slots[:below]:
             if rec.tiers & slot.bit:
                 return
-            if self.copy_into(slot, rec, data, EventKind.PROMOTED):
+            if (yield from self.copy_into(slot, rec, data, EventKind.PROMOTED)):
                 return
 
 

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from .catalog import BlockRecord
 from .errors import IsADirectory
 from .events import EventKind
+from .moves import Flow
 from .names import normalize
 
 if TYPE_CHECKING:
@@ -102,26 +103,28 @@ class Promises:
         (retired namespace, reserved name, a directory)."""
         name = normalize(name)
         self.check(name)
-        p = self.placement
-        with p.locked():
-            if p.catalog.is_dir(name):
-                raise IsADirectory(f"{name!r} is a directory")
-            p.settle_promises()
-            ns = p.namespaces.of(name) if p.namespaces else None
-            for slot in p.slots:
-                if slot.is_busy(name) or not slot.usable():
-                    continue
-                fp = slot.footprint(name, size)
-                if not p.make_room(slot, fp, ns=ns):
-                    continue
-                slot.reserved += fp
-                if ns is not None:
-                    ns.reserved[slot.index] += fp
-                return Promise(name, size, slot, fp, ns)
-            raise p.no_space(BlockRecord(name, size, 0))
+        return self.placement.drive(self._make(name, size))
 
-    def keep(self, promise: Promise, rec: BlockRecord, data: Any) -> TierSlot | None:
-        """Under the lock: place the new block *rec* (*data*, its bytes) in the room
+    def _make(self, name: str, size: int) -> Flow[Promise]:
+        p = self.placement
+        if p.catalog.is_dir(name):
+            raise IsADirectory(f"{name!r} is a directory")
+        p.settle_promises()
+        ns = p.namespaces.of(name) if p.namespaces else None
+        for slot in p.slots:
+            if slot.is_busy(name) or not slot.usable():
+                continue
+            fp = slot.footprint(name, size)
+            if not (yield from p.make_room(slot, fp, ns=ns)):
+                continue
+            slot.reserved += fp
+            if ns is not None:
+                ns.reserved[slot.index] += fp
+            return Promise(name, size, slot, fp, ns)
+        raise p.no_space(BlockRecord(name, size, 0))
+
+    def keep(self, promise: Promise, rec: BlockRecord, data: Any) -> Flow[TierSlot | None]:
+        """A flow (``Placement.drive``): place the new block *rec* (*data*, its bytes) in the room
         *promise* holds for it: the slot that took it, or None (the promise had ended, was
         for another namespace — renamed since — or the tier refused it after all: the
         caller places it as any put). A :class:`~kvfs.errors.StoreBusy` (the tier needs
@@ -138,7 +141,7 @@ class Promises:
             p.require_io(slot.index, "writing a copy")  # before the room is given back
         promise.end(PromiseState.KEPT)
         try:
-            placed = p.copy_into(slot, rec, data, EventKind.STORED, new=True)
+            placed = yield from p.copy_into(slot, rec, data, EventKind.STORED, new=True)
         except BaseException:
             if promise.state is PromiseState.KEPT:  # not placed: hold the room again for the retry
                 promise.state = PromiseState.HELD

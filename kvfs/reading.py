@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 from .catalog import BlockRecord, Catalog
 from .config import PromoteMode
 from .errors import BlockNotFound, TierUnavailable
+from .moves import Flow
 from .names import normalize
 from .opencopies import OpenCopies
 from .peers import Elsewhere
@@ -112,32 +113,14 @@ class Reading:
         name = normalize(name)
         self.elsewhere.refresh(name)
         p = self.placement
-        counted = False
         rediscovered = False
-        for _ in range(READ_ATTEMPTS):
-            with p.locked():
-                rec = self.catalog.require(name)
-                if not counted:
-                    counted = True
-                    self.lookups += 1
-                    if count_hit:
-                        rec.hits += 1
-                        rec.accessed = self.clock()
-                result = self.read_copies(rec, count_hit, fetch, unpack)
-                if result is not None:
-                    return result
-                if not p.is_current(rec) and self.catalog.get(name) is not None:
-                    continue  # replaced while it was read: read the new version
-                # Copies still recorded are in tiers that failed or are unhealthy: the block
-                # exists but cannot be read now, which is not the same as missing.
-                down = [self.slots[i].name for i in rec.tier_indexes() if not self.slots[i].health.healthy]
-                if down and p.is_current(rec):
-                    self.misses += 1
-                    raise TierUnavailable(
-                        f"{name!r}: no readable copy now; the tiers holding it are unavailable: {', '.join(down)}"
-                    )
-                p.lose_if_empty(rec, "no readable copy")
-                ask = bool(self.shared) and not rediscovered and not p.waiting_forbidden
+        for attempt in range(READ_ATTEMPTS):
+            flow = self._attempt(name, attempt == 0, count_hit, fetch, unpack, rediscovered)
+            result, again, ask = p.drive(flow)
+            if result is not None:
+                return result
+            if again:
+                continue
             if not ask or not self.records.discover(name):
                 break
             rediscovered = True  # a good copy another node holds (the local one was bad)
@@ -145,14 +128,50 @@ class Reading:
             self.misses += 1
         raise BlockNotFound(name)
 
+    def _attempt(
+        self,
+        name: str,
+        first: bool,
+        count_hit: bool,
+        fetch: Callable[[Tier, str], T],
+        unpack: Callable[[T], Any],
+        rediscovered: bool,
+    ) -> Flow[tuple[T | None, bool, bool]]:
+        """One try of :meth:`_read`, a flow (``Placement.drive``): ``(result, again, ask)``:
+        the first good copy, or None and whether to read again (replaced while it was
+        read) or to ask the shared tiers for the name."""
+        p = self.placement
+        rec = self.catalog.require(name)
+        if first:
+            self.lookups += 1
+            if count_hit:
+                rec.hits += 1
+                rec.accessed = self.clock()
+        result = yield from self.read_copies(rec, count_hit, fetch, unpack)
+        if result is not None:
+            return result, False, False
+        if not p.is_current(rec) and self.catalog.get(name) is not None:
+            return None, True, False  # replaced while it was read: read the new version
+        # Copies still recorded are in tiers that failed or are unhealthy: the block
+        # exists but cannot be read now, which is not the same as missing.
+        down = [self.slots[i].name for i in rec.tier_indexes() if not self.slots[i].health.healthy]
+        if down and p.is_current(rec):
+            self.misses += 1
+            raise TierUnavailable(
+                f"{name!r}: no readable copy now; the tiers holding it are unavailable: {', '.join(down)}"
+            )
+        p.lose_if_empty(rec, "no readable copy")
+        return None, False, bool(self.shared) and not rediscovered and not p.waiting_forbidden
+
     def read_copies(
         self, rec: BlockRecord, count_hit: bool, fetch: Callable[[Tier, str], T], unpack: Callable[[T], Any]
-    ) -> T | None:
-        """Under the lock: the first good copy of *rec*, hottest first, or None; a copy
-        from a colder tier is promoted when :meth:`should_promote` says so."""
+    ) -> Flow[T | None]:
+        """A flow (``Placement.drive``): the first good copy of *rec*, hottest first, or
+        None; a copy from a persistent tier is read in a step with the lock let go, and
+        one from a colder tier is promoted when :meth:`should_promote` says so."""
         p = self.placement
         for slot in p.hottest_first(rec):
-            result = p.fetch(slot, rec, fetch, unpack)
+            result = yield from p.fetch(slot, rec, fetch, unpack)
             if result is None:
                 continue
             slot.policy.touch(rec.name)
@@ -160,7 +179,7 @@ class Reading:
             c.hits += 1
             c.bytes_read += rec.size
             if slot.index > 0 and count_hit and self.should_promote(rec):
-                p.promote(rec, unpack(result)[0], slot.index)
+                yield from p.promote(rec, unpack(result)[0], slot.index)
             return result
         return None
 

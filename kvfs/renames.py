@@ -14,15 +14,14 @@ import time
 from .backlog import WriteThroughQueue
 from .catalog import BlockRecord, Catalog
 from .errors import (
-    BlockCorrupt,
     BlockNotFound,
     CrossNamespace,
     IsADirectory,
     NamespaceRetired,
     StoreBusy,
-    TierUnavailable,
 )
 from .events import EventKind
+from .moves import CopyRenames
 from .names import check_creatable, normalize, parent_of
 from .namespaces import Namespaces, NamespaceState
 from .placement import Placement
@@ -139,85 +138,71 @@ class Renames:
                     raise _CopyBusy(f"the copy of {old!r} or {new!r} in {slot.name!r} is in use; try again", slot.index)
             if self.catalog.get(new) is None:
                 self.catalog.ensure_dir(parent_of(new))
-            moved = self._rename_copies(rec, old, new, moves)
-            if not p.is_current(rec):
-                for slot in moved:  # deleted or replaced meanwhile: the renamed files are nobody's
-                    if not (target := self.catalog.get(new)) or not target.tiers & slot.bit:
-                        p.delete_copy(slot, new)
-                raise BlockNotFound(old)
-            target = self.catalog.get(new)
-            if target is not None:
-                for j in list(target.tier_indexes()):
-                    slot = self.slots[j]
-                    if slot in moved or (not slot.persistent and rec.tiers & slot.bit):
-                        p.forget_copy(slot, target)  # replaced by the renamed copy
-                    else:
-                        p.drop_copy(slot, target)
-                self.catalog.discard(target)
-            for i in list(rec.tier_indexes()):
-                slot = self.slots[i]
-                if slot.shared and slot not in moved:  # re-published under the new name below
-                    p.forget_copy(slot, rec)
-                    p.delete_copy(slot, old)
-                    self.queue.copy(rec, slot.index)
-                elif not slot.persistent:
-                    slot.tier.rename(old, new)  # memory: under the lock, atomic for readers
-            # footprints depend on the name (header length): recount under the new name
-            for i in rec.tier_indexes():
-                slot = self.slots[i]
-                self.catalog.count_out(i, p.footprint(slot, rec), rec.name)
-                slot.policy.remove(old)
-            self.catalog.rename(rec, new)
-            for i in rec.tier_indexes():
-                slot = self.slots[i]
-                self.catalog.count_in(i, p.footprint(slot, rec), rec.name)
-                if not rec.pinned:
-                    p.policy_insert(slot, rec)
-            self.shared.forget_missing(new)
-            self.shared.forget_listing(parent_of(old))
-            self.shared.forget_listing(parent_of(new))
-            p.emit(EventKind.RENAMED, rec, detail=old)
-            if not rec.tiers:
-                p.lose_if_empty(rec, "no copy survived the rename")
-                raise BlockNotFound(old)
-
-    def _rename_copies(self, rec: BlockRecord, old: str, new: str, moves: list[TierSlot]) -> list[TierSlot]:
-        """Rename the persistent copies of *rec* in *moves* with the lock let go (both
-        names held busy meanwhile); returns the tiers where it worked. Under the lock."""
-        p = self.placement
-        if not moves:
-            return []
-        moving = 0
-        for slot in moves:
-            slot.hold(old)
-            slot.hold(new)
-            moving |= slot.bit
-        rec.moving |= moving
-        errors: dict[int, Exception] = {}
+            if not moves:  # memory only: the whole rename under the lock, atomic for readers
+                self._commit(rec, old, new, [])
+                return
+            step = CopyRenames.prepare(p, rec, old, new, moves)
+        # the files are renamed with the lock let go (both names held busy meanwhile)
         try:
-            with p.unlocked():
-                for slot in moves:
-                    try:
-                        slot.tier.rename(old, new)
-                    except (BlockNotFound, BlockCorrupt, TierUnavailable) as exc:
-                        errors[slot.index] = exc
-        finally:
-            rec.moving &= ~moving
+            step.run()
+        except BaseException:
+            with p.locked():
+                step.abort()
+            raise
+        with p.locked():
+            moved = step.complete()
             for slot in moves:
-                if slot.index not in errors:
-                    slot.doomed.discard(new)  # the file a waiting delete meant is replaced
-                p.release_hold(slot, old)
-                p.release_hold(slot, new)
-        for slot in moves:
-            err = errors.get(slot.index)
-            if err is None:
-                continue
-            log.warning("rename %s -> %s failed in tier %s: %s", old, new, slot.name, err)
-            if isinstance(err, TierUnavailable):
-                slot.failed(err)
-            if p.is_current(rec):
+                if slot not in moved:
+                    log.warning("rename %s -> %s failed in tier %s: %s", old, new, slot.name, step.errors[slot.index])
+            self._commit(rec, old, new, moved)
+
+    def _commit(self, rec: BlockRecord, old: str, new: str, moved: list[TierSlot]) -> None:
+        """Under the lock: give *rec* the name *new*, its copies in *moved* renamed already,
+        replacing the block named *new*; the rest of its copies follow (a DRAM entry now,
+        shared copies re-published in the background). :class:`BlockNotFound` when *rec*
+        was deleted or replaced while its files were renamed (the renamed files are
+        nobody's, and deleted) or no copy survived."""
+        p = self.placement
+        if not p.is_current(rec):
+            for slot in moved:  # deleted or replaced meanwhile: the renamed files are nobody's
+                if not (target := self.catalog.get(new)) or not target.tiers & slot.bit:
+                    p.delete_copy(slot, new)
+            raise BlockNotFound(old)
+        target = self.catalog.get(new)
+        if target is not None:
+            for j in list(target.tier_indexes()):
+                slot = self.slots[j]
+                if slot in moved or (not slot.persistent and rec.tiers & slot.bit):
+                    p.forget_copy(slot, target)  # replaced by the renamed copy
+                else:
+                    p.drop_copy(slot, target)
+            self.catalog.discard(target)
+        for i in list(rec.tier_indexes()):
+            slot = self.slots[i]
+            if slot.shared and slot not in moved:  # re-published under the new name below
                 p.forget_copy(slot, rec)
-        return [s for s in moves if s.index not in errors]
+                p.delete_copy(slot, old)
+                self.queue.copy(rec, slot.index)
+            elif not slot.persistent:
+                slot.tier.rename(old, new)  # memory: under the lock, atomic for readers
+        # footprints depend on the name (header length): recount under the new name
+        for i in rec.tier_indexes():
+            slot = self.slots[i]
+            self.catalog.count_out(i, p.footprint(slot, rec), rec.name)
+            slot.policy.remove(old)
+        self.catalog.rename(rec, new)
+        for i in rec.tier_indexes():
+            slot = self.slots[i]
+            self.catalog.count_in(i, p.footprint(slot, rec), rec.name)
+            if not rec.pinned:
+                p.policy_insert(slot, rec)
+        self.shared.forget_missing(new)
+        self.shared.forget_listing(parent_of(old))
+        self.shared.forget_listing(parent_of(new))
+        p.emit(EventKind.RENAMED, rec, detail=old)
+        if not rec.tiers:
+            p.lose_if_empty(rec, "no copy survived the rename")
+            raise BlockNotFound(old)
 
 
 def _ns_label(ns: NamespaceState | None) -> str:

@@ -26,6 +26,7 @@ from .blockfile import checksum as compute_checksum
 from .catalog import BlockRecord, BlockStat, Catalog
 from .config import WriteMode
 from .errors import IsADirectory, NamespaceRetired
+from .moves import Flow
 from .names import check_creatable, normalize, parent_of
 from .namespaces import Namespaces
 from .placement import Placement
@@ -76,22 +77,27 @@ class Sealing:
         mv = memoryview(data).cast("B")
         csum = compute_checksum(mv)
         now = self.clock()
+        rec = BlockRecord(name, len(mv), csum, created=now, accessed=now, parent=parent)
+        return self.placement.drive(self._seal(rec, mv, promise))
+
+    def _seal(self, rec: BlockRecord, mv: memoryview, promise: Promise | None) -> Flow[BlockStat]:
+        """:meth:`put`'s work under the lock (a flow: the lock is let go for the steps
+        that write a persistent tier, ``Placement.drive``)."""
         p = self.placement
-        with p.locked():
-            old = self.seal_begin(name)
-            rec = BlockRecord(name, len(mv), csum, created=now, accessed=now, parent=parent)
-            if old is not None:
+        name = rec.name
+        old = self.seal_begin(name)
+        if old is not None:
+            for j in old.tier_indexes():
+                self.slots[j].policy.remove(name)
+        placed = (yield from self.promises.keep(promise, rec, mv)) if promise is not None else None
+        placed = placed or (yield from p.place(rec, mv))
+        if placed is None:
+            old = self.catalog.get(name)  # again: the lock may have been let go meanwhile
+            if old is not None and not old.pinned:
                 for j in old.tier_indexes():
-                    self.slots[j].policy.remove(name)
-            placed = self.promises.keep(promise, rec, mv) if promise is not None else None
-            placed = placed or p.place(rec, mv)
-            if placed is None:
-                old = self.catalog.get(name)  # again: the lock may have been let go meanwhile
-                if old is not None and not old.pinned:
-                    for j in old.tier_indexes():
-                        p.policy_insert(self.slots[j], old)
-                raise p.no_space(rec)
-            return self.seal_end(rec, placed)
+                    p.policy_insert(self.slots[j], old)
+            raise p.no_space(rec)
+        return self.seal_end(rec, placed)
 
     def check_writable(self, name: str) -> None:
         """Raise :class:`NamespaceRetired` when *name* lies in a retired namespace (its

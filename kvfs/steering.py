@@ -16,6 +16,7 @@ from .catalog import BlockRecord, BlockStat, Catalog
 from .errors import BlockCorrupt, BlockNotFound, LastCopy, NoSpace, Pinned, TierUnavailable
 from .events import EventKind
 from .lifetimes import Lifetimes
+from .moves import Flow
 from .names import normalize
 from .peers import Elsewhere
 from .placement import Placement
@@ -80,12 +81,16 @@ class OperatorCommands:
             if rec.tiers & slot.bit:
                 slot.policy.touch(rec.name)
                 return rec.stat(p.names)
-        with self.reading.open(name, count_hit=False) as ref, p.locked():
-            if not p.is_current(rec):
-                raise BlockNotFound(name)
-            if not rec.tiers & slot.bit and not p.copy_into(slot, rec, ref.data, EventKind.PROMOTED):
-                raise NoSpace(f"tier {slot.name!r} cannot make room for {name!r}")
-            return rec.stat(p.names)
+        with self.reading.open(name, count_hit=False) as ref:
+            return p.drive(self._prefetch(rec, slot, ref.data))
+
+    def _prefetch(self, rec: BlockRecord, slot: TierSlot, data: memoryview) -> Flow[BlockStat]:
+        p = self.placement
+        if not p.is_current(rec):
+            raise BlockNotFound(rec.name)
+        if not rec.tiers & slot.bit and not (yield from p.copy_into(slot, rec, data, EventKind.PROMOTED)):
+            raise NoSpace(f"tier {slot.name!r} cannot make room for {rec.name!r}")
+        return rec.stat(p.names)
 
     def evict(self, name: str, tier: str | None = None, *, force: bool = False) -> BlockStat | None:
         """Drop the block's copies in *tier*, or in every local (non-shared) tier.
@@ -96,36 +101,37 @@ class OperatorCommands:
         :class:`LastCopy` is raised unless *force*, which drops it (the block is gone and
         ``None`` is returned).
         """
-        name = normalize(name)
+        return self.placement.drive(self._evict(normalize(name), tier, force))
+
+    def _evict(self, name: str, tier: str | None, force: bool) -> Flow[BlockStat | None]:
         p = self.placement
-        with p.locked():
-            rec = self.catalog.require(name)
-            if rec.pinned and not force:
-                raise Pinned(f"{name!r} is pinned; unpin it first (kvfs unpin), or use --force to evict it anyway")
-            if tier is None:
-                targets = [i for i in rec.tier_indexes() if not self.slots[i].shared]
-            else:
-                k = index_of(self.slots, tier)
-                targets = [k] if rec.tiers & (1 << k) else []
-            dropping = sum(1 << i for i in targets)
-            for i in targets:
-                slot = self.slots[i]
-                if not p.is_current(rec) or not rec.tiers & slot.bit:
-                    continue  # moved meanwhile (the lock is let go while demoting)
-                if not rec.tiers & ~dropping:
-                    saved = p.demote(slot, rec, skip=dropping, admit=False)  # the operator keeps it
-                    if not p.is_current(rec):
-                        return None
-                    if not saved and not force:
-                        raise LastCopy(
-                            f"{name!r}: the copy in {slot.name!r} is the last one and no colder tier "
-                            "took it; use --force to drop it"
-                        )
-                p.drop_copy(slot, rec)
-                slot.counters.evictions += 1
-                p.emit(EventKind.EVICTED, rec, slot, "by request")
-            p.lose_if_empty(rec, "evicted by request")
-            return rec.stat(p.names) if rec.tiers else None
+        rec = self.catalog.require(name)
+        if rec.pinned and not force:
+            raise Pinned(f"{name!r} is pinned; unpin it first (kvfs unpin), or use --force to evict it anyway")
+        if tier is None:
+            targets = [i for i in rec.tier_indexes() if not self.slots[i].shared]
+        else:
+            k = index_of(self.slots, tier)
+            targets = [k] if rec.tiers & (1 << k) else []
+        dropping = sum(1 << i for i in targets)
+        for i in targets:
+            slot = self.slots[i]
+            if not p.is_current(rec) or not rec.tiers & slot.bit:
+                continue  # moved meanwhile (the lock is let go while demoting)
+            if not rec.tiers & ~dropping:
+                saved = yield from p.demote(slot, rec, skip=dropping, admit=False)  # the operator keeps it
+                if not p.is_current(rec):
+                    return None
+                if not saved and not force:
+                    raise LastCopy(
+                        f"{name!r}: the copy in {slot.name!r} is the last one and no colder tier "
+                        "took it; use --force to drop it"
+                    )
+            p.drop_copy(slot, rec)
+            slot.counters.evictions += 1
+            p.emit(EventKind.EVICTED, rec, slot, "by request")
+        p.lose_if_empty(rec, "evicted by request")
+        return rec.stat(p.names) if rec.tiers else None
 
     # -- inspection (kvfs du, kvfs fsck) ------------------------------------------
 

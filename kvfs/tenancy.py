@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from .catalog import Catalog
 from .lifetimes import Lifetimes
+from .moves import Flow
 from .names import normalize
 from .namespaces import Namespaces, NamespaceState, NamespaceStatistics, NamespaceTierUse
 from .placement import Placement
@@ -63,14 +64,16 @@ class Tenancy:
     def enforce_quotas(self, spaces: Sequence[NamespaceState] | None = None) -> None:
         """Evict until every namespace (of *spaces*, default all) is within its quotas,
         as far as unpinned, idle blocks allow (after a restart, or a lowered quota)."""
+        self.placement.drive(self._enforce(spaces))
+
+    def _enforce(self, spaces: Sequence[NamespaceState] | None) -> Flow[None]:
         p = self.placement
-        with p.locked():
+        for slot in self.slots:
+            p.absorb_held(slot)
+        for ns in list(self.namespaces) if spaces is None else spaces:
             for slot in self.slots:
-                p.absorb_held(slot)
-            for ns in list(self.namespaces) if spaces is None else spaces:
-                for slot in self.slots:
-                    if p.ns_over(ns, slot, 0):
-                        p.make_room(slot, 0, ns=ns)
+                if p.ns_over(ns, slot, 0):
+                    yield from p.make_room(slot, 0, ns=ns)
 
     def namespace_statistics(self, path: str | None = None) -> list[NamespaceStatistics]:
         """A snapshot of every namespace (or of the one at *path*: KeyError if none)."""

@@ -24,8 +24,8 @@ from typing import Any
 
 from .backlog import CopyJob, DeleteJob, WriteThroughQueue
 from .catalog import BlockRecord
-from .errors import TierUnavailable
 from .events import EventKind
+from .moves import CopyDelete, Flow
 from .placement import Placement
 from .slot import TierSlot
 
@@ -113,52 +113,50 @@ class WriteBack:
         return done
 
     def _run_one(self, slot: TierSlot) -> _Outcome:
-        p = self.placement
-        with p.locked():
-            if not self.queue.pending(slot.index) or not slot.usable():
-                return _Outcome.STOP
-            job = self.queue.pop(slot.index)
-            if job is None:
-                return _Outcome.STOP
-            if isinstance(job, DeleteJob):
-                return self._delete(slot, job)
-            return self._copy(slot, job)
+        return self.placement.drive(self._one(slot))
+
+    def _one(self, slot: TierSlot) -> Flow[_Outcome]:
+        if not self.queue.pending(slot.index) or not slot.usable():
+            return _Outcome.STOP
+        job = self.queue.pop(slot.index)
+        if job is None:
+            return _Outcome.STOP
+        if isinstance(job, DeleteJob):
+            return (yield from self._delete(slot, job))
+        return (yield from self._copy(slot, job))
 
     def run_delete(self, slot: TierSlot, name: str) -> bool:
         """Run the queued delete of *name* from *slot* now, if it is still queued (from a
         limiter's thread, so the caller of ``delete`` need not wait); True if it ran."""
-        with self.placement.locked():
-            job = self.queue.take_delete(slot.index, name)
-            if job is None:
-                return False
-            # asked only now: a thread that takes a half-open tier's probe must call the tier
-            if not slot.usable():
-                self.queue.push_back(job)
-                return False
-            return self._delete(slot, job) is _Outcome.DONE
+        return self.placement.drive(self._run_delete(slot, name))
 
-    def _delete(self, slot: TierSlot, job: DeleteJob) -> _Outcome:
-        """Under the lock; the name is held in *slot* since the job was queued."""
-        p = self.placement
-        error: TierUnavailable | None = None
-        with p.unlocked():
-            try:
-                if job.cutoff is None:
-                    slot.tier.delete(job.name)
-                else:  # the retention sweep's: never a copy another node wrote since the cutoff
-                    slot.tier.expire(job.name, job.cutoff)
-            except TierUnavailable as exc:
-                error = exc
-        if error is not None:
-            slot.failed(error)
+    def _run_delete(self, slot: TierSlot, name: str) -> Flow[bool]:
+        job = self.queue.take_delete(slot.index, name)
+        if job is None:
+            return False
+        # asked only now: a thread that takes a half-open tier's probe must call the tier
+        if not slot.usable():
             self.queue.push_back(job)
-            return _Outcome.STOP
-        slot.answered()
-        p.release_hold(slot, job.name)
-        return _Outcome.DONE
+            return False
+        return (yield from self._delete(slot, job)) is _Outcome.DONE
 
-    def _copy(self, slot: TierSlot, job: CopyJob) -> _Outcome:
-        """Under the lock."""
+    def _delete(self, slot: TierSlot, job: DeleteJob) -> Flow[_Outcome]:
+        """Delete what *job* names (taken from the queue; the name is held in *slot* since
+        the job was queued) in a step, with the lock let go; a tier that did not answer
+        gets the job back (it keeps its turn)."""
+        step = CopyDelete.prepare(self.placement, slot, job)
+        try:
+            yield step
+        except BaseException:
+            self.queue.push_back(job)
+            raise
+        if step.complete():
+            return _Outcome.DONE
+        self.queue.push_back(job)
+        return _Outcome.STOP
+
+    def _copy(self, slot: TierSlot, job: CopyJob) -> Flow[_Outcome]:
+        """A flow: the copy is read and written in steps with the lock let go."""
         p = self.placement
         rec = job.rec
         if not p.is_current(rec) or rec.tiers & slot.bit or not rec.tiers:
@@ -167,7 +165,7 @@ class WriteBack:
             self.queue.copy(rec, slot.index)  # a delete of the old name runs first
             return _Outcome.SKIPPED
         name = rec.name
-        ref = p.open_copy(p.slots[next(rec.tier_indexes())], rec)
+        ref = yield from p.open_copy(p.slots[next(rec.tier_indexes())], rec)
         if ref is None:
             if p.is_current(rec) and rec.tiers and (rec.name != name or rec.moving):
                 self.queue.copy(rec, slot.index)  # renamed while read: copy it under its new name
@@ -175,7 +173,7 @@ class WriteBack:
             log.warning("write-through of %s skipped: cannot read it", rec.name)
             return _Outcome.SKIPPED
         with ref:
-            if p.copy_into(slot, rec, ref.data, EventKind.DEMOTED, "write-through"):
+            if (yield from p.copy_into(slot, rec, ref.data, EventKind.DEMOTED, "write-through")):
                 return _Outcome.DONE
         if p.is_current(rec) and rec.name != name and not rec.tiers & slot.bit:
             self.queue.copy(rec, slot.index)  # renamed while written: the copy is made under its new name
@@ -254,27 +252,29 @@ class WriteBack:
 
     def _save(self, rec: BlockRecord, failed: set[int]) -> str | None:
         """Write *rec* down; None when written, "" when there is nothing to do, else why not."""
+        return self.placement.drive(self._save_flow(rec, failed))
+
+    def _save_flow(self, rec: BlockRecord, failed: set[int]) -> Flow[str | None]:
         p = self.placement
-        with p.locked():
-            if not p.is_current(rec) or rec.tiers & p.persistent_mask or not rec.tiers:
-                return ""
-            src = p.slots[next(rec.tier_indexes())]
-            ref = p.open_copy(src, rec)
-            if ref is None:
-                return "its DRAM copy cannot be read"
-            reasons: list[str] = []
-            with ref:
-                for slot in p.slots[src.index + 1 :]:
-                    if not slot.persistent:
-                        continue
-                    if slot.index in failed:
-                        reasons.append(f"{slot.name} is unavailable")
-                        continue
-                    if p.copy_into(slot, rec, ref.data, EventKind.DEMOTED, "flush", lossless=True):
-                        return None
-                    if not p.is_current(rec):
-                        return ""
-                    reasons.append(f"{slot.name} {p.refusal(slot, rec)}")
-                    if not slot.usable():
-                        failed.add(slot.index)
-            return "; ".join(reasons) or "no persistent tier is configured"
+        if not p.is_current(rec) or rec.tiers & p.persistent_mask or not rec.tiers:
+            return ""
+        src = p.slots[next(rec.tier_indexes())]
+        ref = yield from p.open_copy(src, rec)
+        if ref is None:
+            return "its DRAM copy cannot be read"
+        reasons: list[str] = []
+        with ref:
+            for slot in p.slots[src.index + 1 :]:
+                if not slot.persistent:
+                    continue
+                if slot.index in failed:
+                    reasons.append(f"{slot.name} is unavailable")
+                    continue
+                if (yield from p.copy_into(slot, rec, ref.data, EventKind.DEMOTED, "flush", lossless=True)):
+                    return None
+                if not p.is_current(rec):
+                    return ""
+                reasons.append(f"{slot.name} {p.refusal(slot, rec)}")
+                if not slot.usable():
+                    failed.add(slot.index)
+        return "; ".join(reasons) or "no persistent tier is configured"

@@ -134,9 +134,9 @@ def test_slot_and_placement_alone(tmp_path):
     catalog = Catalog(2)
     p = Placement(slots, catalog, WriteThroughQueue(), events=EventLog(), clock=clock)
     recs = [BlockRecord(f"b{i}", BLOCK, checksum(blob(i))) for i in range(3)]
-    with p.locked():
-        for i, rec in enumerate(recs):
-            assert p.place(rec, blob(i)) is slots[0]
+    for i, rec in enumerate(recs):
+        assert p.drive(p.place(rec, blob(i))) is slots[0]  # a flow: demotions let go of the lock
+        with p.locked():
             catalog.add(rec)
     assert recs[0].tiers == slots[1].bit  # demoted when b2 needed the room
     assert catalog.used[0] == 2 * BLOCK and slots[1].reserved == 0 and not slots[1].busy
@@ -226,8 +226,8 @@ def test_leases_alone(tmp_path):
     with pytest.raises(ValueError):
         leases.deadline(0)
     rec = BlockRecord("a", BLOCK, checksum(blob(1)))
+    p.drive(p.place(rec, blob(1)))
     with p.locked():
-        p.place(rec, blob(1))
         catalog.add(rec)
     lease = leases.take("a")
     assert lease.tier == "dram" and len(leases) == 1 and leases.release(lease.id) and len(leases) == 0
