@@ -37,6 +37,7 @@ from kvfs.store import BlockStat, Store
 from kvfs.tier import BlockRef
 
 from .attrs import Attributes
+from .background import BackgroundRequests
 from .buffer import keep_freed_memory
 from .errnos import errno_of, handler, refused
 from .inodes import Inode, InodeTable
@@ -102,6 +103,7 @@ class KvfsOperations(pyfuse3.Operations):
         self._negative_timeout = min(options.entry_timeout, store.negative_ttl) if shared else options.entry_timeout
         largest = max((t.capacity if t.capacity is not None else _UNBOUNDED_BLOCK) for t in store.tiers)
         cap = write_buffer if write_buffer is not None else default_write_buffer()
+        self.background = BackgroundRequests()  # the transport sets its limit (attach_nursery)
         self.writes = Writes(
             cap=cap,
             max_block=min(largest, cap),
@@ -109,6 +111,7 @@ class KvfsOperations(pyfuse3.Operations):
             opstats=self.opstats,
             promise=self._promise,
             give_up=store.give_up_promise,
+            background=self.background,
         )
         # Without shared tiers a name changes only through this daemon, which tells the
         # kernel when its store removes, replaces or renames one (names_changed): sealed
@@ -128,6 +131,7 @@ class KvfsOperations(pyfuse3.Operations):
         the transport they go through (its passthrough, when it has it, serves blocks)."""
         self.notices.attach(nursery, transport)
         self.reads.attach(transport)
+        self.background.attach(transport.max_background, transport.drained)
 
     async def settle_outside(self, names: list[str]) -> None:
         """Before a read of *names* from outside the mount (the batch client): wait for the
@@ -144,8 +148,8 @@ class KvfsOperations(pyfuse3.Operations):
             else await trio.to_thread.run_sync(normalize_valid, names)
         )
         pending = [k for k in keys if self.writes.has(k)]
-        if pending:
-            await self._settle(*pending)
+        for name in pending:  # not read from the kernel's queue: no order with its RELEASEs
+            await self.writes.settle(name, ordered=False)
 
     async def published_outside(self, names: list[str]) -> None:
         """Blocks *names* were published or replaced outside the mount (the batch client's
@@ -410,9 +414,13 @@ class KvfsOperations(pyfuse3.Operations):
 
     @handler
     async def releasedir(self, fh: int) -> None:
-        entry = self._dirs.pop(fh, None)
-        if entry is not None:
-            self.inodes.closed(entry[0])
+        self.background.arrived()  # a background request (mount/background.py)
+        try:
+            entry = self._dirs.pop(fh, None)
+            if entry is not None:
+                self.inodes.closed(entry[0])
+        finally:
+            self.background.answered()
 
     async def fsyncdir(self, fh: int, datasync: bool) -> None:
         return None
@@ -592,19 +600,27 @@ class KvfsOperations(pyfuse3.Operations):
     # pyfuse3 declares bytes; both transports copy any buffer into the reply, and a view
     # of the block spares a copy
     async def read(self, fh: int, off: int, size: int) -> bytes | memoryview:  # type: ignore[override]
-        h = self._handle(fh)
-        if isinstance(h, ReadHandle):
-            if h.ref is None:  # pragma: no cover - the kernel reads a passthrough file itself
-                raise FUSEError(errno.EIO)
-            return h.ref.data[off : off + size]  # a view: the transport copies it into the reply
-        return h.version.buffer.read(off, size)
+        self.background.arrived()  # possibly a background request (read-ahead: mount/background.py)
+        try:
+            h = self._handle(fh)
+            if isinstance(h, ReadHandle):
+                if h.ref is None:  # pragma: no cover - the kernel reads a passthrough file itself
+                    raise FUSEError(errno.EIO)
+                return h.ref.data[off : off + size]  # a view: the transport copies it into the reply
+            return h.version.buffer.read(off, size)
+        finally:
+            self.background.answered()
 
     @handler
     async def write(self, fh: int, off: int, buf: bytes) -> int:
-        h = self._handle(fh)
-        if not isinstance(h, WriteHandle):
-            raise FUSEError(errno.EBADF)
-        return await self.writes.write(h.version, off, buf)
+        self.background.arrived()  # possibly a background request (async direct I/O)
+        try:
+            h = self._handle(fh)
+            if not isinstance(h, WriteHandle):
+                raise FUSEError(errno.EBADF)
+            return await self.writes.write(h.version, off, buf)
+        finally:
+            self.background.answered()
 
     @handler
     async def flush(self, fh: int, pid: int | None = None) -> None:
@@ -622,8 +638,13 @@ class KvfsOperations(pyfuse3.Operations):
 
     @handler
     async def release(self, fh: int) -> None:
+        # A background request (mount/background.py). Everything up to the seal's first await
+        # runs before the transport reads the next request: the version is marked sealing
+        # (Writes.seal) before anything read after this RELEASE can look at its name.
+        self.background.arrived()
         h = self._handles.pop(fh, None)
         if h is None:
+            self.background.answered()
             return
         try:
             if isinstance(h, WriteHandle):
@@ -638,6 +659,7 @@ class KvfsOperations(pyfuse3.Operations):
                 self.reads.release(h)
         finally:
             self.inodes.closed(h.node)
+            self.background.answered()
 
     def _published(self, v: Version, st: BlockStat | None, final: bool) -> None:
         """A seal of *v* ended (before anyone waiting on it runs): give the name's inodes
