@@ -58,6 +58,13 @@ class BackgroundRequests:
     def answered(self) -> None:
         self.unanswered -= 1
 
+    def __enter__(self) -> None:
+        """``with background:`` around a handler of one of those requests."""
+        self.arrived()
+
+    def __exit__(self, *exc: object) -> None:
+        self.answered()
+
     def mark(self) -> int:
         """Taken when a FLUSH is read: see :meth:`may_hold`."""
         return self.read - self.unanswered

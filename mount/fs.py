@@ -414,13 +414,10 @@ class KvfsOperations(pyfuse3.Operations):
 
     @handler
     async def releasedir(self, fh: int) -> None:
-        self.background.arrived()  # a background request (mount/background.py)
-        try:
+        with self.background:  # a background request (mount/background.py)
             entry = self._dirs.pop(fh, None)
             if entry is not None:
                 self.inodes.closed(entry[0])
-        finally:
-            self.background.answered()
 
     async def fsyncdir(self, fh: int, datasync: bool) -> None:
         return None
@@ -600,27 +597,21 @@ class KvfsOperations(pyfuse3.Operations):
     # pyfuse3 declares bytes; both transports copy any buffer into the reply, and a view
     # of the block spares a copy
     async def read(self, fh: int, off: int, size: int) -> bytes | memoryview:  # type: ignore[override]
-        self.background.arrived()  # possibly a background request (read-ahead: mount/background.py)
-        try:
+        with self.background:  # possibly a background request (read-ahead: mount/background.py)
             h = self._handle(fh)
             if isinstance(h, ReadHandle):
                 if h.ref is None:  # pragma: no cover - the kernel reads a passthrough file itself
                     raise FUSEError(errno.EIO)
                 return h.ref.data[off : off + size]  # a view: the transport copies it into the reply
             return h.version.buffer.read(off, size)
-        finally:
-            self.background.answered()
 
     @handler
     async def write(self, fh: int, off: int, buf: bytes) -> int:
-        self.background.arrived()  # possibly a background request (async direct I/O)
-        try:
+        with self.background:  # possibly a background request (async direct I/O)
             h = self._handle(fh)
             if not isinstance(h, WriteHandle):
                 raise FUSEError(errno.EBADF)
             return await self.writes.write(h.version, off, buf)
-        finally:
-            self.background.answered()
 
     @handler
     async def flush(self, fh: int, pid: int | None = None) -> None:
@@ -638,28 +629,25 @@ class KvfsOperations(pyfuse3.Operations):
 
     @handler
     async def release(self, fh: int) -> None:
-        # A background request (mount/background.py). Everything up to the seal's first await
-        # runs before the transport reads the next request: the version is marked sealing
-        # (Writes.seal) before anything read after this RELEASE can look at its name.
-        self.background.arrived()
-        h = self._handles.pop(fh, None)
-        if h is None:
-            self.background.answered()
-            return
-        try:
-            if isinstance(h, WriteHandle):
-                v = h.version
-                if self.writes.released(v):
-                    try:
-                        await self.writes.seal(v, final=True, put=self._put, published=self._published)
-                    finally:
-                        if v.node.version is v:  # ended without being published: it shows nothing now
-                            self._published(v, None, True)
-            else:
-                self.reads.release(h)
-        finally:
-            self.inodes.closed(h.node)
-            self.background.answered()
+        # Up to the seal's first await this runs before the transport reads the next
+        # request: the version is sealing (Writes.seal) before anything read later looks.
+        with self.background:  # a background request (mount/background.py)
+            h = self._handles.pop(fh, None)
+            if h is None:
+                return
+            try:
+                if isinstance(h, WriteHandle):
+                    v = h.version
+                    if self.writes.released(v):
+                        try:
+                            await self.writes.seal(v, final=True, put=self._put, published=self._published)
+                        finally:
+                            if v.node.version is v:  # ended without being published: it shows nothing now
+                                self._published(v, None, True)
+                else:
+                    self.reads.release(h)
+            finally:
+                self.inodes.closed(h.node)
 
     def _published(self, v: Version, st: BlockStat | None, final: bool) -> None:
         """A seal of *v* ended (before anyone waiting on it runs): give the name's inodes

@@ -62,7 +62,7 @@ class Reader(threading.Thread):
         return self.got
 
 
-def test_a_reader_after_the_last_close_sees_the_new_block_while_its_seal_is_held(kvfs_mount, tmp_path):
+def test_s07_a_reader_after_the_last_close_sees_the_new_block_while_its_seal_is_held(kvfs_mount, tmp_path):
     """Each round rewrites one name and closes it; a reader in another thread opens it
     right after ``close`` returned, while the daemon's seal of that close is held (the
     first round: a name that did not exist). The reader is still waiting when the seal is
@@ -94,7 +94,7 @@ def test_a_reader_after_the_last_close_sees_the_new_block_while_its_seal_is_held
         assert got == data, f"round {n}: the reader got {len(got)} bytes of another version"
 
 
-def test_a_reader_after_a_duplicates_close_is_answered_at_once(kvfs_mount):
+def test_s07_a_reader_after_a_duplicates_close_is_answered_at_once(kvfs_mount):
     """A duplicate's close while the original descriptor stays open (idle) is not a last
     close: its RELEASE never comes. A reader opening the name then gets what the name held
     before (ENOENT for a new file, the old block for a rewrite) without waiting for one,
