@@ -87,6 +87,7 @@ class KvfsMounter:
         foreground: bool = False,
         env: dict[str, str] | None = None,
         args: tuple[str, ...] = (),
+        launcher: tuple[str, ...] = tuple(KVFS),
     ) -> Path:
         self._n += 1
         data = Path(data) if data is not None else self.base / f"data{self._n}"
@@ -100,7 +101,7 @@ class KvfsMounter:
         full_env = {**os.environ, **(env or {})}
         if foreground:
             proc = subprocess.Popen(
-                [*KVFS, "mount", str(mp), "--config", str(cfg), "--foreground", *args],
+                [*launcher, "mount", str(mp), "--config", str(cfg), "--foreground", *args],
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 env=full_env,
