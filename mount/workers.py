@@ -1,10 +1,10 @@
 """Where the daemon's work runs: on the trio loop, or in a worker thread, and under which bound.
 
 The one place in the daemon that hands work to threads (``trio.to_thread.run_sync``) and
-owns their limiters (``trio.CapacityLimiter``); a test (tests/repo/test_workers_owner.py)
-keeps every other module of mount/, kvfs/, gpu/, tiers/ and tools/ from doing either.
-Each part is handed the bound method of the kind of work it does, never the
-:class:`Workers` nor its owner.
+owns their limiters (``trio.CapacityLimiter``); a test (tests/repo/test_repo_workers.py)
+keeps every other module of kvfs/, mount/, gpu/, tiers/ and tools/ from doing either.
+One :class:`Workers` per daemon; each part is handed it, or just the bound method of
+the kind of work it does, never the part that owns it.
 
 =============  =================================  ==============================  =========
 kind           method                             bound (threads at once)         abandoned
