@@ -75,7 +75,8 @@ from kvfs.protocol import (
 from kvfs.store import Store
 
 from .copybuffer import CopyBuffer
-from .session import AccessPolicy, Connection, Refused, Session, call_store
+from .session import AccessPolicy, Connection, Refused, Session
+from .workers import Workers
 
 __all__ = ["ClientOps"]
 
@@ -86,7 +87,6 @@ T = TypeVar("T")
 _RESERVE_TTL = 30.0  # seconds a reservation may wait for its commit
 _COPY_BUFFER = 64 << 20  # a copy buffer's size where [client] sets none and the mount takes no puts
 _ON_LOOP = 4096  # names or ids a request handles on the loop; more go to a worker thread
-_BIG_WORKERS = 2  # worker threads for big batches, all sessions together (the others queue)
 
 
 def _wire(exc: BaseException) -> WireError:
@@ -122,7 +122,8 @@ class MountSide(Protocol):
 
 
 class ClientOps:
-    """The batch client's ops on *store* (methods ``op_<kind>``, see :class:`Server`)."""
+    """The batch client's ops on *store* (methods ``op_<kind>``, see :class:`Server`);
+    *workers* runs what leaves the loop (the daemon's one :class:`Workers`)."""
 
     def __init__(
         self,
@@ -131,9 +132,12 @@ class ClientOps:
         config: ClientConfig,
         access: AccessPolicy,
         mount: MountSide | None = None,
+        *,
+        workers: Workers | None = None,
     ) -> None:
         self.store = store
         self.mount = mount
+        self.workers = workers if workers is not None else Workers(store)
         self.mountpoint = mountpoint
         self.config = config
         self.access = access
@@ -145,7 +149,6 @@ class ClientOps:
         self.copy_buffer = config.copy_buffer or self.max_reserved or _COPY_BUFFER
         self._arena_rw: memoryview | None = None  # the arena file, writable: puts of copy-buffer sessions
         self.lease_ttl = min(config.lease_ttl, MAX_TTL)
-        self._big: trio.CapacityLimiter | None = None  # made on the loop, at the first big batch
 
     # -- the session ---------------------------------------------------------------------
 
@@ -165,7 +168,7 @@ class ClientOps:
         fds = []
         max_put, max_reserved = self.max_put, self.max_reserved
         if req.copy or not self.access.may_map_arena(conn.peer):  # a rule keeps it from reading every block
-            s.copies = await trio.to_thread.run_sync(CopyBuffer, self.copy_buffer)
+            s.copies = await self.workers.client(CopyBuffer, self.copy_buffer)
             fds.append(s.copies.share())
             max_put, max_reserved = min(max_put, s.copies.size), min(max_reserved, s.copies.size)
         elif self.arena is not None:
@@ -213,7 +216,7 @@ class ClientOps:
         briefly, else in a worker thread (the FUSE loop never waits behind a big batch)."""
         if len(names) > _ON_LOOP:
             return await self._in_worker(functools.partial(fn, names, **kwargs))
-        return await call_store(self.store, fn, names, **kwargs)
+        return await self.workers.loop_or(self.workers.client, fn, names, **kwargs)
 
     async def _sized(self, n: int, fn: Callable[[], T]) -> T:
         """*fn()*, the part of a request of *n* names or ids that runs at memory speed: on
@@ -221,12 +224,10 @@ class ClientOps:
         return fn() if n <= _ON_LOOP else await self._in_worker(fn)
 
     async def _in_worker(self, fn: Callable[[], T]) -> T:
-        """*fn()* in a worker thread under the limiter of big batches: however many
+        """*fn()* in a worker thread of big batches (``Workers.cpu``): however many
         sessions send big batches, they share a few threads and wait their turn, while
         the loop (FUSE, every other client) goes on."""
-        if self._big is None:
-            self._big = trio.CapacityLimiter(_BIG_WORKERS)
-        return await trio.to_thread.run_sync(fn, limiter=self._big)
+        return await self.workers.cpu(fn)
 
     async def _settle(self, names: list[str]) -> None:
         if self.mount is not None:
@@ -268,7 +269,7 @@ class ClientOps:
         refused, n = conn.refused, len(req.names)
         results = await self._sized(n, lambda: _spread(refused, n, leased, lambda e: e))
         if conn.session.copies is not None:
-            results = await trio.to_thread.run_sync(self._copy_out, conn.session, results)
+            results = await self.workers.client(self._copy_out, conn.session, results)
         return await self._sized(n, functools.partial(self._leased, conn.session, results))
 
     def _leased(self, s: Session, results: list[StoreLease | KvfsError]) -> Leased:
@@ -321,7 +322,7 @@ class ClientOps:
         results = await self._sized(n, lambda: _spread(refused, n, leased, lambda e: e)) if refused else leased
         s = conn.session
         if s.copies is not None:
-            results = await trio.to_thread.run_sync(self._copy_out, s, results)
+            results = await self.workers.client(self._copy_out, s, results)
         return await self._sized(n, functools.partial(self._checked_out, s, results, ttl))
 
     def _end_after_reply(self, s: Session, ids: list[int]) -> None:
@@ -338,7 +339,7 @@ class ClientOps:
 
     async def _end_leases(self, ids: list[int]) -> None:
         try:
-            await call_store(self.store, self.store.leases.release_many, ids)
+            await self.workers.loop_or(self.workers.client, self.store.leases.release_many, ids)
         except Exception:  # a system task must not raise (it would end the loop): say so, the deadline ends them
             log.exception("ending %d leases a checkout carried failed", len(ids))
 
@@ -476,7 +477,7 @@ class ClientOps:
         ids = self._own(conn, req.ids)
         s.leases.difference_update(ids)
         s.free_slots(leases=ids)
-        return Released(count=await call_store(self.store, self.store.leases.release_many, ids))
+        return Released(count=await self.workers.loop_or(self.workers.client, self.store.leases.release_many, ids))
 
     async def op_renew(self, conn: Connection, req: Renew) -> Renewed:
         ttl = self._ttl(req.ttl)
@@ -507,8 +508,8 @@ class ClientOps:
         log.warning(
             "client pid %d: copy of %s in %s failed its check: %s", conn.peer.pid, lease.name, lease.tier, req.why
         )
-        await trio.to_thread.run_sync(self.store.release, lease)
-        why = await trio.to_thread.run_sync(self.store.check_copy, lease.name, lease.tier)
+        await self.workers.client(self.store.release, lease)
+        why = await self.workers.client(self.store.check_copy, lease.name, lease.tier)
         return SuspectResult(dropped=why is not None)
 
     # -- puts ----------------------------------------------------------------------------
@@ -583,7 +584,7 @@ class ClientOps:
 
         if n > _ON_LOOP:
             return await self._in_worker(reserve_all)
-        return await trio.to_thread.run_sync(reserve_all)
+        return await self.workers.client(reserve_all)
 
     async def op_commit(self, conn: Connection, req: Commit) -> Committed:
         """Seal each reservation named, on its own: an id the session does not hold, or one
@@ -629,7 +630,7 @@ class ClientOps:
         if len(req.ids) > _ON_LOOP:
             await self._in_worker(commit_all)
         else:
-            await trio.to_thread.run_sync(commit_all)
+            await self.workers.client(commit_all)
         if self.mount is not None and published:
             await self.mount.published_outside(published)
         return Committed(errors=errors)
@@ -641,5 +642,5 @@ class ClientOps:
         s = self._writer(conn)
         todo = [s.reservations.pop(i) for i in dict.fromkeys(req.ids) if i in s.reservations]
         s.free_slots(reservations=[r.id for r in todo])
-        n = await trio.to_thread.run_sync(lambda: sum(self.store.abort(r) for r in todo))
+        n = await self.workers.client(lambda: sum(self.store.abort(r) for r in todo))
         return Aborted(count=n)

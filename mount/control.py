@@ -8,7 +8,9 @@ request is decoded (a bad frame gets an :class:`~kvfs.protocol.Error` naming wha
 wrong, and the connection keeps serving), authorized (:meth:`Server.authorize`, the one
 place: :class:`~kvfs.mount.session.AccessPolicy`), and handed to the op of its kind
 (``op_<kind>``); what the op returns is the reply. Store calls run in worker threads or,
-when they finish at memory speed, on the loop (``Store.nowait``); never blocking it.
+when they finish at memory speed, on the loop (``Store.nowait``); never blocking it
+(:mod:`kvfs.mount.workers`: the tools' commands are its ``control`` kind, the batch
+client's its ``client`` and ``cpu`` kinds).
 
 Streaming ops (prefetch, evict, fsck, events) send items before their reply:
 :class:`~kvfs.protocol.Progress` while working through many blocks, one
@@ -95,7 +97,8 @@ from kvfs.store import Store
 from .clientserver import ClientOps, MountSide
 from .eventhub import EventHub, Gap
 from .limits import PeerLimits
-from .session import AccessPolicy, Connection, Peer, Session, batch_size, call_store, is_request
+from .session import AccessPolicy, Connection, Peer, Session, batch_size, is_request
+from .workers import Workers
 
 __all__ = ["ControlError", "ControlHandler", "EventHub", "Server", "SubscriberTooSlow", "serve"]
 
@@ -129,7 +132,8 @@ class ControlHandler:
     """The operator commands on the store. *mountpoint* is reported by ``ping``;
     *opstats* (a :class:`~kvfs.mount.opstats.OpStats`, optional) adds FUSE op counts to
     ``top``; *mount*, the FUSE side of the daemon, seals files just closed there before a
-    command names them. ``request_shutdown`` is set by the daemon that serves it."""
+    command names them; *workers* runs what leaves the loop (the daemon's one
+    :class:`Workers`). ``request_shutdown`` is set by the daemon that serves it."""
 
     def __init__(
         self,
@@ -140,8 +144,11 @@ class ControlHandler:
         mount: MountSide | None = None,
         *,
         origin: str = "",
+        workers: Workers | None = None,
     ) -> None:
         self.store = store
+        self.workers = workers if workers is not None else Workers(store)
+        self._thread = self.workers.control
         self.mountpoint = mountpoint
         self.origin = origin  # where the config came from, for df (Config.origin)
         self.opstats = opstats
@@ -211,7 +218,7 @@ class ControlHandler:
         results: list[tuple[str, Any, KvfsError | None]] = []
         await progress.update(0)
         for i in range(0, len(names), _BATCH):
-            results += await trio.to_thread.run_sync(batch, names[i : i + _BATCH])
+            results += await self._thread(batch, names[i : i + _BATCH])
             await progress.update(len(results))
         return results
 
@@ -234,10 +241,10 @@ class ControlHandler:
 
     async def op_stat(self, conn: Connection, req: Stat) -> StatResult:
         await self._sealed(req.name)
-        return StatResult(block=await trio.to_thread.run_sync(self.store.stat, req.name))
+        return StatResult(block=await self._thread(self.store.stat, req.name))
 
     async def op_statistics(self, conn: Connection, req: Statistics) -> StatisticsResult:
-        return StatisticsResult(statistics=await trio.to_thread.run_sync(self.store.statistics))
+        return StatisticsResult(statistics=await self._thread(self.store.statistics))
 
     async def op_ls(self, conn: Connection, req: Ls) -> LsResult:
         """A directory's children (directories, then blocks with their records, by
@@ -259,14 +266,14 @@ class ControlHandler:
                     entries.append(LsEntry(name=base, type="block", block=child))
             return LsResult(path=path, type="dir", entries=entries)
 
-        return await trio.to_thread.run_sync(ls)
+        return await self._thread(ls)
 
     async def op_du(self, conn: Connection, req: Du) -> DuResult:
         """``used`` is bytes against the tier's capacity, ``size`` payload bytes;
         ``quota`` when the path is a namespace."""
         await self._sealed(req.name)
         path = normalize(req.name)
-        u = await trio.to_thread.run_sync(self.store.usage, req.name)
+        u = await self._thread(self.store.usage, req.name)
         ns = self.store.namespaces.get(path)
         return DuResult(
             path=path,
@@ -278,8 +285,8 @@ class ControlHandler:
     async def op_df(self, conn: Connection, req: Df) -> DfResult:
         """The mount's tiers: statistics plus ``mountpoint`` (capacity, used, health) and
         each namespace's use against its quotas."""
-        st = await trio.to_thread.run_sync(self.store.statistics)
-        spaces = await trio.to_thread.run_sync(self.store.namespace_statistics)
+        st = await self._thread(self.store.statistics)
+        spaces = await self._thread(self.store.namespace_statistics)
         return DfResult(mountpoint=self.mountpoint, statistics=st, namespaces=spaces, config=self.origin)
 
     async def op_quota_show(self, conn: Connection, req: QuotaShow) -> QuotaResult:
@@ -292,7 +299,7 @@ class ControlHandler:
             except KeyError as exc:
                 raise ControlError(f"{req.name or '/'}: not a namespace; kvfs quota set makes one") from exc
 
-        return await trio.to_thread.run_sync(show)
+        return await self._thread(show)
 
     async def op_quota_set(self, conn: Connection, req: QuotaSet) -> QuotaResult:
         """Set a namespace's quotas (tier -> bytes, None to drop one) and, when given, its
@@ -308,7 +315,7 @@ class ControlHandler:
             return QuotaResult(namespaces=self.store.namespace_statistics(normalize(req.name)))
 
         try:
-            return await trio.to_thread.run_sync(apply)
+            return await self._thread(apply)
         except ValueError as exc:
             raise ControlError(str(exc)) from exc
         except KeyError:  # nothing to set, and no namespace there to show
@@ -319,7 +326,7 @@ class ControlHandler:
     async def op_top(self, conn: Connection, req: Top) -> TopResult:
         """A snapshot for ``kvfs top``: wall time, store statistics, events lost by the
         store's queue, subscribers, and FUSE op counts when the mount records them."""
-        st = await trio.to_thread.run_sync(self.store.statistics)
+        st = await self._thread(self.store.statistics)
         ops = []
         if self.opstats is not None:
             ops = [
@@ -353,7 +360,7 @@ class ControlHandler:
                 changed += before != req.pinned
             return PinResult(blocks=len(names), changed=changed, failed=refused)
 
-        return await trio.to_thread.run_sync(pin)
+        return await self._thread(pin)
 
     async def op_prefetch(self, conn: Connection, req: Prefetch) -> PrefetchResult:
         """Copy blocks into *tier* (the hottest by default)."""
@@ -361,7 +368,7 @@ class ControlHandler:
         target = req.tier or self.store.tiers[0].name
         paths, refused = self._permitted(conn, req.paths)
         await self._sealed(*paths)
-        names = await trio.to_thread.run_sync(self._expand, paths)
+        names = await self._thread(self._expand, paths)
 
         def fetch(n: str) -> bool:
             before = self.store.stat(n)
@@ -383,7 +390,7 @@ class ControlHandler:
         self._check_tier(req.tier)
         paths, refused = self._permitted(conn, req.paths)
         await self._sealed(*paths)
-        names = await trio.to_thread.run_sync(self._expand, paths)
+        names = await self._thread(self._expand, paths)
 
         def evict(n: str) -> tuple[bool, bool]:
             before = self.store.stat(n)
@@ -415,14 +422,14 @@ class ControlHandler:
         if len(req.names) > _MAX_ADVICE:
             raise ProtocolError(f"hint: {len(req.names)} names in one request, at most {_MAX_ADVICE}; split it")
         if len(req.names) > _ADVICE_ON_LOOP:  # a long chain's policy updates leave the FUSE loop
-            return Advised(known=await trio.to_thread.run_sync(self.store.hint, req.names, when))
-        return Advised(known=await call_store(self.store, self.store.hint, req.names, when))
+            return Advised(known=await self._thread(self.store.hint, req.names, when))
+        return Advised(known=await self.workers.loop_or(self._thread, self.store.hint, req.names, when))
 
     async def op_fsck(self, conn: Connection, req: Fsck) -> FsckResult:
         """Read every copy of every block (under *name*) on every tier and check its
         checksum; with *repair* drop bad copies."""
         await self._sealed(req.name)
-        names = await trio.to_thread.run_sync(self._expand, [req.name])
+        names = await self._thread(self._expand, [req.name])
 
         def verify(n: str) -> dict[str, str | None]:
             return self.store.verify(n, repair=req.repair)
@@ -509,7 +516,8 @@ _Op = Callable[[Connection, Any], Awaitable[Message | None]]
 class Server:
     """Every request on the daemon's sockets: decode, authorize, dispatch (see the module
     doc). *client* configures the batch client's side (group socket, leases, puts);
-    *origin* says where the mount's config came from (``kvfs df`` shows it)."""
+    *origin* says where the mount's config came from (``kvfs df`` shows it); *workers*
+    runs what leaves the loop (the daemon's one :class:`Workers`; its own when not given)."""
 
     def __init__(
         self,
@@ -522,13 +530,17 @@ class Server:
         mount: MountSide | None = None,
         origin: str = "",
         limits: PeerLimits | None = None,
+        workers: Workers | None = None,
     ) -> None:
         self.store = store
         self.config = client
         self.limits = limits if limits is not None else PeerLimits(client)
         self.access = access or AccessPolicy(group_writes=client.group_writes, store=store)
-        self.control = ControlHandler(store, mountpoint, opstats, self.access, mount, origin=origin)
-        self.clients = ClientOps(store, mountpoint, client, self.access, mount)
+        self.workers = workers if workers is not None else Workers(store)
+        self.control = ControlHandler(
+            store, mountpoint, opstats, self.access, mount, origin=origin, workers=self.workers
+        )
+        self.clients = ClientOps(store, mountpoint, client, self.access, mount, workers=self.workers)
         self._ops: dict[str, _Op] = {}
         for handler in (self.control, self.clients):
             for attr in dir(handler):
@@ -568,7 +580,9 @@ class Server:
         """Serve one accepted connection until the peer hangs up; then give back what its
         session holds (leases, reservations)."""
         peer = Peer.of_socket(stream.socket)  # type: ignore[arg-type]  # a trio socket has getsockopt
-        conn = Connection(stream, Session(peer=peer, owner=self.access.is_owner(peer)), self.limits)
+        conn = Connection(
+            stream, Session(peer=peer, owner=self.access.is_owner(peer)), self.limits, cpu=self.workers.cpu
+        )
         try:
             self.limits.admit(peer.uid)
         except LimitReached as exc:  # answered and closed at once: its descriptor is back
@@ -599,7 +613,7 @@ class Server:
             self.limits.leave(peer.uid)
             if conn.session.holds_anything:
                 with trio.CancelScope(shield=True):
-                    await trio.to_thread.run_sync(conn.session.close, self.store)
+                    await self.workers.client(conn.session.close, self.store)
 
 
 def group_id(group: str) -> int:

@@ -72,6 +72,7 @@ if TYPE_CHECKING:  # imported where used: the parent of a background mount never
     from .kv_events import Audience, KvEventPublisher
     from .options import FsOptions
     from .transport import FuseTransport
+    from .workers import Offload, Workers
 
 __all__ = ["MountError", "check_mountpoint", "fs_options_from_env", "mount_type", "run"]
 
@@ -150,13 +151,15 @@ def _background_pass(store: Store) -> None:
     store.sweep()  # soft pins that expired; retention when due (kvfs.lifetimes)
 
 
-async def _write_through(store: Store) -> None:
+async def _write_through(store: Store, run: Offload) -> None:
+    """The background pass every 0.2 s while the store has work, in a thread *run* gives
+    (``Workers.background``: abandoned on cancel, so a copy stuck in a hung tier never
+    holds the unmount)."""
     import trio
 
     while True:
         if not store.idle:  # an idle daemon wakes no thread (memory reads only: fine on the loop)
-            # abandoned on cancel: a copy stuck in a hung tier must not hold the unmount
-            await trio.to_thread.run_sync(_background_pass, store, abandon_on_cancel=True)
+            await run(_background_pass, store)
         await trio.sleep(_WRITE_THROUGH_INTERVAL)
 
 
@@ -188,6 +191,7 @@ async def _serve(
     on_ready: Callable[[], object],
     config: Config,
     transport: FuseTransport,
+    workers: Workers,
 ) -> None:
     import trio
 
@@ -196,7 +200,14 @@ async def _serve(
 
     limits = PeerLimits(config.client)  # under the descriptor limit raised at start (raise_nofile)
     server = Server(
-        store, mountpoint, opstats=ops.opstats, client=config.client, mount=ops, origin=config.origin, limits=limits
+        store,
+        mountpoint,
+        opstats=ops.opstats,
+        client=config.client,
+        mount=ops,
+        origin=config.origin,
+        limits=limits,
+        workers=workers,
     )
     publisher = None
     if config.events.zmq is not None:  # bound before anything starts: a bad address fails the mount
@@ -214,10 +225,12 @@ async def _serve(
         server.control.request_shutdown = shutdown.set
         nursery.start_soon(_on_shutdown, shutdown, nursery.cancel_scope)
         await nursery.start(serve, server, sock)
-        nursery.start_soon(_write_through, store)
+        nursery.start_soon(_write_through, store, workers.background)
         await nursery.start(_on_signals, nursery.cancel_scope)
         if publisher is not None:
-            await nursery.start(_publish_events, server.control.hub, store.tiers, config.events, publisher, audience)
+            await nursery.start(
+                _publish_events, server.control.hub, store.tiers, config.events, publisher, audience, workers.events
+            )
         on_ready()
         await transport.serve()
         log.info("the kernel ended the session (unmounted from outside)")
@@ -230,6 +243,7 @@ async def _publish_events(
     config: EventsConfig,
     publisher: KvEventPublisher,
     audience: Audience,
+    offload: Offload,
     *,
     task_status: trio.TaskStatus[None],
 ) -> None:
@@ -237,7 +251,7 @@ async def _publish_events(
     from .kv_events import publish_hub
 
     try:
-        await publish_hub(hub, tiers, config, publisher, audience, task_status=task_status)
+        await publish_hub(hub, tiers, config, publisher, audience, offload=offload, task_status=task_status)
     except Exception:
         log.exception("the KV event publisher failed and stopped; the mount goes on without it")
 
@@ -275,6 +289,7 @@ def serve_foreground(mountpoint: str, config: Config, on_ready: Any = lambda: No
     from .kernel.device import MountFailed
     from .limits import raise_nofile
     from .transport import open_transport
+    from .workers import Workers
 
     mountpoint = check_mountpoint(mountpoint)
     options = fs_options_from_env()
@@ -291,7 +306,8 @@ def serve_foreground(mountpoint: str, config: Config, on_ready: Any = lambda: No
     except FileNotFoundError:
         pass
     store = open_store(config)
-    ops = KvfsOperations(store, options, write_buffer=config.mount.write_buffer)
+    workers = Workers(store)  # the daemon's one owner of worker threads and their limiters
+    ops = KvfsOperations(store, options, write_buffer=config.mount.write_buffer, workers=workers)
     metrics_server = None
     cluster = None
     report = FlushReport()
@@ -326,7 +342,7 @@ def serve_foreground(mountpoint: str, config: Config, on_ready: Any = lambda: No
             config.origin or "given in code",
         )
         try:
-            trio.run(_serve, ops, store, mountpoint, sock, on_ready, config, transport)
+            trio.run(_serve, ops, store, mountpoint, sock, on_ready, config, transport, workers)
         finally:
             still = mount_type(mountpoint) == FSTYPE
             transport.close(unmount=still)

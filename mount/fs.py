@@ -8,8 +8,8 @@ answers; tests/mount/test_mount_semantics.py checks every numbered line of it on
 docs/mount-internals.md gives the rules (one inode per version, lookup counts, when a file
 is sealed) and the life of a write and of a read as call chains.
 
-Never blocking the loop (:mod:`kvfs.mount.storecalls`): store calls that may touch a
-persistent tier run in a worker thread under that tier's ``trio.CapacityLimiter``;
+Never blocking the loop (:mod:`kvfs.mount.workers`): store calls that may touch a
+persistent tier run in a worker thread under that tier's limiter;
 reads of a block whose hottest copy is in DRAM, and seals of small blocks into free DRAM,
 run on the loop. Opens for reading are :mod:`kvfs.mount.reads`'s (DRAM, the store, or
 the kernel itself from a backing file).
@@ -48,6 +48,7 @@ from .reads import BlockReads, ReadHandle, StaleBacking
 from .reservations import Reservation, Reservations
 from .storecalls import StoreCalls
 from .transport import AttrFields, AttrValues, DirToken, FuseTransport, Requester, readdir_reply
+from .workers import Workers
 from .writes import Version, WriteHandle, Writes, default_write_buffer
 from .xattrs import XATTR_PARENT, XATTR_PINNED, XATTRS, pin_request, value_of
 
@@ -63,7 +64,8 @@ _SETTLE_ON_LOOP = 4096  # names of a batch-client request normalized on the loop
 
 class KvfsOperations(pyfuse3.Operations):
     """FUSE requests over *store*. *opstats* records every operation's latency;
-    *write_buffer* caps the memory of files being written (bytes; None: automatic)."""
+    *write_buffer* caps the memory of files being written (bytes; None: automatic);
+    *workers* runs what leaves the loop (the daemon's one :class:`Workers`)."""
 
     supports_dot_lookup = False
     enable_writeback_cache = False
@@ -75,6 +77,7 @@ class KvfsOperations(pyfuse3.Operations):
         opstats: OpStats | None = None,
         *,
         write_buffer: int | None = None,
+        workers: Workers | None = None,
     ) -> None:
         super().__init__()
         keep_freed_memory()  # write buffers are reused warm (a page fault per 4 KiB otherwise)
@@ -86,11 +89,12 @@ class KvfsOperations(pyfuse3.Operations):
         self._dirs: dict[int, tuple[Inode, list[str]]] = {}
         self.reserved = Reservations(self.inodes)
         self._next_fh = 1
-        # store calls on the loop or in worker threads (mount/storecalls.py)
-        self.calls = StoreCalls(store)
+        # store calls on the loop or in worker threads (mount/workers.py, mount/storecalls.py)
+        self.workers = workers if workers is not None else Workers(store)
+        self.calls = StoreCalls(store, slow=self.workers.tier, loop_first=self.workers.loop_or_tier)
         self._slow, self._meta, self._change, self._put = (
-            self.calls.slow,
-            self.calls.meta,
+            self.workers.tier,
+            self.workers.meta,
             self.calls.change,
             self.calls.put,
         )
@@ -123,7 +127,7 @@ class KvfsOperations(pyfuse3.Operations):
             namespaces=store.namespaces,
         )
         self._events_dropped = store.events.dropped
-        self.notices = KernelNotices(self.inodes)
+        self.notices = KernelNotices(self.inodes, self.workers.kernel)
         self.reads = BlockReads(store, options, slow=self._slow, meta=self._meta)
 
     def attach_nursery(self, nursery: trio.Nursery, transport: FuseTransport) -> None:
@@ -143,9 +147,7 @@ class KvfsOperations(pyfuse3.Operations):
             return
         # a big batch's names are normalized in a worker thread: the loop serves FUSE meanwhile
         keys = (
-            normalize_valid(names)
-            if len(names) <= _SETTLE_ON_LOOP
-            else await trio.to_thread.run_sync(normalize_valid, names)
+            normalize_valid(names) if len(names) <= _SETTLE_ON_LOOP else await self.workers.cpu(normalize_valid, names)
         )
         pending = [k for k in keys if self.writes.has(k)]
         for name in pending:  # not read from the kernel's queue: no order with its RELEASEs

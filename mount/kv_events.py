@@ -49,7 +49,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvfs.access import AccessRule, Operation, Peer, decide
 from kvfs.errors import KvfsError
@@ -57,6 +57,9 @@ from kvfs.events import Event, EventKind
 from kvfs.hashing import block_hash_of
 
 from .eventhub import Gap
+
+if TYPE_CHECKING:  # the tools import this module without a daemon's loop
+    from .workers import Offload
 
 __all__ = [
     "MEDIUM_CPU",
@@ -266,14 +269,21 @@ def tier_places(tiers: Iterable[tuple[str, str, bool]]) -> dict[str, TierPlace]:
 
 
 async def publish_hub(
-    hub: Any, tiers: Any, config: Any, pub: KvEventPublisher, audience: Audience, *, task_status: Any = None
+    hub: Any,
+    tiers: Any,
+    config: Any,
+    pub: KvEventPublisher,
+    audience: Audience,
+    *,
+    offload: Offload,
+    task_status: Any = None,
 ) -> None:
     """The daemon's publisher (``[events] zmq``): every event of *hub* (the daemon's
     :class:`~kvfs.mount.eventhub.EventHub`) whose name *audience* may see, translated,
     one batch per burst, on *pub* until cancelled (then it is closed). *tiers*: the
     store's tiers. A gap (events the hub dropped while this publisher was behind) is sent
-    as ``AllBlocksCleared``."""
-    import trio
+    as ``AllBlocksCleared``. A burst of more than 256 events is translated and sent in a
+    thread *offload* gives (``Workers.events``)."""
 
     places = tier_places((t.name, t.kind.value, t.shared) for t in tiers)
     tr = Translator(places, block_size=config.block_size)
@@ -301,7 +311,7 @@ async def publish_hub(
             while True:
                 items = await events.receive()
                 if len(items) > _IN_THREAD:  # a burst's translation leaves the loop
-                    await trio.to_thread.run_sync(send, items)
+                    await offload(send, items)
                 else:
                     send(items)
     finally:

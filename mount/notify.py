@@ -3,8 +3,9 @@
 A name whose block changed (a seal here, a new version seen from another node, a
 removal) is detached from its inode (docs/mount-internals.md); the kernel is told to
 forget its entry so that the next path walk looks the name up again. The notifications
-run in threads started from the daemon's nursery, never inside a handler: the kernel may
-make them wait for a request on the same directory that is in flight.
+run in threads (:meth:`kvfs.mount.workers.Workers.kernel`, the kind it is handed) started
+from the daemon's nursery, never inside a handler: the kernel may make them wait for a
+request on the same directory that is in flight.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Protocol
 import trio
 
 from .inodes import InodeTable
+from .workers import Offload
 
 __all__ = ["KernelNotices", "Notifier"]
 
@@ -33,10 +35,11 @@ class Notifier(Protocol):
 
 class KernelNotices:
     """Kernel cache invalidations, in the background of the nursery :meth:`attach` gives,
-    sent through the transport it gives."""
+    sent through the transport it gives, each in a thread *run* gives (``Workers.kernel``)."""
 
-    def __init__(self, inodes: InodeTable) -> None:
+    def __init__(self, inodes: InodeTable, run: Offload) -> None:
         self.inodes = inodes
+        self._run = run
         self._nursery: trio.Nursery | None = None
         self._notifier: Notifier | None = None
 
@@ -63,7 +66,7 @@ class KernelNotices:
             if pnode is not None:
                 todo.append((pnode.ino, base.encode(), name))
         if todo and self._nursery is not None and self._notifier is not None:
-            self._nursery.start_soon(trio.to_thread.run_sync, _invalidate, self._notifier, todo)
+            self._nursery.start_soon(self._run, _invalidate, self._notifier, todo)
 
     async def entries_now(self, names: list[str]) -> None:
         """Make the kernel drop its dentries of *names* and of the directories leading to
@@ -86,7 +89,7 @@ class KernelNotices:
                 if self.inodes.bound(path) is None or path == name:
                     todo.append((pnode.ino, base.encode(), path))
         if todo and self._notifier is not None:
-            await trio.to_thread.run_sync(_invalidate, self._notifier, todo)
+            await self._run(_invalidate, self._notifier, todo)
 
     def attrs(self, ino: int) -> None:
         """Make the kernel ask for *ino*'s attributes again."""
@@ -100,7 +103,7 @@ class KernelNotices:
             except OSError as exc:
                 log.debug("invalidate_inode(%d) failed: %s", ino, exc)
 
-        self._nursery.start_soon(trio.to_thread.run_sync, notify)
+        self._nursery.start_soon(self._run, notify)
 
     def store(self, ino: int, pages: list[tuple[int, bytes]]) -> None:
         """Put *pages* (offset, bytes) of *ino* in the kernel's page cache: the pages a
@@ -119,7 +122,7 @@ class KernelNotices:
                     log.debug("notify_store(%d, %d) failed: %s", ino, off, exc)
                     return
 
-        self._nursery.start_soon(trio.to_thread.run_sync, notify)
+        self._nursery.start_soon(self._run, notify)
 
 
 def _invalidate(notifier: Notifier, todo: list[tuple[int, bytes, str]]) -> None:

@@ -45,8 +45,8 @@ from kvfs.tier import BackingFile, BlockRef
 
 from .inodes import Inode
 from .options import FsOptions
-from .storecalls import MetaCall, SlowCall
 from .transport import FileReply, FuseTransport
+from .workers import MetaCall, SlowCall
 
 __all__ = ["BlockReads", "ReadHandle", "StaleBacking"]
 

@@ -22,17 +22,15 @@ it holds, and how frames go out (with descriptors) and come in.
 from __future__ import annotations
 
 import array
-import functools
 import os
 import socket
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
 
 import trio
 
 from kvfs.access import Operation, Peer, check, decide
-from kvfs.errors import AccessDenied, InvalidName, KvfsError, StoreBusy
+from kvfs.errors import AccessDenied, InvalidName, KvfsError
 from kvfs.ingest import Reservation
 from kvfs.names import normalize
 from kvfs.protocol import (
@@ -70,10 +68,10 @@ from kvfs.store import Store
 
 from .copybuffer import CopyBuffer
 from .limits import PeerLimits
+from .workers import Offload
 
-__all__ = ["AccessPolicy", "Connection", "Peer", "Refused", "Session", "batch_size", "call_store", "is_request"]
+__all__ = ["AccessPolicy", "Connection", "Peer", "Refused", "Session", "batch_size", "is_request"]
 
-T = TypeVar("T")
 
 # Requests a peer of another user may make. Writes (reserve, commit, abort, hint) only
 # with group_writes; pin and evict only inside a namespace whose rule lets it; anything else
@@ -268,21 +266,16 @@ class Session:
             copies.close()
 
 
-async def call_store(store: Store, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """``fn(*args, **kwargs)`` (a store method) on the loop if it runs at memory speed now
-    (``Store.nowait``), else in a worker thread."""
-    try:
-        return store.nowait(fn, *args, **kwargs)
-    except StoreBusy:
-        return await trio.to_thread.run_sync(functools.partial(fn, *args, **kwargs))
-
-
 class Connection:
     """The frames of one accepted stream: :meth:`receive` the next request, :meth:`send`
-    a message (with descriptors passed alongside, SCM_RIGHTS). Holds the :class:`Session`."""
+    a message (with descriptors passed alongside, SCM_RIGHTS). Holds the :class:`Session`.
+    *cpu* encodes big replies off the loop (``Workers.cpu``)."""
 
-    def __init__(self, stream: trio.SocketStream, session: Session, limits: PeerLimits | None = None) -> None:
+    def __init__(
+        self, stream: trio.SocketStream, session: Session, limits: PeerLimits | None = None, *, cpu: Offload
+    ) -> None:
         self.stream = stream
+        self._cpu = cpu
         self.session = session
         self.limits = limits
         self._frames = LineBuffer()
@@ -329,7 +322,7 @@ class Connection:
         """Send *msg*; *big*: it answers a big batch, and is encoded in a worker thread
         (a reply of 65,536 grants takes a quarter of a second to encode). The reply counts
         in the peer's bytes in flight until it is sent."""
-        data = await trio.to_thread.run_sync(encode, msg) if big else encode(msg)
+        data = await self._cpu(encode, msg) if big else encode(msg)
         n = len(data)
         if self.limits is not None:
             self.limits.charge(self.peer.uid, n, refuse=False)

@@ -1,26 +1,26 @@
-"""Store calls from the FUSE handlers: on the trio loop, or in a worker thread.
+"""Store calls of the FUSE handlers: which tier's limiter each runs under, and which may
+try the loop first.
 
-The handlers never block the loop (docs/mount-internals.md, "Threads"): a store call that
-only touches the catalog and DRAM runs on the loop through ``Store.nowait`` (and moves to
-a thread when the store says it would wait: ``StoreBusy``); one that may touch a
-persistent or shared tier runs in a worker thread under that tier's
-``trio.CapacityLimiter`` (``concurrency`` in its config), abandoned if the loop is
-cancelled so that an unmount never waits on a hung tier. Seals of small blocks into free
-DRAM are a memcpy and run on the loop.
+Where work runs is decided by :mod:`kvfs.mount.workers` (the loop, or a worker thread
+under a tier's limiter; docs/mount-internals.md, "Threads"); this module says, for the
+handlers' store calls that are more than one store method, which tier a call may touch:
+a seal of a small block into free DRAM is a memcpy and tries the loop; a delete or rename
+runs under its coldest local copy's tier; room promised at a close is bookkeeping unless
+it needs a demotion.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Protocol, TypeVar, TypeVarTuple
-
-import trio
+from typing import TypeVar, TypeVarTuple
 
 from kvfs.promises import Promise
-from kvfs.store import BlockStat, Store, StoreBusy
+from kvfs.store import BlockStat, Store
 
-__all__ = ["MetaCall", "SlowCall", "StoreCalls"]
+from .workers import SlowCall
+
+__all__ = ["StoreCalls"]
 
 _T = TypeVar("_T")
 _Ts = TypeVarTuple("_Ts")
@@ -28,44 +28,15 @@ _Ts = TypeVarTuple("_Ts")
 _SMALL_SEAL = 4 << 20  # blocks up to this size seal on the loop when DRAM has room (a memcpy)
 
 
-class SlowCall(Protocol):
-    """:meth:`StoreCalls.slow`, as a part that is handed it sees it."""
-
-    async def __call__(self, tier: int, fn: Callable[[*_Ts], _T], /, *args: *_Ts) -> _T: ...
-
-
-class MetaCall(Protocol):
-    """:meth:`StoreCalls.meta`, as a part that is handed it sees it."""
-
-    async def __call__(self, fn: Callable[[*_Ts], _T], /, *args: *_Ts) -> _T: ...
-
-
 class StoreCalls:
-    """How each kind of store call is run (see the module doc)."""
+    """The FUSE handlers' store calls that take more than one store method (module doc)."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, *, slow: SlowCall, loop_first: SlowCall) -> None:
         self.store = store
-        self._limiters = [trio.CapacityLimiter(max(1, t.config.concurrency)) for t in store.tiers]
+        self._slow = slow  # Workers.tier: in a thread under the tier's limiter
+        self._loop_first = loop_first  # Workers.loop_or_tier: on the loop if the store can, else as _slow
+        self._tiers = len(store.tiers)
         self._hot_volatile = not store.tiers[0].persistent
-
-    async def slow(self, tier: int, fn: Callable[[*_Ts], _T], *args: *_Ts) -> _T:
-        """Run a store call that may touch tier *tier* (or colder) in a worker thread,
-        abandoned if the loop is cancelled (an unmount never waits on a hung tier)."""
-        tier = min(max(tier, 0), len(self._limiters) - 1)
-        return await trio.to_thread.run_sync(fn, *args, limiter=self._limiters[tier], abandon_on_cancel=True)
-
-    async def meta(self, fn: Callable[[*_Ts], _T], *args: *_Ts) -> _T:
-        """A store metadata call: on the loop when it needs nothing but the catalog (the
-        store answers local blocks from memory and revalidates them in the background);
-        in a worker thread when the store says it would wait (StoreBusy), under the
-        limiter of the tier it names (a shared tier to ask about a name this node does
-        not know, a file to delete), or the hottest tier's when only its lock was busy.
-        So metadata of local blocks never queues behind shared-tier calls."""
-        try:
-            return self.store.nowait(fn, *args)
-        except StoreBusy as busy:
-            limiter = self._limiters[busy.tier if busy.tier is not None else 0]
-            return await trio.to_thread.run_sync(fn, *args, limiter=limiter, abandon_on_cancel=True)
 
     def probe(self, name: str) -> tuple[bool, BlockStat | None]:
         """``(is_dir, stat or None)`` of *name*: the store half of a lookup (thread-safe)."""
@@ -86,7 +57,7 @@ class StoreCalls:
 
     def seal_tier(self) -> int:
         # sealing lands in the hottest tier but may demote evicted blocks to the next one
-        return 1 if len(self._limiters) > 1 else 0
+        return 1 if self._tiers > 1 else 0
 
     def coldest(self, st: BlockStat | None) -> int:
         """The tier whose limiter a delete or rename of *st* runs under: its coldest local
@@ -104,29 +75,20 @@ class StoreCalls:
         it (else it says StoreBusy before changing anything), else in a thread bounded by
         the coldest tier's limiter."""
         if self._hot_volatile and st.tiers == (self.store.tiers[0].name,):
-            try:
-                return self.store.nowait(fn, *args)
-            except StoreBusy:
-                pass
-        return await self.slow(self.coldest(st), fn, *args)
+            return await self._loop_first(self.coldest(st), fn, *args)
+        return await self._slow(self.coldest(st), fn, *args)
 
     async def put(
         self, name: str, data: bytes | bytearray, parent: str | None, promise: Promise | None = None
     ) -> BlockStat:
         """Seal *data* as block *name* (the store call of a seal), in the room *promise* holds."""
         put = functools.partial(self.store.put, parent=parent, promise=promise)
-        if self.fits_in_dram(len(data)):
-            try:  # a memcpy into the arena: no thread, unless the store is busy
-                return self.store.nowait(put, name, data)
-            except StoreBusy:
-                pass
-        return await self.slow(self.seal_tier(), put, name, data)
+        if self.fits_in_dram(len(data)):  # a memcpy into the arena: no thread, unless the store is busy
+            return await self._loop_first(self.seal_tier(), put, name, data)
+        return await self._slow(self.seal_tier(), put, name, data)
 
     async def promise(self, name: str, size: int) -> Promise:
         """Room for the seal of *size* bytes as *name* (at a close): bookkeeping, so on the
         loop unless making the room needs tier I/O (a demotion) or the store's lock is
         busy; then in a thread."""
-        try:
-            return self.store.nowait(self.store.promise, name, size)
-        except StoreBusy:
-            return await self.slow(self.seal_tier(), self.store.promise, name, size)
+        return await self._loop_first(self.seal_tier(), self.store.promise, name, size)

@@ -5,6 +5,7 @@ subscriber that falls behind is told with ``AllBlocksCleared`` and never ends th
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -216,7 +217,14 @@ def test_a_burst_past_the_hub_buffer_is_a_resync_never_the_end_of_the_publisher(
     async def main() -> None:
         hub = EventHub()
         async with trio.open_nursery() as nursery:
-            await nursery.start(publish_hub, hub, [Tier], EventsConfig(), pub, Audience("all", lambda n: None))
+            await nursery.start(
+                functools.partial(publish_hub, offload=trio.to_thread.run_sync),
+                hub,
+                [Tier],
+                EventsConfig(),
+                pub,
+                Audience("all", lambda n: None),
+            )
             while not got:  # the subscription reached the publisher (ZMQ's slow joiner)
                 hub.publish([events[0]])
                 await trio.sleep(0.05)
