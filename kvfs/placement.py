@@ -177,7 +177,11 @@ class Placement:
                 except StopIteration as done:
                     return done.value  # type: ignore[no-any-return]
                 step.abort()
-                error = RuntimeError("tier I/O is needed inside a call that holds the store's lock")
+                error: Exception = (
+                    StoreBusy("tier I/O is needed")  # Store.nowait: the caller runs the call in a thread instead
+                    if self._thread.nowait
+                    else RuntimeError("tier I/O is needed inside a call that holds the store's lock")
+                )
                 flow.throw(error)
                 raise error  # pragma: no cover - flow.throw raises it
         with self.locked():

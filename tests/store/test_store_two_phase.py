@@ -29,7 +29,7 @@ import kvfs
 from kvfs.blockfile import checksum
 from kvfs.catalog import BlockRecord
 from kvfs.config import DiskConfig, DramConfig, WriteMode
-from kvfs.errors import BlockNotFound
+from kvfs.errors import BlockNotFound, StoreBusy
 from kvfs.moves import CopyWrite, Phase
 from kvfs.names import TierName
 from kvfs.store import Store
@@ -154,6 +154,22 @@ def test_a_flow_needing_io_under_a_held_lock_is_refused_and_undone(tmp_path):
         with pytest.raises(RuntimeError, match="holds the store's lock"):
             p.drive(p.place(rec, blob(2)))
         assert s.slots[1].reserved == 0 and not s.slots[1].busy
+    assert s.lookup("m/a").tiers == ("dram",) and s.read("m/a") == blob(1)
+    assert not files_in(tmp_path / "d")
+    s.close()
+
+
+def test_a_flow_needing_io_under_nowait_is_store_busy_and_undone(tmp_path):
+    """Inside ``Store.nowait`` (the mount's calls on its event loop) a flow that needs tier
+    I/O is refused with StoreBusy, which sends the call to a worker thread, never with an
+    error the caller cannot recover from; nothing is left reserved or held."""
+    s = Store([dram(blocks=1), gated_disk(tmp_path / "d")])
+    s.put("m/a", blob(1))
+    p = s.placement
+    rec = BlockRecord("m/b", BLOCK, checksum(blob(2)))
+    with pytest.raises(StoreBusy):
+        p.nowait(p.drive, p.place(rec, blob(2)))
+    assert s.slots[1].reserved == 0 and not s.slots[1].busy
     assert s.lookup("m/a").tiers == ("dram",) and s.read("m/a") == blob(1)
     assert not files_in(tmp_path / "d")
     s.close()
