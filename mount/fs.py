@@ -37,7 +37,6 @@ from kvfs.store import BlockStat, Store
 from kvfs.tier import BlockRef
 
 from .attrs import Attributes
-from .background import BackgroundRequests
 from .buffer import keep_freed_memory
 from .errnos import errno_of, handler, refused
 from .inodes import Inode, InodeTable
@@ -107,7 +106,6 @@ class KvfsOperations(pyfuse3.Operations):
         self._negative_timeout = min(options.entry_timeout, store.negative_ttl) if shared else options.entry_timeout
         largest = max((t.capacity if t.capacity is not None else _UNBOUNDED_BLOCK) for t in store.tiers)
         cap = write_buffer if write_buffer is not None else default_write_buffer()
-        self.background = BackgroundRequests()  # the transport sets its limit (attach_nursery)
         self.writes = Writes(
             cap=cap,
             max_block=min(largest, cap),
@@ -115,7 +113,6 @@ class KvfsOperations(pyfuse3.Operations):
             opstats=self.opstats,
             promise=self._promise,
             give_up=store.give_up_promise,
-            background=self.background,
         )
         # Without shared tiers a name changes only through this daemon, which tells the
         # kernel when its store removes, replaces or renames one (names_changed): sealed
@@ -135,7 +132,6 @@ class KvfsOperations(pyfuse3.Operations):
         the transport they go through (its passthrough, when it has it, serves blocks)."""
         self.notices.attach(nursery, transport)
         self.reads.attach(transport)
-        self.background.attach(transport.max_background, transport.drained)
 
     async def settle_outside(self, names: list[str]) -> None:
         """Before a read of *names* from outside the mount (the batch client): wait for the
@@ -150,8 +146,8 @@ class KvfsOperations(pyfuse3.Operations):
             normalize_valid(names) if len(names) <= _SETTLE_ON_LOOP else await self.workers.cpu(normalize_valid, names)
         )
         pending = [k for k in keys if self.writes.has(k)]
-        for name in pending:  # not read from the kernel's queue: no order with its RELEASEs
-            await self.writes.settle(name, ordered=False)
+        if pending:
+            await self._settle(*pending)
 
     async def published_outside(self, names: list[str]) -> None:
         """Blocks *names* were published or replaced outside the mount (the batch client's
@@ -416,10 +412,9 @@ class KvfsOperations(pyfuse3.Operations):
 
     @handler
     async def releasedir(self, fh: int) -> None:
-        with self.background:  # a background request (mount/background.py)
-            entry = self._dirs.pop(fh, None)
-            if entry is not None:
-                self.inodes.closed(entry[0])
+        entry = self._dirs.pop(fh, None)
+        if entry is not None:
+            self.inodes.closed(entry[0])
 
     async def fsyncdir(self, fh: int, datasync: bool) -> None:
         return None
@@ -599,21 +594,19 @@ class KvfsOperations(pyfuse3.Operations):
     # pyfuse3 declares bytes; both transports copy any buffer into the reply, and a view
     # of the block spares a copy
     async def read(self, fh: int, off: int, size: int) -> bytes | memoryview:  # type: ignore[override]
-        with self.background:  # possibly a background request (read-ahead: mount/background.py)
-            h = self._handle(fh)
-            if isinstance(h, ReadHandle):
-                if h.ref is None:  # pragma: no cover - the kernel reads a passthrough file itself
-                    raise FUSEError(errno.EIO)
-                return h.ref.data[off : off + size]  # a view: the transport copies it into the reply
-            return h.version.buffer.read(off, size)
+        h = self._handle(fh)
+        if isinstance(h, ReadHandle):
+            if h.ref is None:  # pragma: no cover - the kernel reads a passthrough file itself
+                raise FUSEError(errno.EIO)
+            return h.ref.data[off : off + size]  # a view: the transport copies it into the reply
+        return h.version.buffer.read(off, size)
 
     @handler
     async def write(self, fh: int, off: int, buf: bytes) -> int:
-        with self.background:  # possibly a background request (async direct I/O)
-            h = self._handle(fh)
-            if not isinstance(h, WriteHandle):
-                raise FUSEError(errno.EBADF)
-            return await self.writes.write(h.version, off, buf)
+        h = self._handle(fh)
+        if not isinstance(h, WriteHandle):
+            raise FUSEError(errno.EBADF)
+        return await self.writes.write(h.version, off, buf)
 
     @handler
     async def flush(self, fh: int, pid: int | None = None) -> None:
@@ -631,25 +624,22 @@ class KvfsOperations(pyfuse3.Operations):
 
     @handler
     async def release(self, fh: int) -> None:
-        # Up to the seal's first await this runs before the transport reads the next
-        # request: the version is sealing (Writes.seal) before anything read later looks.
-        with self.background:  # a background request (mount/background.py)
-            h = self._handles.pop(fh, None)
-            if h is None:
-                return
-            try:
-                if isinstance(h, WriteHandle):
-                    v = h.version
-                    if self.writes.released(v):
-                        try:
-                            await self.writes.seal(v, final=True, put=self._put, published=self._published)
-                        finally:
-                            if v.node.version is v:  # ended without being published: it shows nothing now
-                                self._published(v, None, True)
-                else:
-                    self.reads.release(h)
-            finally:
-                self.inodes.closed(h.node)
+        h = self._handles.pop(fh, None)
+        if h is None:
+            return
+        try:
+            if isinstance(h, WriteHandle):
+                v = h.version
+                if self.writes.released(v):
+                    try:
+                        await self.writes.seal(v, final=True, put=self._put, published=self._published)
+                    finally:
+                        if v.node.version is v:  # ended without being published: it shows nothing now
+                            self._published(v, None, True)
+            else:
+                self.reads.release(h)
+        finally:
+            self.inodes.closed(h.node)
 
     def _published(self, v: Version, st: BlockStat | None, final: bool) -> None:
         """A seal of *v* ended (before anyone waiting on it runs): give the name's inodes

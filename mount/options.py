@@ -18,10 +18,8 @@ class FsOptions:
     change: a new version is a new inode). ``entry_timeout``: seconds it may cache a name
     (misses too: for at most the store's negative TTL when shared tiers may add names),
     and the attributes of directories and of files being written; of sealed blocks' names
-    too when a tier is shared (else ``sealed_entry_timeout``). ``release_wait``: the longest an operation on a name waits
-    for the release of a close the kernel may have held back behind a full background
-    queue (and, on pyfuse3, the batch client's wait for any release); every other close
-    needs no timed wait (close-to-open; docs/mount-internals.md).
+    too when a tier is shared (else ``sealed_entry_timeout``). ``release_wait``: how long an operation on a name waits for the
+    release that follows a close of that file (close-to-open; docs/SEMANTICS.md).
     """
 
     keep_cache: bool = True

@@ -32,7 +32,6 @@ import pyfuse3
 
 from kvfs.config import Transport
 
-from .background import KERNEL_DEFAULT_MAX_BACKGROUND
 from .context import RequestContext
 from .kernel.device import MountFailed, MountSpec, can_mount_directly
 from .kernel.encode import DirBuffer, SetattrFields, SetattrValues
@@ -104,17 +103,10 @@ class FuseTransport(Protocol):
 
     name: str
     passthrough: bool
-    max_background: int
-    """The connection's ``max_background`` (:mod:`kvfs.mount.background`)."""
 
     def mount(self, mountpoint: str) -> None: ...
 
     async def serve(self) -> None: ...
-
-    async def drained(self) -> bool:
-        """True once every request the kernel had queued at the call has been read; False
-        where the transport cannot tell."""
-        ...
 
     def close(self, *, unmount: bool) -> None: ...
 
@@ -134,7 +126,6 @@ class PyfuseTransport:
 
     name = "pyfuse3"
     passthrough = False
-    max_background = KERNEL_DEFAULT_MAX_BACKGROUND  # libfuse 3.14 asks for none: the kernel's default
 
     def __init__(self, ops: Any, spec: MountSpec) -> None:
         self.ops = ops
@@ -157,9 +148,6 @@ class PyfuseTransport:
 
     async def serve(self) -> None:
         await pyfuse3.main(min_tasks=4, max_tasks=64)
-
-    async def drained(self) -> bool:
-        return False  # libfuse reads the queue: its state is not visible here
 
     def close(self, *, unmount: bool) -> None:
         pyfuse3.close(unmount=unmount)

@@ -12,16 +12,11 @@ docs/mount-internals.md):
   and by ``fsync``. FLUSH (every ``close`` of any descriptor) seals nothing: it cannot
   tell the last close from a duplicate's. It reports the version's error and marks it
   *closing* until the next write.
-- **Close-to-open, without a timed wait.** The kernel queues a last close's RELEASE
-  before ``close`` returns, onto the queue the daemon reads in order, and the RELEASE
-  handler marks the version *sealing* before its first await; so an operation on a name
-  (:meth:`Writes.settle`) read after it waits for that seal, however long it takes. A
-  version still only *closing* (a FLUSH came, no write and no RELEASE since) when such a
-  request is read was closed by a duplicate, a fork or a subprocess: the request is
-  answered at once with what the name holds. The one exception is a close the kernel
-  may have held back behind a full background queue (:mod:`kvfs.mount.background`), and a
-  request from outside the FUSE queue (the batch client) before that queue is drained:
-  those wait up to ``release_wait`` seconds for the RELEASE, as every close once did.
+- **Close-to-open.** The kernel queues RELEASE before ``close`` returns, but the daemon
+  may see a later request first. So any operation on a name waits (:meth:`Writes.settle`)
+  while a version of that name is sealing, and up to ``release_wait`` seconds while one
+  is closing (a FLUSH came and no write since): the RELEASE that follows a last close
+  arrives within that; a duplicate's close is followed by more writes, which end the wait.
 - **A failed write or ftruncate poisons the version**: it is never published (the name
   keeps its older block), and every later write, flush and fsync on it fails with the
   same errno, so ``close`` reports it.
@@ -62,7 +57,6 @@ from kvfs.errors import KvfsError
 from kvfs.store import BlockStat
 from kvfs.tier import BlockRef
 
-from .background import BackgroundRequests
 from .buffer import WriteBuffer
 from .dying import closing_writer, killed_by
 from .errnos import errno_of
@@ -106,8 +100,6 @@ class Version:
     sealed_changes: int = 0
     error: int | None = None
     closing: bool = False
-    flushed_at: int = 0
-    """The :meth:`BackgroundRequests.mark` of the FLUSH that made it closing."""
     sealing: bool = False
     ended: bool = False
     parent: str | None = None
@@ -184,10 +176,8 @@ class Writes:
         opstats: OpStats | None = None,
         promise: Promiser | None = None,
         give_up: Callable[[Promise], None] | None = None,
-        background: BackgroundRequests | None = None,
     ) -> None:
         self.opstats = opstats if opstats is not None else OpStats()
-        self.background = background if background is not None else BackgroundRequests()
         self._promise = promise
         self._give_up = give_up
         self.cap = cap
@@ -263,14 +253,9 @@ class Writes:
             self._remove(name, v)
             v.name = None
 
-    async def settle(self, name: str, *, ordered: bool = True) -> None:
-        """Wait while a version of *name* is sealing; an operation on a name sees the seal of
-        a file closed before it (module doc). *ordered*: the caller's request was read from
-        the kernel's queue (every RELEASE queued before it was read first); else (the batch
-        client) wait for that queue to be drained first, or up to ``release_wait`` where
-        the transport cannot tell. A version closing without its RELEASE was closed by a
-        duplicate (no wait), unless the kernel may have held that RELEASE back behind a
-        full background queue: then up to ``release_wait`` seconds."""
+    async def settle(self, name: str) -> None:
+        """Wait while a version of *name* is sealing, or (at most ``release_wait`` seconds)
+        closing: an operation on a name sees the seal of a file closed before it."""
         deadline = trio.current_time() + self.release_wait
         while True:
             vs = self._by_name.get(name)
@@ -283,13 +268,6 @@ class Writes:
             closing = next((v for v in vs if v.closing), None)
             if closing is None:
                 return
-            if not ordered:
-                with trio.move_on_at(deadline):
-                    ordered = await self.background.drained()
-                if ordered:
-                    continue  # every RELEASE queued before this call has been read: look again
-            elif not self.background.may_hold(closing.flushed_at):
-                return  # its RELEASE would have been read before this request: not a last close
             with trio.move_on_at(deadline) as scope:
                 await closing.wait_settled()
             if scope.cancelled_caught:
@@ -381,8 +359,6 @@ class Writes:
             self._fail(v, errno.ECANCELED)
             self._forget_promise(v)
             return  # the dying task is not told: nobody reads its close's answer
-        if not v.closing:  # before any await: the mark is this FLUSH's place in the read order
-            v.flushed_at = self.background.mark()
         v.closing = True
         if self._promise is None or v.name is None or not v.dirty:
             return  # nothing will be published (unlinked), or it was published (fsync) as it is

@@ -41,7 +41,6 @@ log = logging.getLogger("kvfs.mount.kernel")
 
 _INIT_WAIT = 30.0  # seconds to wait for the kernel's INIT after mount(2)
 _STREAK = 16  # requests read without waiting before the worker lets other tasks run
-MAX_BACKGROUND = 0xFFFF  # fuse_init_out.max_background is 16 bits
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,28 +49,15 @@ class SessionOptions:
     256, the kernel's default ``max_pages_limit``); ``passthrough``: ask for
     ``FUSE_PASSTHROUGH`` (granted only with ``CAP_SYS_ADMIN`` and a kernel >= 6.9);
     ``writeback_cache``: let the kernel cache writes (kvfs does not, see
-    docs/mount-internals.md); ``max_background``: background requests (read-ahead,
-    RELEASE) the kernel keeps in flight before it holds the next back; the protocol's
-    largest (a 16-bit field), so that a RELEASE goes straight onto the queue the daemon
-    reads in order (close-to-open, docs/mount-internals.md); a non-root mount gets at most
-    the kernel's ``max_user_bgreq``. ``min_workers``/``max_workers``: request tasks."""
+    docs/mount-internals.md); ``max_background``: async requests (read-ahead, release) the
+    kernel keeps in flight; ``min_workers``/``max_workers``: request tasks."""
 
     max_pages: int = 256
     passthrough: bool = True
     writeback_cache: bool = False
-    max_background: int = MAX_BACKGROUND
+    max_background: int = 64
     min_workers: int = 4
     max_workers: int = 64
-
-
-def _max_user_bgreq() -> int:
-    """The kernel's cap on ``max_background`` for a mount without ``CAP_SYS_ADMIN`` (1
-    when it cannot be read: then every close counts as possibly held back)."""
-    try:
-        with open("/sys/module/fuse/parameters/max_user_bgreq") as f:
-            return max(1, int(f.read()))
-    except (OSError, ValueError):
-        return 1
 
 
 def _max_pages_limit() -> int:
@@ -96,8 +82,6 @@ class Session:
         self.passthrough = False
         """True once the kernel granted passthrough and a backing file could be registered."""
         self.writeback_cache = False
-        self.max_background = 1
-        """``max_background`` as the kernel granted it (known after INIT)."""
         self._bufsize = 0
         self._ended: trio.Event | None = None  # made in serve(): trio objects need a run
         self._nursery: trio.Nursery | None = None
@@ -106,7 +90,6 @@ class Session:
         self._workers = 0
         self._streak = 0
         self._lot: trio.lowlevel.ParkingLot | None = None
-        self._emptied: trio.Event | None = None  # set when a read finds the kernel's queue empty
 
     @property
     def fd(self) -> int:
@@ -170,17 +153,14 @@ class Session:
         granted = want & offered
         self.max_write = pages * 4096
         self.writeback_cache = bool(granted & abi.Init.WRITEBACK_CACHE)
-        background = max(1, min(self.options.max_background, MAX_BACKGROUND))
-        # the kernel caps it at max_user_bgreq unless the daemon has CAP_SYS_ADMIN
-        self.max_background = background if device.can_mount_directly() else min(background, _max_user_bgreq())
         bits = int(granted)
         out = abi.INIT_OUT.pack(
             abi.KERNEL_MAJOR,
             self.minor,
             max_readahead,
             bits & 0xFFFFFFFF,
-            background,
-            background * 3 // 4,  # congestion: read-ahead backs off before the queue is full
+            self.options.max_background,
+            self.options.max_background * 3 // 4,
             self.max_write,
             1,  # time_gran: nanoseconds
             pages,
@@ -230,7 +210,6 @@ class Session:
     async def serve(self) -> None:
         """Serve requests until the kernel ends the connection (unmounted)."""
         self._ended = trio.Event()
-        self._emptied = trio.Event()
         self._lot = trio.lowlevel.ParkingLot()
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
@@ -278,9 +257,6 @@ class Session:
                 n = os.readv(self.fd, [view])
             except BlockingIOError:
                 self._streak = 0
-                if self._emptied is not None:  # every request queued so far has been read
-                    self._emptied.set()
-                    self._emptied = trio.Event()
                 await trio.lowlevel.wait_readable(self.fd)
                 continue
             except InterruptedError:
@@ -298,19 +274,6 @@ class Session:
                 await trio.lowlevel.checkpoint()
             return n
         return 0
-
-    async def drained(self) -> bool:
-        """Return (True) once every request the kernel had queued at the call has been read:
-        at once when its queue is empty now, else at the next read that finds it empty."""
-        emptied = self._emptied
-        if emptied is None:
-            return False
-        poller = select.poll()
-        poller.register(self.fd, select.POLLIN)
-        if not poller.poll(0):
-            return True
-        await emptied.wait()
-        return True
 
     async def _handle(self, req: memoryview) -> None:
         length, opcode, unique, node, uid, gid, pid, _, _ = abi.IN_HEADER.unpack_from(req)

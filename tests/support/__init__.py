@@ -16,8 +16,7 @@ pyproject.toml). One concept per module:
 - ``metrics``: scraping a daemon's Prometheus endpoint.
 - harnesses: ``control_harness`` (a store behind a real control socket), ``engine_harness``
   (engine clients in their venvs), ``s3server`` (moto on 127.0.0.1, the ``moto`` fixture).
-- scripts run as processes by path: ``client_peer.py``, ``zmq_peer.py``, ``stub_mount.py``,
-  ``gated_seal.py`` (``kvfs`` with its seals held until the test lets them finish).
+- scripts run as processes by path: ``client_peer.py``, ``zmq_peer.py``, ``stub_mount.py``.
 """
 
 from pathlib import Path

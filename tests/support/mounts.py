@@ -87,7 +87,6 @@ class KvfsMounter:
         foreground: bool = False,
         env: dict[str, str] | None = None,
         args: tuple[str, ...] = (),
-        launcher: tuple[str, ...] = tuple(KVFS),
     ) -> Path:
         self._n += 1
         data = Path(data) if data is not None else self.base / f"data{self._n}"
@@ -101,7 +100,7 @@ class KvfsMounter:
         full_env = {**os.environ, **(env or {})}
         if foreground:
             proc = subprocess.Popen(
-                [*launcher, "mount", str(mp), "--config", str(cfg), "--foreground", *args],
+                [*KVFS, "mount", str(mp), "--config", str(cfg), "--foreground", *args],
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 env=full_env,
