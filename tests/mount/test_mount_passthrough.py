@@ -243,6 +243,10 @@ def test_a_block_demoted_or_promoted_while_open_reads_right_in_either_mode(kvfs_
         # the same inode is open through the page cache: a second open must stay so
         assert read_all(m.mp / "p") == data
         assert first.read() == data[4096:]
+    # the kernel sends a RELEASE after close returns: until the daemon has had the three
+    # (the write's, read_all's, first's), the inode is still open in page-cache mode and
+    # a new open must join that mode (its reads then reach the daemon, rightly)
+    wait_for(lambda: m.ops("release") >= 3)
     reads = m.ops("read")
     with open(m.mp / "p", "rb", buffering=0) as second:  # now from the disk file, by the kernel
         assert second.read(MiB) == data[:MiB]
