@@ -196,12 +196,7 @@ class Catalog:
     def rmdir(self, name: str) -> None:
         if name == ROOT:
             raise DirectoryNotEmpty("the root directory cannot be removed")
-        children = self.dirs.get(name)
-        if children is None:
-            if name in self.blocks:
-                raise NotADirectory(f"{name!r} is a block")
-            raise BlockNotFound(name)
-        if children:
+        if self.listdir(name):
             raise DirectoryNotEmpty(f"{name!r} is not empty")
         del self.dirs[name]
         parent, base = split(name)

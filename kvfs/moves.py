@@ -3,9 +3,10 @@
 Each step is the unit of tier I/O the store does with its lock let go, in the style of
 vLLM's offloading manager (``prepare_store`` → transfer → ``complete_store(success)``):
 
-1. ``prepare`` (under the store's lock) takes what the I/O needs kept still (holds on the
-   names, room reserved in the tier and in the namespace's quota) and records what it saw:
-   the block's record, its name, its checksum and size, the tier;
+1. ``prepare`` (under the store's lock) is the step's constructor: it takes what the I/O
+   needs kept still (holds on the names, room reserved in the tier and in the namespace's
+   quota) and records what it saw: the block's record, its name, its checksum and size,
+   the tier;
 2. ``run`` does the tier I/O with the lock **not held** by this thread (it raises
    :class:`RuntimeError` when it is: the step is called from the wrong place), and keeps
    the tier's answer or error; it never touches the catalog;
@@ -112,7 +113,9 @@ class CopyRead(_Step, Generic[T]):
     """Read the copy of *rec* in the persistent *slot* with ``fetch(tier, name)``,
     verified against what the record said at prepare; *unpack* turns the result into
     ``(payload view, checksum)``. The step holds nothing: a copy that changes while read
-    fails its checksum or goes missing, and :meth:`complete` tells that from a bad copy."""
+    fails its checksum or goes missing, and :meth:`complete` tells that from a bad copy.
+    Constructed under the lock (prepare): it records what the read will check its bytes
+    against."""
 
     def __init__(
         self,
@@ -132,18 +135,6 @@ class CopyRead(_Step, Generic[T]):
         self.unpack = unpack
         self.result: T | None = None
         self.error: Exception | None = None
-
-    @classmethod
-    def prepare(
-        cls,
-        keeper: Keeper,
-        slot: TierSlot,
-        rec: BlockRecord,
-        fetch: Callable[[Tier, str], T],
-        unpack: Callable[[T], Any],
-    ) -> CopyRead[T]:
-        """Under the lock: what the read will check its bytes against."""
-        return cls(keeper, slot, rec, fetch, unpack)
 
     def run(self) -> None:
         """With the lock let go: read the copy, keeping the result or the tier's error."""
@@ -222,7 +213,8 @@ class CopyWrite(_Step):
     """Write *data* as *rec*'s copy into the persistent *slot*: *fp* bytes of room are
     reserved in the slot (and in the namespace *ns*'s quota) and the name is held busy
     (never a victim, never overwritten or deleted) from prepare to complete. *new*: *rec*
-    is a block being sealed, not yet in the catalog."""
+    is a block being sealed, not yet in the catalog. Constructed under the lock (prepare):
+    it reserves the room and holds the name (*data*: the bytes, valid until the step ends)."""
 
     def __init__(
         self,
@@ -245,25 +237,8 @@ class CopyWrite(_Step):
         self.ns = ns
         self.new = new
         self.error: Exception | None = None
-
-    @classmethod
-    def prepare(
-        cls,
-        keeper: Keeper,
-        slot: TierSlot,
-        rec: BlockRecord,
-        data: Any,
-        fp: int,
-        ns: NamespaceState | None,
-        *,
-        new: bool,
-    ) -> CopyWrite:
-        """Under the lock: reserve the room and hold the name (*data*: the bytes, valid
-        until the step ends)."""
-        step = cls(keeper, slot, rec, data, fp, ns, new=new)
-        step._reserve(+1)
-        slot.hold(step.name)
-        return step
+        self._reserve(+1)
+        slot.hold(self.name)
 
     def _reserve(self, sign: int) -> None:
         self.slot.reserved += sign * self.fp
@@ -313,7 +288,9 @@ class CopyWrite(_Step):
 
 class CopyRenames(_Step):
     """Rename *rec*'s copies in the persistent tiers *slots* from *old* to *new*: both
-    names held busy and the tiers marked moving in the record from prepare to complete."""
+    names held busy and the tiers marked moving in the record from prepare to complete.
+    Constructed under the lock (prepare): it holds both names in every tier of *slots* and
+    marks them moving."""
 
     def __init__(self, keeper: Keeper, rec: BlockRecord, old: str, new: str, slots: list[TierSlot]) -> None:
         super().__init__(keeper)
@@ -325,16 +302,10 @@ class CopyRenames(_Step):
         for slot in slots:
             self.mask |= slot.bit
         self.errors: dict[int, Exception] = {}
-
-    @classmethod
-    def prepare(cls, keeper: Keeper, rec: BlockRecord, old: str, new: str, slots: list[TierSlot]) -> CopyRenames:
-        """Under the lock: hold both names in every tier of *slots*, mark them moving."""
-        step = cls(keeper, rec, old, new, slots)
         for slot in slots:
             slot.hold(old)
             slot.hold(new)
-        rec.moving |= step.mask
-        return step
+        rec.moving |= self.mask
 
     def run(self) -> None:
         """With the lock let go: rename each copy, keeping each tier's error."""
@@ -379,18 +350,14 @@ class CopyRenames(_Step):
 
 class CopyDelete(_Step):
     """Delete the copy named by *job* from the shared *slot* (its name held busy since the
-    job was queued): a delete, or with a cutoff the retention sweep's expire."""
+    job was queued): a delete, or with a cutoff the retention sweep's expire. Constructed
+    under the lock (prepare) with *job* taken from the queue (its name is held already)."""
 
     def __init__(self, keeper: Keeper, slot: TierSlot, job: DeleteJob) -> None:
         super().__init__(keeper)
         self.slot = slot
         self.job = job
         self.error: TierUnavailable | None = None
-
-    @classmethod
-    def prepare(cls, keeper: Keeper, slot: TierSlot, job: DeleteJob) -> CopyDelete:
-        """Under the lock: *job* is taken from the queue (its name is held already)."""
-        return cls(keeper, slot, job)
 
     def run(self) -> None:
         """With the lock let go: delete (or expire) the file."""

@@ -352,7 +352,7 @@ class Placement:
                 self.forget_copy(slot, rec)
                 return None
         self.require_io(slot.index, "reading a copy")
-        return CopyRead.prepare(self, slot, rec, fetch, unpack)
+        return CopyRead(self, slot, rec, fetch, unpack)
 
     def fetch(
         self, slot: TierSlot, rec: BlockRecord, fetch: Callable[[Tier, str], T], unpack: Callable[[T], Any]
@@ -687,7 +687,7 @@ class Placement:
         lossless: bool,
     ) -> Flow[bool]:
         for _ in range(_TIER_FULL_RETRIES):
-            step = CopyWrite.prepare(self, slot, rec, data, fp, ns, new=new)
+            step = CopyWrite(self, slot, rec, data, fp, ns, new=new)
             yield step  # written where the lock is not held (drive)
             written = step.complete()
             if written is Written.COMMITTED:

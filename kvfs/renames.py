@@ -141,7 +141,7 @@ class Renames:
             if not moves:  # memory only: the whole rename under the lock, atomic for readers
                 self._commit(rec, old, new, [])
                 return
-            step = CopyRenames.prepare(p, rec, old, new, moves)
+            step = CopyRenames(p, rec, old, new, moves)
         # the files are renamed with the lock let go (both names held busy meanwhile)
         try:
             step.run()

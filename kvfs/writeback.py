@@ -144,7 +144,7 @@ class WriteBack:
         """Delete what *job* names (taken from the queue; the name is held in *slot* since
         the job was queued) in a step, with the lock let go; a tier that did not answer
         gets the job back (it keeps its turn)."""
-        step = CopyDelete.prepare(self.placement, slot, job)
+        step = CopyDelete(self.placement, slot, job)
         try:
             yield step
         except BaseException:

@@ -46,6 +46,7 @@ from kvfs.protocol import VERSION
 
 from .render import table
 from .scratch import dram_disk_config, mount, umount
+from .soak_parts import rss_fds
 
 _V = b'{"v":%d,' % VERSION  # a raw frame's start, in this release's protocol version
 
@@ -290,16 +291,6 @@ def run_for(seconds: float, prop: Any, strategy: Any, *, batch: int = 200) -> tu
 # -- the bench --------------------------------------------------------------------------
 
 
-def _proc(pid: int) -> tuple[int, int]:
-    """RSS (bytes) and open descriptors of process *pid*."""
-    rss = 0
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                rss = int(line.split()[1]) * 1024
-    return rss, len(os.listdir(f"/proc/{pid}/fd"))
-
-
 def fuzz_daemon(mp: Path, pid: int, seconds: float) -> dict[str, Any]:
     """Fuzz the daemon of *mp* (pid *pid*) for *seconds*; the figures."""
     from kvfs.client import Client
@@ -311,7 +302,7 @@ def fuzz_daemon(mp: Path, pid: int, seconds: float) -> dict[str, Any]:
     strat = strategies()
     fuzz = DaemonFuzz(control_socket_path(mp))
     fuzz.ping()
-    rss0, fds0 = _proc(pid)
+    rss0, fds0 = rss_fds(pid)
     t0 = time.monotonic()
     codec_tried, crashes = run_for(max(2.0, seconds / 10), codec_property, strat["frame"], batch=500)
     try:
@@ -325,7 +316,7 @@ def fuzz_daemon(mp: Path, pid: int, seconds: float) -> dict[str, Any]:
         alive = False
     took = time.monotonic() - t0
     held = None
-    rss1, fds1 = _proc(pid) if alive else (0, 0)
+    rss1, fds1 = rss_fds(pid) if alive else (0, 0)
     if alive:
         with Client(mp) as c:
             st = c._request(Statistics()).statistics

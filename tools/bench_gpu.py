@@ -46,7 +46,7 @@ import xxhash
 
 from kvfs.units import format_size, parse_size
 
-from .bench_client import _chunks, random_blocks
+from .bench_client import _chunks, random_blocks, raw_preadv
 from .bench_client import _row as _rate
 from .bench_tiers import best_of
 from .flags import positive_int, size
@@ -107,18 +107,6 @@ def _skipped(path: str, op: str, base: str, why: str) -> dict[str, Any]:
     return {"path": path, "op": op, "baseline": base, "skipped": why}
 
 
-def _raw_preadv(files: list[tuple[str, int, int]], outs: list[np.ndarray], csums: list[int] | None = None) -> None:
-    for k, ((path, off, n), o) in enumerate(zip(files, outs, strict=True)):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            if os.preadv(fd, [o[:n]], off) != n:  # type: ignore[list-item]  # numpy stubs: ndarray is a Buffer from Python 3.12 only
-                raise SystemExit(f"kvfs: bench gpu: short read of {path}")
-        finally:
-            os.close(fd)
-        if csums is not None and xxhash.xxh3_64_intdigest(o[:n]) != csums[k]:  # type: ignore[arg-type]  # numpy stubs: ndarray is a Buffer from Python 3.12 only
-            raise SystemExit(f"kvfs: bench gpu: {path} does not verify")
-
-
 def _cpu_rows(
     c: Any, names: list[str], blocks: list[np.ndarray], args: argparse.Namespace, say: Callable[[str], None]
 ) -> list[dict[str, Any]]:
@@ -146,7 +134,7 @@ def _cpu_rows(
                     if any(r is not None for r in nixl.read(items[s])):
                         raise SystemExit("kvfs: bench gpu: a NIXL read failed")
 
-            nixl_s, raw_s = paired(nixl_read, lambda: _raw_preadv(files, np_outs), args.passes)
+            nixl_s, raw_s = paired(nixl_read, lambda: raw_preadv(files, np_outs, bench="gpu"), args.passes)
             if [o.tobytes() for o in np_outs] != [b.tobytes() for b in blocks]:
                 raise SystemExit("kvfs: bench gpu: NIXL read back the wrong bytes")
             rows.append(
@@ -157,7 +145,7 @@ def _cpu_rows(
             rows.append(_skipped("cpu", "NIXL POSIX read", "raw preadv", f"skipped: {exc}"))
 
         def raw_sum() -> None:
-            _raw_preadv(files, np_outs, csums)
+            raw_preadv(files, np_outs, csums, bench="gpu")
 
     finally:
         c.release(holds)

@@ -17,8 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .bench_native_rows import failed, gbps_rows
-from .engine_clients import ClientFailed, run_client
+from .bench_native_rows import gbps_rows, versus_plain
+from .engine_clients import run_client
 
 __all__ = ["AIM", "WHAT", "bench_lmcache_backend", "rows"]
 
@@ -36,8 +36,10 @@ def bench_lmcache_backend(
         "what": WHAT,
         "baseline": "LMCache's fs connector on a plain directory",
     }
-    figs = {}
-    for kind, backend, d in (("plain", "fs", plain_root / "lmcache-backend"), ("kvfs", "kvfs", mountpoint)):
+    sides = {"plain": ("fs", plain_root / "lmcache-backend"), "kvfs": ("kvfs", mountpoint)}
+
+    def figures(kind: str) -> dict[str, Any] | str:
+        backend, d = sides[kind]
         progress(f"lmcache-backend: {backend} on {kind} ({d})")
         a = [
             "--backend",
@@ -51,21 +53,12 @@ def bench_lmcache_backend(
             "--rounds",
             str(rounds),
         ]
-        try:
-            r = run_client("lmcache-backend", *a, venvs=venvs, timeout=900)
-        except ClientFailed as exc:
-            if kind == "plain":
-                raise
-            out["status"] = failed(exc)
-            return out
+        r = run_client("lmcache-backend", *a, venvs=venvs, timeout=900)
         if r.get("error") or not r.get("ok"):
-            out["status"] = f"failed: the {backend} backend did not read back every chunk byte-exact ({r.get('error')})"
-            return out
-        figs[kind] = {"bytes": r["bytes"], "put_s": r["times"]["put_s"], "get_s": r["times"]["get_s"]}
-    out["status"] = "ok"
-    out["plain"], out["kvfs"] = figs["plain"], figs["kvfs"]
-    out["ratio"] = {op: figs["plain"][f"{op}_s"] / figs["kvfs"][f"{op}_s"] for op in ("put", "get")}
-    return out
+            return f"failed: the {backend} backend did not read back every chunk byte-exact ({r.get('error')})"
+        return {"bytes": r["bytes"], "put_s": r["times"]["put_s"], "get_s": r["times"]["get_s"]}
+
+    return versus_plain(out, figures, ("put", "get"))
 
 
 def rows(c: dict[str, Any]) -> list[list[str]]:

@@ -19,8 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .bench_native_rows import failed, gbps_rows
-from .engine_clients import ClientFailed, run_client
+from .bench_native_rows import gbps_rows, versus_plain
+from .engine_clients import run_client
 
 __all__ = ["AIM_GET", "bench_sglang_backend", "rows"]
 
@@ -43,24 +43,17 @@ def bench_sglang_backend(
     venvs = Path(args.venvs) if args.venvs else None
     pages, rounds = (16 if args.quick else 64), max(3, args.rounds)
     out: dict[str, Any] = {"client": "sglang-backend", "what": WHAT, "baseline": "HiCacheFile on a plain directory"}
-    figs = {}
-    for kind, backend, d in (("plain", "file", plain_root / "sglang-backend"), ("kvfs", "kvfs", mountpoint)):
+    sides = {"plain": ("file", plain_root / "sglang-backend"), "kvfs": ("kvfs", mountpoint)}
+
+    def figures(kind: str) -> dict[str, Any] | str:
+        backend, d = sides[kind]
         progress(f"sglang-backend: {backend} on {kind} ({d})")
-        try:
-            r = _run(backend, d, pages, rounds, venvs)
-        except ClientFailed as exc:
-            if kind == "plain":
-                raise
-            out["status"] = failed(exc)
-            return out
+        r = _run(backend, d, pages, rounds, venvs)
         if not r["ok"]:
-            out["status"] = f"failed: the {backend} backend did not read back every page byte-exact"
-            return out
-        figs[kind] = {"bytes": r["bytes"], "set_s": r["times"]["set_s"], "get_s": r["times"]["get_s"]}
-    out["status"] = "ok"
-    out["plain"], out["kvfs"] = figs["plain"], figs["kvfs"]
-    out["ratio"] = {op: figs["plain"][f"{op}_s"] / figs["kvfs"][f"{op}_s"] for op in ("set", "get")}
-    return out
+            return f"failed: the {backend} backend did not read back every page byte-exact"
+        return {"bytes": r["bytes"], "set_s": r["times"]["set_s"], "get_s": r["times"]["get_s"]}
+
+    return versus_plain(out, figures, ("set", "get"))
 
 
 def rows(c: dict[str, Any]) -> list[list[str]]:

@@ -21,8 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .bench_native_rows import failed, gbps_rows
-from .engine_clients import ClientFailed, run_client
+from .bench_native_rows import gbps_rows, versus_plain
+from .engine_clients import run_client
 
 __all__ = ["AIM", "WHAT", "bench_vllm_tier", "rows"]
 
@@ -46,36 +46,29 @@ def bench_vllm_tier(
         "what": WHAT,
         "baseline": "vLLM's fs tier on a plain directory (O_DIRECT)",
     }
-    figs: dict[str, dict[str, Any]] = {}
-    for kind, tier, root in (("plain", "fs", plain_root / "vllm-tier"), ("kvfs", "kvfs", mountpoint)):
+    sides = {"plain": ("fs", plain_root / "vllm-tier"), "kvfs": ("kvfs", mountpoint)}
+
+    def figures(kind: str) -> dict[str, Any] | str:
+        tier, root = sides[kind]
         best: dict[str, Any] = {}
         for r in range(max(2, args.rounds)):
             d = root / f"round-{r}" if tier == "fs" else root
             if tier == "kvfs":
                 shutil.rmtree(root / "vllm-tier", ignore_errors=True)  # a cold tier each round
             progress(f"vllm-tier: {tier} tier on {kind} ({d}), round {r + 1}")
-            try:
-                store = _phase(tier, d, "store", blocks, venvs)
-                load = _phase(tier, d, "load", blocks, venvs)
-            except ClientFailed as exc:
-                if kind == "plain":
-                    raise
-                out["status"] = failed(exc)
-                return out
+            store = _phase(tier, d, "store", blocks, venvs)
+            load = _phase(tier, d, "load", blocks, venvs)
             if not store["store"]["cascaded"] or load["load"]["equal"] != [True] * blocks:
-                out["status"] = f"failed: the {tier} tier did not load every chunk back byte-exact"
-                return out
+                return f"failed: the {tier} tier did not load every chunk back byte-exact"
             fig = {
                 "bytes": blocks * 1024 * 1024,
                 "store_s": store["times"]["store_s"],
                 "load_s": load["times"]["load_s"],
             }
             best = fig if not best else {k: min(best[k], fig[k]) if k != "bytes" else fig[k] for k in fig}
-        figs[kind] = best
-    out["status"] = "ok"
-    out["plain"], out["kvfs"] = figs["plain"], figs["kvfs"]
-    out["ratio"] = {op: figs["plain"][f"{op}_s"] / figs["kvfs"][f"{op}_s"] for op in ("store", "load")}
-    return out
+        return best
+
+    return versus_plain(out, figures, ("store", "load"))
 
 
 def rows(c: dict[str, Any]) -> list[list[str]]:

@@ -6,8 +6,8 @@ import argparse
 
 from kvfs.protocol import Du, DuResult
 
-from .control_client import about, add_socket_option, clients_for
-from .render import format_size, print_json, table
+from .control_client import add_socket_option, replies_for
+from .render import format_size, print_json_each, table
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,14 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    results = []
-    for target, client in clients_for(args.paths, args.socket):
-        with about(target):
-            res = client.request(Du(name=target.name), DuResult).to_json()
-        res["path"] = target.display()
-        results.append(res)
+    results = replies_for(args.paths, args.socket, lambda t: Du(name=t.name), DuResult)
     if args.json:
-        print_json(results[0] if len(results) == 1 else results)
+        print_json_each(results)
         return 0
     tiers = list(results[0]["tiers"])
     headers = []

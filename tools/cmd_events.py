@@ -6,7 +6,6 @@ import argparse
 import itertools
 import json
 import os
-import signal
 import sys
 import time
 from collections.abc import Callable
@@ -17,6 +16,7 @@ from kvfs.protocol import EventItem, Events
 from .control_client import Target, add_socket_option, clients_for
 from .flags import at_least, positive_int
 from .render import format_size
+from .scratch import end_on_sigterm
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -75,21 +75,9 @@ def _line(ev: dict[str, Any], display: Callable[[str], str]) -> str:
     return "  ".join(parts)
 
 
-def stop_on_sigterm() -> None:
-    """Make SIGTERM (``kill``, a service manager's stop) end a stream as Ctrl-C does: the
-    ``--zmq`` publisher then says AllBlocksCleared and closes its socket. SIGINT alone is
-    not enough to stop a stream from a script: a shell starts its background jobs with
-    SIGINT ignored, and Python keeps it ignored."""
-
-    def stop(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, stop)
-
-
 def run(args: argparse.Namespace) -> int:
     [(target, client)] = clients_for([args.mountpoint], args.socket)
-    stop_on_sigterm()
+    end_on_sigterm()  # the --zmq publisher says AllBlocksCleared and closes its socket
     if args.zmq:
         client.close()
         return _publish(args, target)

@@ -9,8 +9,8 @@ from collections import Counter
 
 from kvfs.protocol import Evict
 
-from .control_client import add_socket_option, clients_for, run_with_progress
-from .render import print_json
+from .control_client import add_progress_option, add_socket_option, clients_for, run_with_progress
+from .render import print_json_each
 
 _WHY = {"Pinned": "pinned", "LastCopy": "last copy", "AccessDenied": "not allowed"}
 
@@ -28,9 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--force", action="store_true", help="evict pinned blocks too, and drop last copies (the block is lost)"
     )
-    parser.add_argument(
-        "--progress", action="store_true", help="draw the progress bar on stderr even when it is not a terminal"
-    )
+    add_progress_option(parser)
     parser.add_argument(
         "--json",
         action="store_true",
@@ -80,5 +78,5 @@ def run(args: argparse.Namespace) -> int:
         for f in res.failed:
             print(f"kvfs: {target.display(f.name)}: {_why(f.name, f.error)}", file=sys.stderr)
     if args.json:
-        print_json(results[0] if len(results) == 1 else results)
+        print_json_each(results)
     return rc

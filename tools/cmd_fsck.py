@@ -6,7 +6,7 @@ import argparse
 
 from kvfs.protocol import Fsck
 
-from .control_client import add_socket_option, clients_for, run_with_progress
+from .control_client import add_progress_option, add_socket_option, clients_for, run_with_progress
 from .render import print_json
 
 # Exit codes follow fsck(8): 0 clean, 1 errors corrected, 4 errors left uncorrected.
@@ -33,9 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help='print JSON: {"blocks", "copies", "bad": [{"name", "tier", "error"}], "unavailable", "removed", "repaired"}',
     )
-    parser.add_argument(
-        "--progress", action="store_true", help="draw the progress bar on stderr even when it is not a terminal"
-    )
+    add_progress_option(parser)
     add_socket_option(parser)
 
 

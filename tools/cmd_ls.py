@@ -7,8 +7,8 @@ from typing import Any
 
 from kvfs.protocol import Ls, LsResult
 
-from .control_client import about, add_socket_option, clients_for
-from .render import format_size, format_time, print_json, table
+from .control_client import add_socket_option, replies_for
+from .render import format_size, format_time, print_json_each, table
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -47,14 +47,9 @@ def _long(entries: list[dict[str, Any]]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    results = []
-    for target, client in clients_for(args.paths, args.socket):
-        with about(target):
-            res = client.request(Ls(name=target.name), LsResult).to_json()
-        res["path"] = target.display()
-        results.append(res)
+    results = replies_for(args.paths, args.socket, lambda t: Ls(name=t.name), LsResult)
     if args.json:
-        print_json(results[0] if len(results) == 1 else results)
+        print_json_each(results)
         return 0
     for i, res in enumerate(results):
         if len(results) > 1:

@@ -9,7 +9,7 @@ from kvfs.protocol import Pin, PinResult
 
 from .control_client import about, add_socket_option, clients_for
 from .flags import seconds
-from .render import print_json
+from .render import print_json_each
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -62,5 +62,5 @@ def run(args: argparse.Namespace) -> int:
         for f in res.failed:
             print(f"kvfs: {target.display(f.name)}: {f.error}", file=sys.stderr)
     if args.json:
-        print_json(results[0] if len(results) == 1 else results)
+        print_json_each(results)
     return rc

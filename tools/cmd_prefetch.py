@@ -7,8 +7,8 @@ import sys
 
 from kvfs.protocol import Prefetch
 
-from .control_client import add_socket_option, clients_for, run_with_progress
-from .render import print_json
+from .control_client import add_progress_option, add_socket_option, clients_for, run_with_progress
+from .render import print_json_each
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -18,9 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("paths", nargs="+", metavar="PATH", help="blocks or directories inside a kvfs mount")
     parser.add_argument("--tier", metavar="NAME", help="the tier to copy into (default: the hottest)")
-    parser.add_argument(
-        "--progress", action="store_true", help="draw the progress bar on stderr even when it is not a terminal"
-    )
+    add_progress_option(parser)
     parser.add_argument(
         "--json",
         action="store_true",
@@ -49,5 +47,5 @@ def run(args: argparse.Namespace) -> int:
         for f in res.failed:
             print(f"kvfs: {target.display(f.name)}: {f.error}", file=sys.stderr)
     if args.json:
-        print_json(results[0] if len(results) == 1 else results)
+        print_json_each(results)
     return rc

@@ -15,10 +15,10 @@ from typing import Any
 
 from kvfs.protocol import Top, TopResult
 
-from .cmd_events import stop_on_sigterm
 from .control_client import add_socket_option, clients_for
 from .flags import positive_int, seconds
 from .render import format_size, table
+from .scratch import end_on_sigterm
 
 _CLEAR = "\x1b[H\x1b[2J"
 MIN_INTERVAL = 0.1  # seconds: a faster refresh only loads the daemon
@@ -224,7 +224,7 @@ def render_peers(peers: list[dict[str, Any]]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     [(target, client)] = clients_for([args.mountpoint], args.socket)
-    stop_on_sigterm()
+    end_on_sigterm()
     frames = 1 if args.once else args.count
     shown = 0
     tty = sys.stdout.isatty() and not args.json and frames is None

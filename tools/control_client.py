@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +25,7 @@ from typing import Any
 from kvfs.client.connection import Connection, Stream
 from kvfs.errors import BlockNotFound, IsADirectory, KvfsError, NotADirectory
 from kvfs.names import normalize
-from kvfs.protocol import DaemonNotAnswering, Progress, Request
+from kvfs.protocol import DaemonNotAnswering, Message, Progress, Request
 from kvfs.runtime import control_socket_path, find_mount
 
 __all__ = [
@@ -120,6 +120,27 @@ def about(target: Target) -> Iterator[None]:
     except (IsADirectory, NotADirectory) as exc:
         what = "a directory" if isinstance(exc, IsADirectory) else "not a directory"
         raise type(exc)(f"{target.display()}: is {what}") from None
+
+
+def replies_for(
+    paths: list[str], sock: str | None, request: Callable[[Target], Request], reply: type[Message]
+) -> list[dict[str, Any]]:
+    """Each path's reply to ``request(target)``, as JSON with the path shown to the user
+    under ``"path"`` (errors worded with that path: :func:`about`)."""
+    results = []
+    for target, client in clients_for(paths, sock):
+        with about(target):
+            res = client.request(request(target), reply).to_json()
+        res["path"] = target.display()
+        results.append(res)
+    return results
+
+
+def add_progress_option(parser: argparse.ArgumentParser) -> None:
+    """``--progress``, for a subcommand that runs with :func:`run_with_progress`."""
+    parser.add_argument(
+        "--progress", action="store_true", help="draw the progress bar on stderr even when it is not a terminal"
+    )
 
 
 def run_with_progress(client: ControlClient, target: Target, request: Request, label: str, progress: bool) -> Any:

@@ -47,6 +47,11 @@ def print_json(obj: object, out: TextIO | None = None) -> None:
     print(json.dumps(obj, indent=2), file=out or sys.stdout)
 
 
+def print_json_each(results: Sequence[object]) -> None:
+    """``--json`` of a command over several paths: one object for one path, a list for several."""
+    print_json(results[0] if len(results) == 1 else results)
+
+
 class Progress:
     """A one-line progress bar on stderr: ``prefetch [#####.....]  512/1024  50%``.
 

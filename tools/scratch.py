@@ -32,10 +32,13 @@ _term_pending = False
 
 
 def end_on_sigterm() -> None:
-    """Make SIGTERM (``kill``, ``timeout``, a CI job's cancel) end a bench as Ctrl-C does
-    (``KeyboardInterrupt``): its ``finally`` blocks run, so the mounts it made are unmounted
-    and their daemons end. Python's default ends the process at once, which left a bench's
-    mount daemon running. A SIGTERM that comes while :func:`mount` runs is held until the
+    """Make SIGTERM (``kill``, ``timeout``, a CI job's cancel, a service manager's stop) end
+    a bench or a stream (``kvfs events``, ``kvfs top``) as Ctrl-C does (``KeyboardInterrupt``):
+    its ``finally`` blocks run, so the mounts a bench made are unmounted and their daemons
+    end, and the ``events --zmq`` publisher says AllBlocksCleared and closes its socket.
+    Python's default ends the process at once, which left a bench's mount daemon running;
+    SIGINT alone cannot stop a stream from a script (a shell starts its background jobs with
+    SIGINT ignored, and Python keeps it ignored). A SIGTERM that comes while :func:`mount` runs is held until the
     mount is made, then unmounts it and ends the bench (killing ``kvfs mount`` half-way
     would leave a daemon no one knows of). A second SIGTERM ends the process at once."""
 

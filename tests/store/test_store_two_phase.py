@@ -133,7 +133,7 @@ def test_a_step_refuses_to_run_with_the_lock_held(tmp_path):
     p, slot = s.placement, s.slots[0]
     rec = BlockRecord("a", BLOCK, 0)
     with p.locked():
-        step = CopyWrite.prepare(p, slot, rec, blob(1), BLOCK, None, new=True)
+        step = CopyWrite(p, slot, rec, blob(1), BLOCK, None, new=True)
         with pytest.raises(RuntimeError, match="lock held"):
             step.run()
         step.abort()

@@ -24,29 +24,19 @@ from __future__ import annotations
 
 import argparse
 import os
-import tempfile
 import time
 from typing import TYPE_CHECKING, Any
 
-from lmcache_client import CHUNK, HEAD_DIM, KV_HEADS, LAYERS, MODEL, _pending
+from lmcache_client import _pending, common_config, make_chunks, storage_manager
 
 from client_report import describe_error, emit
 
 if TYPE_CHECKING:
     import torch
 
-COMMON = f"""\
-chunk_size: {CHUNK}
-local_cpu: true
-max_local_cpu_size: {{cpu_gb}}
-remote_serde: naive
-save_unfull_chunk: false
-pre_caching_hash_algorithm: sha256_cbor
-"""
-
 
 def config_text(backend: str, path: str, cpu_gb: float) -> str:
-    common = COMMON.format(cpu_gb=cpu_gb)
+    common: str = common_config(cpu_gb)  # a sibling module: Any to mypy (pyproject.toml)
     if backend == "kvfs":
         return common + (
             'remote_storage_plugins: ["kvfs"]\n'
@@ -59,59 +49,11 @@ def config_text(backend: str, path: str, cpu_gb: float) -> str:
     return common + f'remote_storage_plugins: ["fs"]\nextra_config:\n  remote_storage_plugin.fs.base_path: "{path}"\n'
 
 
-def _manager(backend: str, path: str, cpu_gb: float) -> Any:
-    import torch
-    from lmcache.v1.config import LMCacheEngineConfig
-    from lmcache.v1.event_manager import EventManager
-    from lmcache.v1.metadata import LMCacheMetadata
-    from lmcache.v1.storage_backend.storage_manager import StorageManager
-
-    fd, cfg = tempfile.mkstemp(prefix=f"lmcache-{backend}-", suffix=".yaml")
-    with os.fdopen(fd, "w") as f:
-        f.write(config_text(backend, path, cpu_gb))
-    try:
-        config = LMCacheEngineConfig.from_file(cfg)
-    finally:
-        os.unlink(cfg)
-    metadata = LMCacheMetadata(
-        model_name=MODEL,
-        world_size=1,
-        local_world_size=1,
-        worker_id=0,
-        local_worker_id=0,
-        kv_dtype=torch.bfloat16,
-        kv_shape=(LAYERS, 2, CHUNK, KV_HEADS, HEAD_DIM),
-    )
-    return StorageManager(config=config, metadata=metadata, event_manager=EventManager())
-
-
 def _remote(sm: Any) -> tuple[str | None, Any]:
     for name, backend in sm.storage_backends.items():
         if name.startswith("RemoteBackend"):
             return name, backend
     return None, None
-
-
-def _chunks(n: int, salt: str = "") -> tuple[list[Any], list[torch.Tensor]]:
-    import hashlib
-
-    import torch
-    from lmcache.utils import CacheEngineKey
-
-    g = torch.Generator().manual_seed(len(salt) + 1)
-    keys = [
-        CacheEngineKey(
-            model_name=MODEL,
-            world_size=1,
-            worker_id=0,
-            chunk_hash=int.from_bytes(hashlib.sha256(f"{salt}chunk-{i}".encode()).digest()[:8], "big"),
-            dtype=torch.bfloat16,
-        )
-        for i in range(n)
-    ]
-    shape = (2, LAYERS, CHUNK, KV_HEADS * HEAD_DIM)  # KV_2LTD
-    data = [torch.randn(*shape, generator=g).to(torch.bfloat16) for _ in keys]
-    return keys, data
 
 
 def _put(sm: Any, name: str | None, backend: Any, keys: list[Any], data: list[torch.Tensor], timeout: float) -> float:
@@ -158,9 +100,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"backend": args.backend, "phase": args.phase}
     times: dict[str, Any] = {}
     out["times"] = times
-    keys, data = _chunks(args.chunks)
+    keys, data = make_chunks(args.chunks)
     out["bytes"] = sum(d.numel() * d.element_size() for d in data)
-    sm = _manager(args.backend, args.dir, args.cpu_gb)
+    sm = storage_manager(config_text(args.backend, args.dir, args.cpu_gb), args.backend)
     try:
         name, backend = _remote(sm)
         conn = getattr(backend, "connection", None)
@@ -187,11 +129,11 @@ def bench(sm: Any, name: str | None, backend: Any, args: argparse.Namespace, tim
     """Best of ``--rounds``: a put of fresh chunks, then a get by a second manager of
     this process (its own CPU cache, which has none of them), as a second engine would."""
     puts, gets, ok = [], [], True
-    reader = _manager(args.backend, args.dir, args.cpu_gb)
+    reader = storage_manager(config_text(args.backend, args.dir, args.cpu_gb), args.backend)
     try:
         rname, _ = _remote(reader)
         for r in range(args.rounds):
-            keys, data = _chunks(args.chunks, salt=f"{os.getpid()}-{time.time_ns()}-round-{r}-")  # new keys
+            keys, data = make_chunks(args.chunks, salt=f"{os.getpid()}-{time.time_ns()}-round-{r}-")  # new keys
             puts.append(_put(sm, name, backend, keys, data, args.timeout))
             seconds, equal = _get(reader, rname, keys, data)
             gets.append(seconds)

@@ -44,14 +44,21 @@ SETUPS = ("plugin", "url", "odirect", "meta_odirect", "refused", "disk")
 MODEL = "kvfs-test/tiny-llama"
 LAYERS, CHUNK, KV_HEADS, HEAD_DIM = 4, 256, 2, 64
 
-COMMON = f"""\
+
+def common_config(cpu_gb: float = 1) -> str:
+    """The YAML every config here starts with (also ``lmcache_backend_client.py``'s):
+    *cpu_gb*, the size of LMCache's CPU cache."""
+    return f"""\
 chunk_size: {CHUNK}
 local_cpu: true
-max_local_cpu_size: 1
+max_local_cpu_size: {cpu_gb}
 remote_serde: naive
 save_unfull_chunk: false
 pre_caching_hash_algorithm: sha256_cbor
 """
+
+
+COMMON = common_config()
 
 
 def config_text(setup: str, path: str) -> str:
@@ -107,16 +114,19 @@ class _Warnings(logging.Handler):
             logging.getLogger(name).removeHandler(self)
 
 
-def _manager(setup: str, path: str) -> Any:
+def storage_manager(config_yaml: str, label: str) -> Any:
+    """LMCache's own ``StorageManager`` for the config *config_yaml*, loaded from a file
+    (named after *label*) as an engine loads ``LMCACHE_CONFIG_FILE``; this file's model
+    and KV shape."""
     import torch
     from lmcache.v1.config import LMCacheEngineConfig
     from lmcache.v1.event_manager import EventManager
     from lmcache.v1.metadata import LMCacheMetadata
     from lmcache.v1.storage_backend.storage_manager import StorageManager
 
-    fd, cfg = tempfile.mkstemp(prefix=f"lmcache-{setup}-", suffix=".yaml")
+    fd, cfg = tempfile.mkstemp(prefix=f"lmcache-{label}-", suffix=".yaml")
     with os.fdopen(fd, "w") as f:
-        f.write(config_text(setup, path))
+        f.write(config_yaml)
     try:
         config = LMCacheEngineConfig.from_file(cfg)
     finally:
@@ -133,17 +143,18 @@ def _manager(setup: str, path: str) -> Any:
     return StorageManager(config=config, metadata=metadata, event_manager=EventManager())
 
 
-def _chunks(n: int) -> tuple[list[Any], list[torch.Tensor]]:
+def make_chunks(n: int, salt: str = "") -> tuple[list[Any], list[torch.Tensor]]:
+    """*n* chunks (bf16 ``KV_2LTD``) and their keys; another *salt*, other keys."""
     import torch
     from lmcache.utils import CacheEngineKey
 
-    g = torch.Generator().manual_seed(1)
+    g = torch.Generator().manual_seed(len(salt) + 1)
     keys = [
         CacheEngineKey(
             model_name=MODEL,
             world_size=1,
             worker_id=0,
-            chunk_hash=int.from_bytes(hashlib.sha256(f"chunk-{i}".encode()).digest()[:8], "big"),
+            chunk_hash=int.from_bytes(hashlib.sha256(f"{salt}chunk-{i}".encode()).digest()[:8], "big"),
             dtype=torch.bfloat16,
         )
         for i in range(n)
@@ -226,7 +237,7 @@ def _run(
     r: dict[str, Any],
     times: dict[str, Any],
 ) -> None:
-    sm = _manager(setup, path)
+    sm = storage_manager(config_text(setup, path), setup)
     try:
         name, backend = _backend(sm, setup)
         r["backend"] = name
@@ -261,7 +272,7 @@ def main() -> None:
     parser.add_argument("--chunks", type=int, default=4)
     parser.add_argument("--timeout", type=float, default=30, help="seconds to wait for put tasks")
     args = parser.parse_args()
-    keys, data = _chunks(args.chunks)
+    keys, data = make_chunks(args.chunks)
     out = {"phase": args.phase, "bytes": sum(d.numel() * 2 for d in data), "setups": {}}
     for setup in args.setups.split(","):
         out["setups"][setup] = run_setup(setup, args.dir, args.phase, keys, data, args.timeout)
