@@ -155,39 +155,12 @@ class DirBuffer:
         end = pos + ((_DIRENTPLUS_SIZE + n + 7) & ~7)
         if end > self._size:
             return False
-        ino, mode = attr.st_ino, attr.st_mode
         es, ens = _split(attr.entry_timeout)
         ats, atns = _split(attr.attr_timeout)
-        at, mt, ct = attr.st_atime_ns, attr.st_mtime_ns, attr.st_ctime_ns
+        ino = attr.st_ino
+        kind = stat.S_IFMT(attr.st_mode) >> 12
         _DIRENTPLUS.pack_into(
-            self._buf,
-            pos,
-            ino,
-            attr.generation,
-            es,
-            ats,
-            ens,
-            atns,
-            ino,
-            attr.st_size,
-            attr.st_blocks,
-            at // _NS,
-            mt // _NS,
-            ct // _NS,
-            at % _NS,
-            mt % _NS,
-            ct % _NS,
-            mode,
-            attr.st_nlink,
-            attr.st_uid,
-            attr.st_gid,
-            attr.st_rdev,
-            attr.st_blksize,
-            0,
-            ino,
-            next_id,
-            n,
-            stat.S_IFMT(mode) >> 12,
+            self._buf, pos, ino, attr.generation, es, ats, ens, atns, *_attr(attr), ino, next_id, n, kind
         )
         start = pos + _DIRENTPLUS_SIZE
         self._buf[start : start + n] = name

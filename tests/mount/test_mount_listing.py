@@ -7,35 +7,20 @@ store answers a listing's entries in batches, ``Store.probe_many``)."""
 from __future__ import annotations
 
 import os
-import socket
 import stat
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
+from support.configs import dram_over_disk
 from support.metrics import scrape
 from support.mounts import TRANSPORTS
+from support.s3server import free_port
 
 pytestmark = [pytest.mark.fuse, TRANSPORTS]
 
-CONFIG = """\
-[[tiers]]
-kind = "dram"
-name = "dram"
-capacity = "64MiB"
-prefault = false
-mlock = false
-
-[[tiers]]
-kind = "disk"
-name = "disk"
-capacity = "256MiB"
-path = "{data}/disk"
-
-[mount]
-metrics_port = {port}
-"""
+CONFIG = dram_over_disk("64MiB", "256MiB", "{data}/disk") + "\n[mount]\nmetrics_port = {port}\n"
 
 # Long names make every entry ~400 bytes: this many fill more than one reply of the
 # kernel's largest (1 MiB) READDIRPLUS buffer.
@@ -43,14 +28,8 @@ N = 3000
 LONG = "n" * 230
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _mount(kvfs_mount, tmp_path: Path) -> tuple[Path, int]:
-    port = _free_port()
+    port = free_port()
     data = tmp_path / "data"
     return kvfs_mount(CONFIG.format(data=data, port=port), data=data), port
 

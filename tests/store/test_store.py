@@ -495,13 +495,9 @@ def test_probe_many_answers_as_is_dir_then_lookup(make_store):
         s.put(f"d/b{i}", blob(i, 1000 * i))
     names = ["d/sub", "d/b0", "d/b3", "d/missing", "/d//b4", "d", "d/sub/none"]
     got = s.probe_many(names)
-    want = []
-    for n in names:
-        if s.is_dir(n):
-            want.append((True, None))
-        else:
-            st = s.lookup(n)
-            want.append((False, None if st is None else (st.size, st.checksum, st.created)))
-    assert [(d, None if i is None else tuple(i)) for d, i in got] == want
+    assert [d for d, _ in got] == [s.is_dir(n) for n in names] == [True, False, False, False, False, True, False]
+    stats = [None if s.is_dir(n) else s.lookup(n) for n in names]
+    want = [None if st is None else (st.size, st.checksum, st.created) for st in stats]
+    assert [None if i is None else tuple(i) for _, i in got] == want
     assert got[2][1] is not None and got[2][1].size == 3000
     assert s.probe_many([]) == []
