@@ -133,19 +133,21 @@ class SetattrValues:
 # a READDIRPLUS entry's fixed part: fuse_entry_out, then fuse_dirent (its name follows)
 _DIRENTPLUS = struct.Struct(abi.ENTRY_OUT.format + abi.DIRENT.format[1:])
 _DIRENTPLUS_SIZE = _DIRENTPLUS.size
+_FIRST_BUFFER = 64 << 10
 
 
 class DirBuffer:
     """The READDIRPLUS reply being filled: entries until *size* bytes (the kernel's
     buffer). :meth:`add` is what a ``readdir`` handler calls for each entry; each is
-    packed in place into one buffer of *size* zeroed bytes (its padding stays zero)."""
+    packed in place into one zeroed buffer (its padding stays zero), grown by doubling
+    up to *size* (the kernel asks for up to 1 MiB, a small directory fills a page)."""
 
     __slots__ = ("_buf", "_pos", "_size")
 
     def __init__(self, size: int) -> None:
         self._size = size
         self._pos = 0
-        self._buf = bytearray(size)
+        self._buf = bytearray(min(size, _FIRST_BUFFER))
 
     def add(self, name: bytes, attr: Any, next_id: int) -> bool:
         """Add the entry *name* with *attr*s (whose reply counts one lookup) and the
@@ -153,8 +155,10 @@ class DirBuffer:
         n = len(name)
         pos = self._pos
         end = pos + ((_DIRENTPLUS_SIZE + n + 7) & ~7)
-        if end > self._size:
-            return False
+        if end > len(self._buf):
+            if end > self._size:
+                return False
+            self._buf.extend(bytes(min(max(len(self._buf), end - len(self._buf)), self._size - len(self._buf))))
         es, ens = _split(attr.entry_timeout)
         ats, atns = _split(attr.attr_timeout)
         ino = attr.st_ino
