@@ -52,7 +52,7 @@ from .access import Operation, Peer, check, may_map_arena
 from .backing import BackingFiles
 from .backlog import WriteThroughQueue
 from .batch import BatchReads, Probe
-from .catalog import BlockRecord, BlockStat, Catalog
+from .catalog import BlockIdentity, BlockRecord, BlockStat, Catalog
 from .config import NamespaceConfig, PolicyConfig
 from .errors import BlockNotFound, KvfsError, StoreBusy
 from .events import EventLog
@@ -81,6 +81,7 @@ from .tier import BlockRef, Tier
 from .writeback import FlushReport, WriteBack
 
 __all__ = [
+    "BlockIdentity",
     "BlockStat",
     "FlushReport",
     "Lease",
@@ -332,6 +333,32 @@ class Store:
             if self.placement.waiting_forbidden:
                 return self._shared_listing(parent).get(base) is True
         return self._shared_listing(parent).get(base) is True
+
+    def probe_many(self, names: Sequence[str]) -> list[tuple[bool, BlockIdentity | None]]:
+        """``(is_dir, identity or None)`` of each of *names* (a directory listing's
+        entries): what :meth:`is_dir`, then :meth:`lookup` for a name that is no
+        directory, say of it. Under one hold of the lock where no shared tier and no peer
+        is to be asked."""
+        if self.elsewhere.active:
+            out: list[tuple[bool, BlockIdentity | None]] = []
+            for n in names:
+                if self.is_dir(n):
+                    out.append((True, None))
+                else:
+                    st = self.lookup(n)
+                    out.append((False, None if st is None else BlockIdentity(st.size, st.checksum, st.created)))
+            return out
+        keys = [normalize(n) for n in names]
+        catalog = self.catalog
+        with self.placement.locked():
+            out = []
+            for key in keys:
+                if catalog.is_dir(key):
+                    out.append((True, None))
+                else:
+                    rec = catalog.get(key)
+                    out.append((False, None if rec is None else rec.identity()))
+            return out
 
     def listdir(self, name: str = "") -> dict[str, bool]:
         """``{basename: is_dir}`` of a directory (a copy), including what the shared tiers

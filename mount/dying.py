@@ -92,11 +92,21 @@ def _status_field(pid: int, key: bytes) -> int | None:
 def _stat(pid: int) -> list[bytes] | None:
     """The fields of ``/proc/<pid>/stat`` after the command name (which may hold spaces
     and parentheses), or None when there is no such task."""
+    # read on every FLUSH of a file being written: os.read, not a buffered file object
+    # (which costs an fstat, an ioctl and a second read more)
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            raw = f.read()
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
+    try:
+        chunks = [os.read(fd, 4096)]
+        while len(chunks[-1]) == 4096:  # never so long in practice; read to the end then
+            chunks.append(os.read(fd, 4096))
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    raw = b"".join(chunks)
     return raw[raw.rfind(b")") + 2 :].split()
 
 

@@ -33,7 +33,7 @@ from kvfs.access import Operation, Peer
 from kvfs.errors import KvfsError
 from kvfs.events import Event, EventKind
 from kvfs.names import check_creatable, normalize, normalize_valid
-from kvfs.store import BlockStat, Store
+from kvfs.store import BlockIdentity, BlockStat, Store
 from kvfs.tier import BlockRef
 
 from .attrs import Attributes
@@ -205,7 +205,7 @@ class KvfsOperations(pyfuse3.Operations):
             raise FUSEError(errno.EINVAL) from None
         return normalize(f"{parent.name}/{base}" if parent.name else base)
 
-    def _resolve(self, name: str, is_dir: bool, st: BlockStat | None) -> Inode | None:
+    def _resolve(self, name: str, is_dir: bool, st: BlockStat | BlockIdentity | None) -> Inode | None:
         """The inode *name* shows now (on the loop: the inode table is the loop's): its
         directory, its sealed block, or else the file being written there; None if none."""
         if is_dir:
@@ -400,13 +400,14 @@ class KvfsOperations(pyfuse3.Operations):
         node, bases = entry
         prefix = f"{node.name}/" if node.name else ""
         for chunk in range(start_id, len(bases), 256):
-            names = [prefix + base for base in bases[chunk : chunk + 256]]
+            part = bases[chunk : chunk + 256]
+            names = [prefix + base for base in part]
             probes = await self._meta(self._probe_many, names)  # one trip per 256
             for k, (name, probe) in enumerate(zip(names, probes)):
                 child = self._resolve(name, *probe)
                 if child is None:
                     continue  # removed since opendir
-                if not readdir_reply(token, name.rpartition("/")[2].encode(), self.attrs.of(child), chunk + k + 1):
+                if not readdir_reply(token, part[k].encode(), self.attrs.of(child), chunk + k + 1):
                     return
                 self.inodes.looked_up(child)
 

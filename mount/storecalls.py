@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import TypeVar, TypeVarTuple
 
 from kvfs.promises import Promise
-from kvfs.store import BlockStat, Store
+from kvfs.store import BlockIdentity, BlockStat, Store
 
 from .workers import SlowCall
 
@@ -44,8 +44,9 @@ class StoreCalls:
             return True, None
         return False, self.store.lookup(name)
 
-    def probe_many(self, names: list[str]) -> list[tuple[bool, BlockStat | None]]:
-        return [self.probe(n) for n in names]
+    def probe_many(self, names: list[str]) -> list[tuple[bool, BlockIdentity | None]]:
+        """:meth:`probe` of each of *names* (a listing's entries; :meth:`Store.probe_many`)."""
+        return self.store.probe_many(names)
 
     def fits_in_dram(self, n: int) -> bool:
         """True when a block of *n* bytes goes into free DRAM without evicting anything,

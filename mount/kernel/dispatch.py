@@ -247,7 +247,7 @@ class Dispatcher:
         fh, off, size, _, _, _, _ = abi.READ_IN.unpack_from(body)
         token = DirBuffer(size)
         await self._handler("readdir")(fh, off, token)
-        return token.payload()
+        return [token.payload()]
 
     async def _releasedir(self, node: int, ctx: RequestContext, body: memoryview) -> Payload:
         (fh, _, _, _) = abi.RELEASE_IN.unpack_from(body)

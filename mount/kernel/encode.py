@@ -11,6 +11,7 @@ sets, as pyfuse3's does.
 from __future__ import annotations
 
 import stat
+import struct
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,12 +22,22 @@ __all__ = ["DirBuffer", "SetattrFields", "attr_out", "entry_out", "open_out", "s
 _NS = 1_000_000_000
 
 
+_SPLITS: dict[float, tuple[int, int]] = {}
+
+
 def _split(seconds: float) -> tuple[int, int]:
-    """A timeout in seconds as the kernel's (seconds, nanoseconds), never negative."""
-    if seconds <= 0:
-        return 0, 0
-    whole = int(seconds)
-    return whole, int((seconds - whole) * _NS)
+    """A timeout in seconds as the kernel's (seconds, nanoseconds), never negative
+    (remembered: a mount replies with a handful of distinct timeouts)."""
+    out = _SPLITS.get(seconds)
+    if out is None:
+        if seconds <= 0:
+            out = (0, 0)
+        else:
+            whole = int(seconds)
+            out = (whole, int((seconds - whole) * _NS))
+        if len(_SPLITS) < 64:
+            _SPLITS[seconds] = out
+    return out
 
 
 def _attr(a: Any) -> tuple[int, ...]:
@@ -119,28 +130,47 @@ class SetattrValues:
     st_ctime_ns: int = 0
 
 
+# a READDIRPLUS entry's fixed part: fuse_entry_out, then fuse_dirent (its name follows)
+_DIRENTPLUS = struct.Struct(abi.ENTRY_OUT.format + abi.DIRENT.format[1:])
+_DIRENTPLUS_SIZE = _DIRENTPLUS.size
+_FIRST_BUFFER = 64 << 10
+
+
 class DirBuffer:
     """The READDIRPLUS reply being filled: entries until *size* bytes (the kernel's
-    buffer). :meth:`add` is what a ``readdir`` handler calls for each entry."""
+    buffer). :meth:`add` is what a ``readdir`` handler calls for each entry; each is
+    packed in place into one zeroed buffer (its padding stays zero), grown by doubling
+    up to *size* (the kernel asks for up to 1 MiB, a small directory fills a page)."""
 
-    __slots__ = ("_left", "_parts")
+    __slots__ = ("_buf", "_pos", "_size")
 
     def __init__(self, size: int) -> None:
-        self._left = size
-        self._parts: list[bytes] = []
+        self._size = size
+        self._pos = 0
+        self._buf = bytearray(min(size, _FIRST_BUFFER))
 
     def add(self, name: bytes, attr: Any, next_id: int) -> bool:
         """Add the entry *name* with *attr*s (whose reply counts one lookup) and the
         offset of the next entry; False, adding nothing, when it does not fit."""
         n = len(name)
-        need = (abi.ENTRY_OUT.size + abi.DIRENT.size + n + 7) & ~7
-        if need > self._left:
-            return False
-        self._left -= need
-        pad = need - abi.ENTRY_OUT.size - abi.DIRENT.size - n
+        pos = self._pos
+        end = pos + ((_DIRENTPLUS_SIZE + n + 7) & ~7)
+        if end > len(self._buf):
+            if end > self._size:
+                return False
+            self._buf.extend(bytes(min(max(len(self._buf), end - len(self._buf)), self._size - len(self._buf))))
+        es, ens = _split(attr.entry_timeout)
+        ats, atns = _split(attr.attr_timeout)
+        ino = attr.st_ino
         kind = stat.S_IFMT(attr.st_mode) >> 12
-        self._parts.append(entry_out(attr) + abi.DIRENT.pack(attr.st_ino, next_id, n, kind) + name + b"\0" * pad)
+        _DIRENTPLUS.pack_into(
+            self._buf, pos, ino, attr.generation, es, ats, ens, atns, *_attr(attr), ino, next_id, n, kind
+        )
+        start = pos + _DIRENTPLUS_SIZE
+        self._buf[start : start + n] = name
+        self._pos = end
         return True
 
-    def payload(self) -> bytes:
-        return b"".join(self._parts)
+    def payload(self) -> memoryview:
+        """The entries added, as one buffer (a view of it)."""
+        return memoryview(self._buf)[: self._pos]

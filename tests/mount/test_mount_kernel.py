@@ -220,3 +220,45 @@ def test_auto_falls_back_to_pyfuse3_where_the_kernel_refuses_the_protocol(tmp_pa
     else:
         assert got["failed"] == 71 and 'transport = "pyfuse3"' in got["message"], got
         assert got["mounts"] == 0
+
+
+def test_readdirplus_entries_packed_as_the_kernel_reads_them():
+    """``DirBuffer`` (the kernel transport's READDIRPLUS reply): each entry a
+    ``fuse_entry_out`` and a ``fuse_dirent`` with the name padded to 8 bytes with zeros,
+    filled across its growth up to the size the kernel asked for and not a byte past it."""
+    import pyfuse3
+
+    from kvfs.mount.kernel import abi
+    from kvfs.mount.kernel.encode import DirBuffer
+
+    size = 200_000  # past the first buffer (64 KiB): the buffer grows while filled
+    buf = DirBuffer(size)
+    sent = []
+    while True:
+        i = len(sent)
+        a = pyfuse3.EntryAttributes()
+        a.st_ino, a.st_mode, a.st_size, a.st_nlink = 1000 + i, 0o40755 if i % 5 == 0 else 0o100644, 7 * i, 1
+        a.st_mtime_ns = a.st_ctime_ns = a.st_atime_ns = 1_700_000_000_000_000_000 + i
+        a.entry_timeout, a.attr_timeout = 1.5, 30.0
+        name = b"e" * (1 + i % 40)
+        if not buf.add(name, a, i + 1):
+            break
+        sent.append((name, a))
+    raw = bytes(buf.payload())
+    assert len(raw) <= size and len(raw) % 8 == 0
+    pos, got = 0, 0
+    while pos < len(raw):
+        e = abi.ENTRY_OUT.unpack_from(raw, pos)
+        ino, off, namelen, kind = abi.DIRENT.unpack_from(raw, pos + abi.ENTRY_OUT.size)
+        name, a = sent[got]
+        start = pos + abi.ENTRY_OUT.size + abi.DIRENT.size
+        assert raw[start : start + namelen] == name
+        end = start + ((namelen + 7) & ~7)
+        assert raw[start + namelen : end] == b"\0" * (end - start - namelen)
+        assert (e[0], e[2], e[3], e[4], e[5]) == (a.st_ino, 1, 30, 500_000_000, 0)  # ino, timeouts
+        assert (e[6], e[7], e[15], e[16]) == (a.st_ino, a.st_size, a.st_mode, 1)  # attr: ino, size, mode, nlink
+        assert (e[10], e[13]) == divmod(a.st_mtime_ns, 1_000_000_000)
+        assert (ino, off, kind) == (a.st_ino, got + 1, a.st_mode >> 12)
+        pos, got = end, got + 1
+    assert got == len(sent) > 500  # more entries than the first buffer holds
+    assert len(raw) + abi.ENTRY_OUT.size + abi.DIRENT.size + 48 > size  # it stopped because it was full

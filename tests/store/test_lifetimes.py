@@ -186,3 +186,21 @@ def test_a_retired_namespace_loses_its_local_copies_at_the_next_sweep(make_store
     report = s.sweep()
     assert report.retired == 3 and report.expired == 0
     assert s.walk("old") == []
+
+
+def test_probe_many_with_a_shared_tier_finds_what_another_node_published(make_store, tmp_path):
+    """With a shared tier a listing's probe asks it as a lookup would: a block only the
+    shared tier holds (another node's) is found, a directory only it holds too."""
+    s = make_store(FakeClock(time.time()), shared=True)
+    s.put("p/here", blob(1))
+    other = PosixTier(PosixConfig(name=TierName("nfs"), capacity=1 << 30, path=tmp_path / "shared"))
+    try:
+        other.put("p/there", blob(2), checksum(blob(2)))
+        other.put("p/q/deep", blob(3), checksum(blob(3)))
+    finally:
+        other.close()
+    got = s.probe_many(["p/here", "p/there", "p/q", "p/none"])
+    assert [d for d, _ in got] == [False, False, True, False]
+    assert got[0][1] is not None and got[0][1].size == len(blob(1))
+    assert got[1][1] is not None and got[1][1].checksum == checksum(blob(2))
+    assert got[2][1] is None and got[3][1] is None

@@ -484,3 +484,20 @@ def test_directory_totals_match_a_walk_through_every_change(make_store):
                 continue
             u = s.usage(d)
             assert (u.tiers, u.blocks, u.size) == _walked_usage(s, d), (step, d)
+
+
+def test_probe_many_answers_as_is_dir_then_lookup(make_store):
+    """A listing's entries probed under one hold of the lock: directories, blocks of each
+    size, missing names and unnormalized spellings, the same answers as one call each."""
+    s = make_store(dram_blocks=8)
+    s.mkdir("d/sub", parents=True)
+    for i in range(5):
+        s.put(f"d/b{i}", blob(i, 1000 * i))
+    names = ["d/sub", "d/b0", "d/b3", "d/missing", "/d//b4", "d", "d/sub/none"]
+    got = s.probe_many(names)
+    assert [d for d, _ in got] == [s.is_dir(n) for n in names] == [True, False, False, False, False, True, False]
+    stats = [None if s.is_dir(n) else s.lookup(n) for n in names]
+    want = [None if st is None else (st.size, st.checksum, st.created) for st in stats]
+    assert [None if i is None else tuple(i) for _, i in got] == want
+    assert got[2][1] is not None and got[2][1].size == 3000
+    assert s.probe_many([]) == []
