@@ -183,7 +183,10 @@ class Tier(abc.ABC):
 
     @abc.abstractmethod
     def put(self, name: str, data: Any, checksum: int) -> None:
-        """Store *data* (any buffer) under *name*, atomically replacing an existing copy.
+        """Store *data* under *name*, atomically replacing an existing copy.
+
+        *data* is any buffer or a block's :class:`~kvfs.pieces.Pieces` (a seal's chunks,
+        not joined): a tier reads it as ``Pieces.of(data)`` and copies it before returning.
 
         No reader ever sees a partial block under *name*: persistent tiers write a
         temporary name and rename it into place. Raises :class:`TierFull` when there is no

@@ -50,6 +50,7 @@ from kvfs.allocator import ExtentAllocator
 from kvfs.config import DramConfig, TierKind
 from kvfs.errors import BlockNotFound, TierFull, TierInUse, TierUnavailable
 from kvfs.ownership import lock_exclusive, locked_by_someone
+from kvfs.pieces import Pieces
 from kvfs.tier import BlockInfo, BlockRef, HeldChange, Location, Tier
 from kvfs.units import format_size
 
@@ -308,14 +309,14 @@ class DramTier(Tier):
         return self._alloc.round(size)
 
     def put(self, name: str, data: Any, checksum: int) -> None:
-        mv = memoryview(data).cast("B")
-        n = len(mv)
+        pieces = Pieces.of(data)
+        n = len(pieces)
         with self._lock:
             off = self._take(n)
             if off is None:
                 raise TierFull(f"DRAM arena has no free extent of {n} bytes")
             ext = _Extent(off, n, checksum)
-            self._view[off : off + n] = mv
+            pieces.copy_to(self._view[off : off + n])
             old = self._index.get(name)
             self._index[name] = ext
             if old is not None:
