@@ -242,6 +242,17 @@ class Tier(abc.ABC):
             memoryview(out).cast("B")[:n] = ref.data
             return n, ref.checksum
 
+    def reserve_ahead(self, window: int) -> int:
+        """Prepare the memory of the next puts, up to *window* bytes past what the tier
+        holds, so they do not pay for it on their callers' path; returns the bytes newly
+        prepared. Called from a background thread. The default does nothing (0); the DRAM
+        tier reserves and faults in its arena ahead (:meth:`DramTier.reserve_ahead`)."""
+        return 0
+
+    def unreserved_ahead(self, window: int) -> int:
+        """The bytes :meth:`reserve_ahead` of *window* would prepare now (memory only)."""
+        return 0
+
     def rename(self, old: str, new: str) -> None:
         """Move the copy at *old* to *new*, replacing *new* atomically.
 
