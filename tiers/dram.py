@@ -64,6 +64,7 @@ log = logging.getLogger("kvfs.tiers.dram")
 _MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
 HEADER = 4096  # the arena file's first page: the marker below, then nothing
 STEP = 2 << 20  # the arena is reserved and locked this much at a time, as extents are handed out
+_AHEAD_STEP = 4 * STEP  # reserve_ahead publishes what it reserved this often
 _MAGIC = b"KVFSARENA\x01\n"
 
 
@@ -297,36 +298,38 @@ class DramTier(Tier):
         pass); a put that needs the same range meanwhile reserves it itself (the work done
         twice, harmless). Returns the bytes newly reserved; 0 when nothing was wanted, the
         tier is closed, or the filesystem is full (the puts' own reservation says so)."""
+        grown = 0
         with self._growing:
-            if self._closed:
-                return 0
-            with self._lock:
-                start, stop = self._reserved, self._ahead_end(window)
-            if stop <= start:
-                return 0
-            try:
-                os.posix_fallocate(self._fd, start, stop - start)
-            except OSError:
-                return 0
-            self._fault_in(start, stop)
-            with self._lock:
-                grown = max(0, stop - self._reserved)
-                self._reserved = max(self._reserved, stop)
-            return grown
+            while not self._closed:
+                with self._lock:
+                    start = self._reserved
+                    stop = min(self._ahead_end(window), start + _AHEAD_STEP)
+                if stop <= start:
+                    break
+                try:
+                    os.posix_fallocate(self._fd, start, stop - start)
+                except OSError:
+                    break
+                self._fault_in(start, stop)
+                with self._lock:  # each step published at once: the puts meanwhile use it
+                    grown += max(0, stop - self._reserved)
+                    self._reserved = max(self._reserved, stop)
+        return grown
 
     def unreserved_ahead(self, window: int) -> int:
-        with self._lock:
-            return 0 if self._closed else max(0, self._ahead_end(window) - self._reserved)
+        # a hint for the owner's loop, read without the lock (a put may hold it through a
+        # copy): reserve_ahead decides again under it
+        return 0 if self._closed else max(0, self._ahead_end(window) - self._reserved)
 
     def _ahead_end(self, window: int) -> int:
-        """Under ``_lock``: where :meth:`reserve_ahead` of *window* reserves to (a file
-        offset); nothing past the first step before the first extent is handed out (a
+        """Where :meth:`reserve_ahead` of *window* reserves to (a file offset; exact under
+        ``_lock``); nothing past the first step before the first extent is handed out (a
         daemon that never writes holds no window)."""
         high = self._alloc.high_water()
         if high == 0:
             return self._reserved
         want = HEADER + high + window
-        return min(len(self._mm), -(-want // STEP) * STEP)
+        return min(HEADER + self._alloc.size, -(-want // STEP) * STEP)  # the arena's end
 
     def _fault_in(self, start: int, stop: int) -> None:
         """Lock (or populate) the arena's pages in ``[start, stop)``, reserved already."""
