@@ -236,6 +236,7 @@ class DramTier(Tier):
         self._prefault = config.prefault
         self._reserved = 0  # bytes of the file, from its start, reserved and locked (or populated)
         self._stuck = False  # the last reservation failed (the filesystem is full): said once
+        self._ahead_stuck = False  # reserve_ahead found the filesystem full: no window until a put grows it
         self._whole = memoryview(self._mm)
         self._view = self._whole[HEADER:]
         self._ro = self._view.toreadonly()
@@ -285,7 +286,7 @@ class DramTier(Tier):
             raise TierFull(
                 f"DRAM arena cannot grow past {format_size(start)}: {self.path.parent} is full ({exc.strerror})"
             ) from exc
-        self._stuck = False
+        self._stuck = self._ahead_stuck = False
         self._fault_in(start, stop)
         self._reserved = stop
 
@@ -309,6 +310,7 @@ class DramTier(Tier):
                 try:
                     os.posix_fallocate(self._fd, start, stop - start)
                 except OSError:
+                    self._ahead_stuck = True  # asked again only once a put could grow the arena
                     break
                 self._fault_in(start, stop)
                 with self._lock:  # each step published at once: the puts meanwhile use it
@@ -319,7 +321,9 @@ class DramTier(Tier):
     def unreserved_ahead(self, window: int) -> int:
         # a hint for the owner's loop, read without the lock (a put may hold it through a
         # copy): reserve_ahead decides again under it
-        return 0 if self._closed else max(0, self._ahead_end(window) - self._reserved)
+        if self._closed or self._ahead_stuck:
+            return 0
+        return max(0, self._ahead_end(window) - self._reserved)
 
     def _ahead_end(self, window: int) -> int:
         """Where :meth:`reserve_ahead` of *window* reserves to (a file offset; exact under

@@ -92,6 +92,8 @@ def test_a_filesystem_full_after_start_makes_the_tier_act_smaller_never_sigbus(s
             while True:  # grows the file (and takes the memory) until the filesystem is full
                 os.posix_fallocate(f.fileno(), 0, os.fstat(f.fileno()).st_size + 256 * 1024)
         t.put("a", b"a" * (STEP - HEADER), 1)  # fits in what is reserved
+        assert t.unreserved_ahead(MiB) > 0 and t.reserve_ahead(MiB) == 0  # the window finds no room
+        assert t.unreserved_ahead(MiB) == 0  # and is not asked for again (no thread every 50 ms)
         with pytest.raises(TierFull, match=rf"DRAM arena cannot grow past 2 MiB: {small_tmpfs} is full"):
             t.put("b", b"b" * MiB, 2)
         assert t.stat("b") is None
@@ -101,6 +103,7 @@ def test_a_filesystem_full_after_start_makes_the_tier_act_smaller_never_sigbus(s
             assert bytes(ref.data) == b"a" * (STEP - HEADER)
         filler.unlink()  # room again: the arena grows
         t.put("b", b"b" * MiB, 2)
+        assert t.unreserved_ahead(MiB) == t.reserve_ahead(MiB)  # a window again (to the arena's end)
         with t.open("b") as ref:
             assert bytes(ref.data) == b"b" * MiB
     finally:
