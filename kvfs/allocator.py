@@ -55,6 +55,12 @@ class ExtentAllocator:
         self.allocated += need
         return off
 
+    def high_water(self) -> int:
+        """The end of the highest extent handed out (0 when none is): every byte from it
+        to ``size`` is free."""
+        tail = self._ends.get(self.size)
+        return self.size if tail is None else tail
+
     def free(self, off: int, n: int) -> None:
         """Return the extent at *off* that was allocated for *n* bytes."""
         length = self.round(n)

@@ -43,6 +43,7 @@ import numpy as np
 import xxhash
 
 from .errors import BlockCorrupt
+from .pieces import Pieces
 
 __all__ = [
     "ALIGN",
@@ -83,8 +84,16 @@ _PREFIX = struct.Struct("<8sH")  # magic, version: enough to choose the layout
 
 
 def checksum(data: Any) -> int:
-    """The payload checksum: xxh3-64 of the bytes (any buffer)."""
-    digest: int = xxhash.xxh3_64_intdigest(data)
+    """The payload checksum: xxh3-64 of the bytes (any buffer, or a block's
+    :class:`~kvfs.pieces.Pieces`, hashed in one streaming pass: the same value as of the
+    joined bytes)."""
+    if isinstance(data, Pieces) and len(data.views) != 1:
+        h = xxhash.xxh3_64()
+        for v in data.views:
+            h.update(v)
+        streamed: int = h.intdigest()
+        return streamed
+    digest: int = xxhash.xxh3_64_intdigest(data.views[0] if isinstance(data, Pieces) else data)
     return digest
 
 

@@ -29,6 +29,7 @@ from .errors import IsADirectory, NamespaceRetired
 from .moves import Flow
 from .names import check_creatable, normalize, parent_of
 from .namespaces import Namespaces
+from .pieces import Pieces
 from .placement import Placement
 from .promises import Promise, Promises
 from .shared import SharedView
@@ -64,7 +65,8 @@ class Sealing:
         self._through = [s for s in self.slots if s.index > 0 and s.tier.config.write is WriteMode.THROUGH]
 
     def put(self, name: str, data: Any, *, parent: str | None = None, promise: Promise | None = None) -> BlockStat:
-        """Seal *data* as block *name*, replacing an existing block atomically.
+        """Seal *data* (any buffer, or a :class:`~kvfs.pieces.Pieces`: sealed without
+        joining them) as block *name*, replacing an existing block atomically.
 
         The block lands in the hottest tier that can take it (evicting by policy), or in
         the room *promise* holds for it (:meth:`kvfs.promises.Promises.make`); write-through
@@ -74,13 +76,13 @@ class Sealing:
         """
         name = normalize(name)
         self.check_writable(name)
-        mv = memoryview(data).cast("B")
-        csum = compute_checksum(mv)
+        pieces = Pieces.of(data)
+        csum = compute_checksum(pieces)
         now = self.clock()
-        rec = BlockRecord(name, len(mv), csum, created=now, accessed=now, parent=parent)
-        return self.placement.drive(self._seal(rec, mv, promise))
+        rec = BlockRecord(name, len(pieces), csum, created=now, accessed=now, parent=parent)
+        return self.placement.drive(self._seal(rec, pieces, promise))
 
-    def _seal(self, rec: BlockRecord, mv: memoryview, promise: Promise | None) -> Flow[BlockStat]:
+    def _seal(self, rec: BlockRecord, pieces: Pieces, promise: Promise | None) -> Flow[BlockStat]:
         """:meth:`put`'s work under the lock (a flow: the lock is let go for the steps
         that write a persistent tier, ``Placement.drive``)."""
         p = self.placement
@@ -89,8 +91,8 @@ class Sealing:
         if old is not None:
             for j in old.tier_indexes():
                 self.slots[j].policy.remove(name)
-        placed = (yield from self.promises.keep(promise, rec, mv)) if promise is not None else None
-        placed = placed or (yield from p.place(rec, mv))
+        placed = (yield from self.promises.keep(promise, rec, pieces)) if promise is not None else None
+        placed = placed or (yield from p.place(rec, pieces))
         if placed is None:
             old = self.catalog.get(name)  # again: the lock may have been let go meanwhile
             if old is not None and not old.pinned:

@@ -553,6 +553,17 @@ class Store:
 
     # -- background work, rebuild, lifecycle ------------------------------------------------
 
+    def reserve_ahead(self, window: int) -> int:
+        """Have every tier prepare up to *window* bytes of memory ahead of its next puts
+        (:meth:`Tier.reserve_ahead`: the DRAM arena's growth, taken off the seals' path);
+        for the owner's background thread. Returns the bytes newly reserved."""
+        return sum(t.reserve_ahead(window) for t in self.tiers)
+
+    def unreserved_ahead(self, window: int) -> int:
+        """The bytes :meth:`reserve_ahead` of *window* would reserve now (memory only: for
+        the owner's loop to decide whether to start a thread for it)."""
+        return sum(t.unreserved_ahead(window) for t in self.tiers)
+
     def run_pending(self, limit: int | None = None) -> int:
         """Run up to *limit* queued write-through copies and shared deletes (see
         :meth:`WriteBack.run_pending`); returns how many were done."""

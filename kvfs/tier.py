@@ -183,7 +183,10 @@ class Tier(abc.ABC):
 
     @abc.abstractmethod
     def put(self, name: str, data: Any, checksum: int) -> None:
-        """Store *data* (any buffer) under *name*, atomically replacing an existing copy.
+        """Store *data* under *name*, atomically replacing an existing copy.
+
+        *data* is any buffer or a block's :class:`~kvfs.pieces.Pieces` (a seal's chunks,
+        not joined): a tier reads it as ``Pieces.of(data)`` and copies it before returning.
 
         No reader ever sees a partial block under *name*: persistent tiers write a
         temporary name and rename it into place. Raises :class:`TierFull` when there is no
@@ -238,6 +241,17 @@ class Tier(abc.ABC):
                 raise ValueError(f"buffer of {len(out)} bytes is too small for a block of {n}")
             memoryview(out).cast("B")[:n] = ref.data
             return n, ref.checksum
+
+    def reserve_ahead(self, window: int) -> int:
+        """Prepare the memory of the next puts, up to *window* bytes past what the tier
+        holds, so they do not pay for it on their callers' path; returns the bytes newly
+        prepared. Called from a background thread. The default does nothing (0); the DRAM
+        tier reserves and faults in its arena ahead (:meth:`DramTier.reserve_ahead`)."""
+        return 0
+
+    def unreserved_ahead(self, window: int) -> int:
+        """The bytes :meth:`reserve_ahead` of *window* would prepare now (memory only)."""
+        return 0
 
     def rename(self, old: str, new: str) -> None:
         """Move the copy at *old* to *new*, replacing *new* atomically.

@@ -22,11 +22,15 @@ import ctypes
 import logging
 from collections.abc import Iterator
 
+from kvfs.pieces import Pieces
+
 __all__ = ["CHUNK", "WriteBuffer", "keep_freed_memory"]
 
 log = logging.getLogger("kvfs.mount.buffer")
 
 CHUNK = 1 << 20
+
+_ZEROS = memoryview(bytes(CHUNK))  # holes' bytes: shared, read-only
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
@@ -176,7 +180,7 @@ class WriteBuffer:
                 if lo < have:
                     yield c if lo == 0 and have == len(c) else memoryview(c)[lo:have]
                 if hi > max(lo, have):
-                    yield bytes(hi - max(lo, have))
+                    yield _ZEROS[: hi - max(lo, have)]
             else:
                 start = k * CHUNK
                 base_hi = min(max(self._base_len - start, 0), hi)
@@ -184,7 +188,7 @@ class WriteBuffer:
                     assert self._base is not None
                     yield self._base[start + lo : start + base_hi]
                 if hi > max(lo, base_hi):
-                    yield bytes(hi - max(lo, base_hi))
+                    yield _ZEROS[: hi - max(lo, base_hi)]
             pos += hi - lo
 
     def read(self, off: int, n: int) -> bytes:
@@ -203,15 +207,20 @@ class WriteBuffer:
                 out.append((off, self.read(off, min(page, size - off))))
         return out
 
-    def snapshot(self, final: bool = False) -> bytes | bytearray:
-        """The whole file as one buffer that later changes to this buffer do not affect.
+    def snapshot(self, final: bool = False) -> Pieces:
+        """The whole file as the pieces of one block, not joined: the chunks, views of the
+        base, zeros for holes (sealed as they are, :mod:`kvfs.pieces`).
 
-        A file that is one chunk written from its start is returned as that chunk, without
-        a copy when it is a ``bytes`` or when *final* (no write can follow: the caller is
-        done with this buffer); otherwise the chunks are joined (one copy)."""
-        if self.size == 0:
-            return b""
-        c = self._chunks.get(0)
-        if c is not None and len(c) == self.size:
-            return c if final or isinstance(c, bytes) else bytes(c)
-        return b"".join(self._pieces(0, self.size))
+        Later changes to this buffer do not affect them: ``bytes`` chunks, the base and the
+        zeros never change; a chunk a later write would change in place (a ``bytearray``)
+        is copied, unless *final* (no write can follow: the caller is done with this
+        buffer; its chunks must stay until the pieces are sealed)."""
+        pieces = self._pieces(0, self.size)
+        if final:
+            return Pieces(pieces)
+        return Pieces(p if _frozen(p) else bytes(p) for p in pieces)
+
+
+def _frozen(piece: bytes | bytearray | memoryview) -> bool:
+    """Whether nothing can change *piece* (a ``bytes``, or a read-only view: the base, the zeros)."""
+    return isinstance(piece, bytes) or (isinstance(piece, memoryview) and piece.readonly)

@@ -15,6 +15,7 @@ import functools
 from collections.abc import Callable
 from typing import TypeVar, TypeVarTuple
 
+from kvfs.pieces import Pieces
 from kvfs.promises import Promise
 from kvfs.store import BlockIdentity, BlockStat, Store
 
@@ -79,10 +80,9 @@ class StoreCalls:
             return await self._loop_first(self.coldest(st), fn, *args)
         return await self._slow(self.coldest(st), fn, *args)
 
-    async def put(
-        self, name: str, data: bytes | bytearray, parent: str | None, promise: Promise | None = None
-    ) -> BlockStat:
-        """Seal *data* as block *name* (the store call of a seal), in the room *promise* holds."""
+    async def put(self, name: str, data: Pieces, parent: str | None, promise: Promise | None = None) -> BlockStat:
+        """Seal *data* (a file's pieces, not joined) as block *name* (the store call of a
+        seal), in the room *promise* holds."""
         put = functools.partial(self.store.put, parent=parent, promise=promise)
         if self.fits_in_dram(len(data)):  # a memcpy into the arena: no thread, unless the store is busy
             return await self._loop_first(self.seal_tier(), put, name, data)

@@ -54,6 +54,7 @@ import trio
 from pyfuse3 import FUSEError
 
 from kvfs.errors import KvfsError
+from kvfs.pieces import Pieces
 from kvfs.store import BlockStat
 from kvfs.tier import BlockRef
 
@@ -404,7 +405,7 @@ class Writes:
         v: Version,
         *,
         final: bool,
-        put: Callable[[str, bytes | bytearray, str | None, Promise | None], Awaitable[BlockStat]],
+        put: Callable[[str, Pieces, str | None, Promise | None], Awaitable[BlockStat]],
         published: Callable[[Version, BlockStat, bool], None],
     ) -> BlockStat | None:
         """Publish *v*'s bytes with *put* if it changed since its last seal (``fsync``:

@@ -65,6 +65,7 @@ from kvfs.blockfile import (
 )
 from kvfs.errors import BlockCorrupt, BlockNotFound, InvalidName
 from kvfs.names import normalize
+from kvfs.pieces import Pieces
 from kvfs.tier import BackingFile, BlockInfo, BlockRef
 
 __all__ = ["BlockDirectory", "file_identity"]
@@ -206,7 +207,9 @@ class BlockDirectory:
 
     def write(self, name: str, data: Any, checksum: int) -> None:
         """Write the block file to tmp/ and rename it into place (replacing atomically)."""
-        mv = memoryview(data).cast("B")
+        # one buffer: the device checksum is taken over it whole (a seal's pieces are joined
+        # here, in a worker thread; the write-through's copies come from DRAM in one piece)
+        mv = memoryview(Pieces.of(data).joined())
         dsum = devsum(mv)  # the device checksum: GPU reads verify on the GPU
         self._ensure_parent(name)  # first: tmp_path may be in the target's directory
         if self.layout_beside(name):

@@ -50,6 +50,7 @@ from kvfs.config import PosixConfig, TierKind
 from kvfs.errors import BlockCorrupt, BlockNotFound, TierFull, TierUnavailable
 from kvfs.helper import HelperProcess
 from kvfs.names import RESERVED_PREFIX
+from kvfs.pieces import Pieces
 from kvfs.tier import BlockInfo, BlockRef, StoredObject, Tier, os_error
 
 from .blockdir import BlockDirectory
@@ -255,7 +256,7 @@ class PosixTier(Tier):
 
     def put(self, name: str, data: Any, checksum: int) -> None:
         # A copy, sent to the helper: nothing there ever reads the caller's buffer.
-        data = bytes(memoryview(data).cast("B"))
+        data = bytes(Pieces.of(data).joined())
         try:
             self._call(f"write of {name}", "write", name, data, checksum)
         except BlockNotFound as exc:  # ENOENT twice: the tree itself is gone

@@ -42,6 +42,7 @@ from kvfs.blockfile import ALIGN, decode_header, encode_header, header_length, v
 from kvfs.config import S3Config, TierKind
 from kvfs.deadline import DeadlineExecutor
 from kvfs.errors import BlockCorrupt, BlockNotFound, KvfsError, TierFull, TierUnavailable
+from kvfs.pieces import Pieces
 from kvfs.tier import BlockInfo, BlockRef, StoredObject, Tier
 
 try:
@@ -153,11 +154,11 @@ class S3Tier(Tier):
     # -- writing ---------------------------------------------------------------------
 
     def put(self, name: str, data: Any, checksum: int) -> None:
-        mv = memoryview(data).cast("B")
+        pieces = Pieces.of(data)
         # the body is built here, a copy: a call abandoned at its deadline must not read
         # the caller's buffer later (a DRAM extent may be reused by then)
-        body = b"".join((encode_header(name, len(mv), checksum), mv))
-        meta = {_META_LENGTH: str(len(mv)), _META_CHECKSUM: f"{checksum:016x}"}
+        body = b"".join((encode_header(name, len(pieces), checksum), *pieces))
+        meta = {_META_LENGTH: str(len(pieces)), _META_CHECKSUM: f"{checksum:016x}"}
         self._exec.call(self._upload, name, body, meta, op=f"write of {name}")
 
     def _upload(self, name: str, body: bytes, meta: dict[str, str]) -> None:

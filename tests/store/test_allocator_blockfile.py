@@ -61,3 +61,14 @@ def test_header_flip_is_detected(offset):
     h[offset] ^= 0x10
     with pytest.raises(BlockCorrupt):
         decode_header(h)
+
+
+@pytest.mark.parametrize("sizes", [[], [0], [7], [1 << 20, 1 << 20], [1, 2, 3, 4093, 65543], [0, 31, 0, 33]])
+def test_checksum_of_pieces_is_the_checksum_of_the_joined_bytes(sizes):
+    """The block format's checksum does not depend on how a block's bytes were split."""
+    from kvfs.pieces import Pieces
+
+    rng = random.Random(len(sizes))
+    parts = [rng.randbytes(n) for n in sizes]
+    assert checksum(Pieces(parts)) == checksum(b"".join(parts))
+    assert checksum(Pieces.of(b"".join(parts))) == checksum(b"".join(parts))

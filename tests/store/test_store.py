@@ -14,6 +14,7 @@ from kvfs.config import DiskConfig, DramConfig, PolicyConfig, PromoteMode, Write
 from kvfs.errors import BlockNotFound, IsADirectory, LastCopy, NoSpace, NotADirectory, Pinned
 from kvfs.events import EventKind
 from kvfs.names import TierName
+from kvfs.pieces import Pieces
 from kvfs.store import Store
 from kvfs.tiers.disk import DiskTier
 from kvfs.tiers.dram import DramTier
@@ -76,6 +77,24 @@ def test_put_read_roundtrip(make_store):
     assert s.listdir("ns/ab") == {"x": False}
     out = bytearray(BLOCK + 10)
     assert s.read_into("ns/ab/x", out) == BLOCK and out[:BLOCK] == blob(1)
+
+
+@pytest.mark.parametrize("tiers", [("dram", "disk"), ("disk",)])
+def test_put_from_pieces_seals_the_joined_bytes(make_store, tiers):
+    """A block sealed from pieces (the mount's chunks, not joined) has the checksum, the
+    bytes and the copies of the same block sealed joined, in every tier it reaches."""
+    s = make_store(tiers=tiers, disk_write=WriteMode.THROUGH)
+    parts = [blob(2, BLOCK // 2), bytes(1000), blob(3, 4097)[1:], b"", b"z"]
+    joined = b"".join(parts)
+    a = s.put("ns/a", Pieces(parts))
+    b = s.put("ns/b", joined)
+    s.run_pending()  # the write-through copy to disk
+    assert a.checksum == b.checksum and a.size == b.size == len(joined)
+    assert tiers_of(s)["ns/a"] == tiers_of(s)["ns/b"] == tiers
+    assert s.read("ns/a") == s.read("ns/b") == joined
+    if "dram" in tiers:
+        s.evict("ns/a", tier="dram")
+        assert s.read("ns/a") == joined  # the disk copy, checked against the checksum
 
 
 def test_lru_eviction_order(make_store):

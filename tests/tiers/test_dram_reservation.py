@@ -1,11 +1,13 @@
 """The DRAM arena holds only what it has used: its memory is reserved (and locked, where
-mlock is on) in steps as extents are first handed out, never ahead, and never an extent
-that is not reserved, so a full /dev/shm after mount makes the tier act smaller and never
+mlock is on) in steps as extents are first handed out, ahead only by the window its
+owner's background pass asks for (``reserve_ahead``), and never an extent that is not
+reserved, so a full /dev/shm after mount makes the tier act smaller and never
 SIGBUSes a writer (tiers/dram.py, "Reservation"; docs/store.md, "Ownership")."""
 
 from __future__ import annotations
 
 import os
+import threading
 import uuid
 from pathlib import Path
 
@@ -90,6 +92,8 @@ def test_a_filesystem_full_after_start_makes_the_tier_act_smaller_never_sigbus(s
             while True:  # grows the file (and takes the memory) until the filesystem is full
                 os.posix_fallocate(f.fileno(), 0, os.fstat(f.fileno()).st_size + 256 * 1024)
         t.put("a", b"a" * (STEP - HEADER), 1)  # fits in what is reserved
+        assert t.unreserved_ahead(MiB) > 0 and t.reserve_ahead(MiB) == 0  # the window finds no room
+        assert t.unreserved_ahead(MiB) == 0  # and is not asked for again (no thread every 50 ms)
         with pytest.raises(TierFull, match=rf"DRAM arena cannot grow past 2 MiB: {small_tmpfs} is full"):
             t.put("b", b"b" * MiB, 2)
         assert t.stat("b") is None
@@ -99,7 +103,61 @@ def test_a_filesystem_full_after_start_makes_the_tier_act_smaller_never_sigbus(s
             assert bytes(ref.data) == b"a" * (STEP - HEADER)
         filler.unlink()  # room again: the arena grows
         t.put("b", b"b" * MiB, 2)
+        assert t.unreserved_ahead(MiB) == t.reserve_ahead(MiB)  # a window again (to the arena's end)
         with t.open("b") as ref:
             assert bytes(ref.data) == b"b" * MiB
+    finally:
+        t.close()
+
+
+def test_reserve_ahead_reserves_a_window_past_the_highest_extent_off_the_puts_path(arena_path):
+    """The mount's background pass reserves the arena ahead of its highest extent, so the
+    seals that follow put into memory that is there already and grow nothing themselves."""
+    t = DramTier(DramConfig(name=TierName("dram"), capacity=64 * MiB, path=arena_path, mlock=False, prefault=True))
+    try:
+        assert t.unreserved_ahead(8 * MiB) == t.reserve_ahead(8 * MiB) == 0  # nothing written: no window
+        assert t.reserved_bytes == STEP
+        t.put("a", b"x" * (3 * MiB), 1)
+        assert t.reserved_bytes == 4 * MiB  # the put's own steps: header + 3 MiB, rounded up
+        assert t.unreserved_ahead(8 * MiB) == 8 * MiB  # header + 3 MiB + 8 MiB, rounded up to 12 MiB
+        assert t.reserved_bytes == 4 * MiB  # asking reserves nothing
+        assert t.reserve_ahead(8 * MiB) == 8 * MiB
+        assert t.reserved_bytes == allocated(arena_path) == 12 * MiB
+        assert t.unreserved_ahead(8 * MiB) == t.reserve_ahead(8 * MiB) == 0  # nothing more until more is used
+        for i in range(4):  # these fit below what was reserved ahead: no growth on their path
+            t.put(f"b{i}", bytes([i]) * (2 * MiB), i)
+        assert t.reserved_bytes == 12 * MiB
+        assert t.reserve_ahead(100 * MiB) == t.arena_size - 12 * MiB  # never past the arena
+        with t.open("b2") as ref:
+            assert bytes(ref.data) == bytes([2]) * (2 * MiB)
+    finally:
+        t.close()
+    assert t.reserve_ahead(8 * MiB) == t.unreserved_ahead(8 * MiB) == 0  # closed: nothing touched
+
+
+def test_reserve_ahead_beside_puts_never_hands_out_memory_that_is_not_reserved(arena_path):
+    """A put that needs the range a background reserve_ahead is working on reserves it
+    itself; the arena never gets an extent past what is reserved, and every block reads back."""
+    t = DramTier(DramConfig(name=TierName("dram"), capacity=96 * MiB, path=arena_path, mlock=False, prefault=True))
+    stop = threading.Event()
+
+    def grow() -> None:
+        while not stop.is_set():
+            t.reserve_ahead(4 * MiB)
+
+    grower = threading.Thread(target=grow)
+    grower.start()
+    try:
+        for i in range(40):
+            t.put(f"b{i}", bytes([i]) * (2 * MiB + 4096 * (i % 3)), i)
+            assert t.reserved_bytes >= HEADER + t._alloc.high_water()
+    finally:
+        stop.set()
+        grower.join()
+    try:
+        assert allocated(arena_path) >= t.reserved_bytes
+        for i in range(40):
+            with t.open(f"b{i}") as ref:
+                assert bytes(ref.data) == bytes([i]) * (2 * MiB + 4096 * (i % 3))
     finally:
         t.close()

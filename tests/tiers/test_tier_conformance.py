@@ -15,6 +15,7 @@ from kvfs.blockfile import checksum
 from kvfs.config import DiskConfig, DramConfig
 from kvfs.errors import BlockCorrupt, BlockNotFound
 from kvfs.names import TierName
+from kvfs.pieces import Pieces
 from kvfs.tier import BlockInfo, Tier
 
 from support.deadlines import TIER_TIMEOUT
@@ -99,6 +100,35 @@ def test_put_open_roundtrip(tier, size):
         assert bytes(ref.data) == data
         assert ref.checksum == checksum(data)
     assert tier.stat("ns/ab/block") == BlockInfo("ns/ab/block", size, checksum(data))
+
+
+# a block's bytes in pieces, as a seal through the mount hands them over (kvfs.pieces):
+# whole 1 MiB chunks, a short last one, a base's slice, zeros of a hole, odd sizes
+_SPLITS = {
+    "one": [5 << 10],
+    "chunks": [1 << 20, 1 << 20],
+    "short-last": [1 << 20, 1 << 20, 4097],
+    "odd": [3, 4093, 1, 65536 + 7, 0, 12345],
+    "empty": [],
+}
+
+
+@pytest.mark.parametrize("split", sorted(_SPLITS))
+def test_put_from_pieces_is_the_joined_block(tier, split):
+    sizes = _SPLITS[split]
+    parts = [os.urandom(n) for n in sizes]
+    if len(parts) > 2:
+        parts[1] = bytes(len(parts[1]))  # a hole's zeros
+        parts[2] = memoryview(bytearray(parts[2]))  # a patched chunk, not a bytes
+    joined = b"".join(parts)
+    pieces = Pieces(parts)
+    assert len(pieces) == len(joined) and checksum(pieces) == checksum(joined)
+    tier.put("ns/p/pieces", pieces, checksum(pieces))
+    _put(tier, "ns/p/joined", joined)
+    for name in ("ns/p/pieces", "ns/p/joined"):
+        with tier.open(name) as ref:
+            assert bytes(ref.data) == joined and ref.checksum == checksum(joined)
+        assert tier.stat(name) == BlockInfo(name, len(joined), checksum(joined))
 
 
 def test_read_into(tier):
