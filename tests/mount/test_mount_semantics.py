@@ -34,6 +34,16 @@ def wait_for(pred, timeout=DEADLINE):
         time.sleep(0.05)
 
 
+def sealed(p: Path) -> bool:
+    """True once *p*'s last close is sealed (its tiers are known; ENOATTR while it is being written)."""
+    try:
+        return bool(os.getxattr(p, "user.kvfs.tiers"))
+    except OSError as e:
+        if e.errno != errno.ENODATA:
+            raise
+        return False
+
+
 def exited(pid: int) -> bool:
     """True once process *pid* is gone or a zombie (nobody may reap the daemon here)."""
     try:
@@ -274,6 +284,11 @@ def test_s19_unlink_removes_from_every_tier(kvfs_mount, tmp_path):
     data = kvfs_mount.config_files[mp].read_text().split('path = "')[1].split('"')[0]
     for i in range(4):  # the first ones spill to disk
         write(mp / f"u{i}", blob(MiB, i))
+        # Each seal before the next close: a 1 MiB seal into a 2 MiB DRAM runs in a worker
+        # thread, and the next close promises its room at once. Under load a later close came
+        # while u0 and u1 were still unsealed: DRAM was all promised (reserved, nothing to
+        # evict), so u2 and u3 were promised disk and u0 was never demoted.
+        wait_for(lambda p=mp / f"u{i}": sealed(p))
     # the demotion's file appears before the store commits the copy (two-phase move)
     wait_for(
         lambda: os.path.exists(f"{data}/blocks/u0") and "disk" in os.getxattr(mp / "u0", "user.kvfs.tiers").decode()
