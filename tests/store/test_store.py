@@ -19,6 +19,7 @@ from kvfs.store import Store
 from kvfs.tiers.disk import DiskTier
 from kvfs.tiers.dram import DramTier
 
+from support.deadlines import DEADLINE
 from support.stores import Clock
 
 BLOCK = 64 << 10  # 64 KiB blocks: the DRAM tier below holds exactly four
@@ -446,11 +447,11 @@ def test_nowait_calls_never_wait_for_a_busy_store(make_store):
     def placement_in_progress():  # stands for a put that is demoting a block to disk
         with s.placement.lock:
             held.set()
-            release.wait(10)
+            release.wait(DEADLINE)  # until the test is done with it, however slow the machine
 
     t = threading.Thread(target=placement_in_progress)
     t.start()
-    held.wait(10)
+    assert held.wait(DEADLINE)
     try:
         with pytest.raises(StoreBusy):
             s.nowait(s.lookup, "b4")

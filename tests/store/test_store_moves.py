@@ -155,7 +155,7 @@ def test_shared_view_alone(tmp_path):
     assert view.listing("ns") == {"a": False}
     got = []
     done = view.stat_later("ns/b", lambda name, ans: got.append((name, ans.found, ans.complete)))
-    assert done is not None and done.wait(5)
+    assert done is not None and done.wait(DEADLINE)
     assert got == [("ns/b", (), True)]
     view.remember_missing("ns/b")
     assert view.known_missing("ns/b")
