@@ -86,6 +86,8 @@ _WRITE_THROUGH_INTERVAL = 0.2  # seconds between write-through passes when idle
 # up to ~1.3 GB/s find their room there.
 _ARENA_AHEAD = 64 << 20
 _ARENA_AHEAD_INTERVAL = 0.05
+_ARENA_AHEAD_IDLE_INTERVAL = 1.0  # after a second of checks that found nothing to reserve
+_ARENA_AHEAD_QUIET_CHECKS = 20
 _FUSE_OPTIONS_ENV = "KVFS_FUSE_OPTIONS"
 
 
@@ -173,14 +175,22 @@ async def _reserve_ahead(store: Store, run: Offload) -> None:
     """Keep the tiers' memory reserved :data:`_ARENA_AHEAD` past what they hold
     (:meth:`Store.reserve_ahead`, in a thread *run* gives: the fault-in lets the GIL go),
     so no seal grows the DRAM arena on the loop while the writes keep below ~1.3 GB/s.
-    The check is a memory read on the loop; an idle daemon with its window reserved wakes
-    no thread."""
+    The check is a memory read on the loop, every 50 ms while the arena grows and once a
+    second after a second without growth (an idle daemon must not wake 20 times a second;
+    the first seals of a burst after a quiet spell grow the arena themselves, as they
+    did before this window existed); an idle daemon with its window reserved wakes no
+    thread."""
     import trio
 
+    quiet = 0
     while True:
         if store.unreserved_ahead(_ARENA_AHEAD):
             await run(store.reserve_ahead, _ARENA_AHEAD)
-        await trio.sleep(_ARENA_AHEAD_INTERVAL)
+            quiet = 0
+        else:
+            quiet += 1
+        busy = quiet < _ARENA_AHEAD_QUIET_CHECKS
+        await trio.sleep(_ARENA_AHEAD_INTERVAL if busy else _ARENA_AHEAD_IDLE_INTERVAL)
 
 
 async def _on_signals(cancel_scope: trio.CancelScope, task_status: trio.TaskStatus[None]) -> None:
