@@ -5,8 +5,8 @@ opened over, and zeros for holes); joining them into one ``bytes`` before sealin
 full copy of the block on the FUSE loop. :class:`Pieces` carries them as they are: the
 store checksums them in one streaming pass (:func:`kvfs.blockfile.checksum`: the same
 xxh3-64 as of the joined bytes) and each tier's ``put`` copies or writes them piece by
-piece (the DRAM tier into its extent, the disk tier with one ``writev``), joining only
-where a tier's API needs one buffer. Every ``put`` also takes a single buffer, as before:
+piece (the DRAM tier into its extent), joining once only where a tier needs one buffer
+(the disk tier, for its device checksum, in its worker thread; posix and S3). Every ``put`` also takes a single buffer, as before:
 :meth:`Pieces.of` makes the one-piece sequence of it.
 
 The pieces are read, never kept: a tier copies them before its ``put`` returns, so the
